@@ -1,0 +1,1 @@
+"""Correctness, timing, verdicts: deciding what a candidate is worth, in the parent process."""

@@ -1,0 +1,164 @@
+"""Comparing a candidate's per-rank outputs with the reference's, in the parent process.
+
+Structure (list/dict layout), then per tensor: shape, dtype, NaN and inf placement, then values:
+integers and bools exactly, floats within ``|cand - ref| <= atol + rtol * |ref|``. A mismatch names
+the output (``out[1]``), how many elements are off, the largest absolute and relative errors and
+where they are, so a kernel author can see what went wrong without rerunning anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+
+from pkb.problem import Tolerance
+
+CHUNK = 1 << 24  # elements compared at a time, to bound the parent's memory on GiB-sized outputs
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    path: str
+    reason: str
+    num_bad: int = 0
+    numel: int = 0
+    max_abs_err: float = 0.0
+    max_abs_at: tuple[int, ...] = ()
+    max_rel_err: float = 0.0
+    max_rel_at: tuple[int, ...] = ()
+    expected: float | None = None
+    got: float | None = None
+    atol: float = 0.0
+    rtol: float = 0.0
+
+    def describe(self) -> str:
+        if not self.num_bad:
+            return f"{self.path}: {self.reason}"
+        return (f"{self.path}: {self.num_bad} of {self.numel} elements off (atol={self.atol:g}, rtol={self.rtol:g}); "
+                f"largest abs error {self.max_abs_err:.4g} at {list(self.max_abs_at)} "
+                f"(expected {self.expected:.6g}, got {self.got:.6g}); "
+                f"largest rel error {self.max_rel_err:.4g} at {list(self.max_rel_at)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+ToleranceFor = Callable[[torch.dtype], Tolerance]
+
+
+def compare(expected: Any, got: Any, tolerance_for: ToleranceFor, path: str = "out") -> Mismatch | None:
+    """The first difference between ``got`` and ``expected`` (plain data from rank processes), or None."""
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return Mismatch(path, f"expected a tensor, got {_kind(got)}")
+        return compare_tensors(expected, got, tolerance_for(expected.dtype), path)
+    if isinstance(expected, list):
+        if not isinstance(got, list):
+            return Mismatch(path, f"expected a sequence of {len(expected)}, got {_kind(got)}")
+        if len(got) != len(expected):
+            return Mismatch(path, f"expected {len(expected)} items, got {len(got)}")
+        for index, (e, g) in enumerate(zip(expected, got)):
+            found = compare(e, g, tolerance_for, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    if isinstance(expected, dict):
+        if not isinstance(got, dict) or set(got) != set(expected):
+            keys = sorted(got) if isinstance(got, dict) else _kind(got)
+            return Mismatch(path, f"expected keys {sorted(expected)}, got {keys}")
+        for key in expected:
+            found = compare(expected[key], got[key], tolerance_for, f"{path}[{key!r}]")
+            if found:
+                return found
+        return None
+    if isinstance(expected, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        return compare_tensors(torch.tensor([expected], dtype=torch.float64), torch.tensor([float(got)], dtype=torch.float64),
+                               tolerance_for(torch.float64), path)
+    if type(got) is not type(expected) or got != expected:
+        return Mismatch(path, f"expected {expected!r}, got {got!r}")
+    return None
+
+
+def compare_tensors(expected: torch.Tensor, got: torch.Tensor, tolerance: Tolerance, path: str) -> Mismatch | None:
+    if got.shape != expected.shape:
+        return Mismatch(path, f"expected shape {list(expected.shape)}, got {list(got.shape)}")
+    if got.dtype != expected.dtype:
+        return Mismatch(path, f"expected dtype {expected.dtype}, got {got.dtype}")
+    if not (expected.is_floating_point() or expected.is_complex()):
+        return _compare_exact(expected, got, path)
+    return _compare_close(expected, got, tolerance, path)
+
+
+def _compare_exact(expected: torch.Tensor, got: torch.Tensor, path: str) -> Mismatch | None:
+    bad = expected.reshape(-1) != got.reshape(-1)
+    num_bad = int(bad.sum())
+    if not num_bad:
+        return None
+    first = int(bad.nonzero()[0])
+    at = _unravel(first, expected.shape)
+    e, g = expected.reshape(-1)[first].item(), got.reshape(-1)[first].item()
+    return Mismatch(path, "integer values differ", num_bad, expected.numel(), abs(float(e) - float(g)), at, 0.0, at,
+                    float(e), float(g))
+
+
+def _compare_close(expected: torch.Tensor, got: torch.Tensor, tolerance: Tolerance, path: str) -> Mismatch | None:
+    """Float (and complex, per component) comparison in chunks; exact tolerance means bit-equal values."""
+    flat_e, flat_g = _as_real_flat(expected), _as_real_flat(got)
+    work = torch.float64 if flat_e.dtype == torch.float64 else torch.float32
+    num_bad = 0
+    worst_abs, worst_abs_at, worst_rel, worst_rel_at = -1.0, 0, -1.0, 0
+    for start in range(0, flat_e.numel(), CHUNK):
+        e = flat_e[start:start + CHUNK].to(work)
+        g = flat_g[start:start + CHUNK].to(work)
+        e_nan, g_nan = torch.isnan(e), torch.isnan(g)
+        both_nan = e_nan & g_nan
+        same_inf = torch.isinf(e) & (e == g)
+        diff = torch.where(both_nan | same_inf, torch.zeros_like(e), (g - e).abs())
+        diff = torch.where(e_nan ^ g_nan, torch.full_like(e, float("inf")), diff)
+        bad = diff > tolerance.atol + tolerance.rtol * e.abs().nan_to_num(posinf=0.0)
+        if tolerance.is_exact:
+            bad = bad | ((e != g) & ~both_nan)
+        num_bad += int(bad.sum())
+        rel = diff / e.abs().clamp_min(torch.finfo(work).tiny)
+        chunk_abs, chunk_abs_at = diff.max(0) if diff.numel() else (torch.tensor(0.0), torch.tensor(0))
+        chunk_rel, chunk_rel_at = rel.max(0) if rel.numel() else (torch.tensor(0.0), torch.tensor(0))
+        if float(chunk_abs) > worst_abs:
+            worst_abs, worst_abs_at = float(chunk_abs), start + int(chunk_abs_at)
+        if float(chunk_rel) > worst_rel:
+            worst_rel, worst_rel_at = float(chunk_rel), start + int(chunk_rel_at)
+    if not num_bad:
+        return None
+    shape = _real_shape(expected)
+    reason = "values differ" + (" (NaN or inf placement differs)" if worst_abs == float("inf") else "")
+    return Mismatch(path, reason, num_bad, flat_e.numel(), worst_abs, _unravel(worst_abs_at, shape), worst_rel,
+                    _unravel(worst_rel_at, shape), float(flat_e[worst_abs_at]), float(flat_g[worst_abs_at]),
+                    tolerance.atol, tolerance.rtol)
+
+
+def _as_real_flat(tensor: torch.Tensor) -> torch.Tensor:
+    """Complex tensors are compared on real and imaginary parts alike (a trailing dimension of 2)."""
+    if tensor.is_complex():
+        tensor = torch.view_as_real(tensor.resolve_conj())
+    if not tensor.is_floating_point():
+        tensor = tensor.to(torch.float64)
+    return tensor.reshape(-1)
+
+
+def _real_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    return (*tensor.shape, 2) if tensor.is_complex() else tuple(tensor.shape)
+
+
+def _unravel(flat_index: int, shape) -> tuple[int, ...]:
+    index = []
+    for size in reversed(tuple(shape)):
+        index.append(flat_index % size if size else 0)
+        flat_index = flat_index // size if size else 0
+    return tuple(reversed(index))
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, dict) and "__unsupported__" in value:
+        return f"an unsupported object ({value['__unsupported__']})"
+    return type(value).__name__

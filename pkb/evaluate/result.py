@@ -1,0 +1,69 @@
+"""The typed result of one evaluation: one verdict, and everything a result row stores."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pkb import __version__
+from pkb.problem import Status
+
+SCHEMA_VERSION = 1  # bump with a migration in pkb.store.db when the row's fields change
+
+
+@dataclass
+class CaseTiming:
+    """Seconds per call of one case: the median over repeats of the max over ranks."""
+
+    case: str
+    reference_s: float
+    candidate_s: float
+    reference_spread: float  # (max - min) / median over repeats
+    candidate_spread: float
+    speedup: float
+    busbw_gbps: float | None = None  # the candidate's bus bandwidth, when the case moves link bytes
+    timer_disagreement: bool = False  # CUDA events and the wall clock differ by more than 10 %
+
+
+@dataclass
+class EvalResult:
+    problem: str
+    problem_version: int
+    solution: str
+    solution_sha256: str
+    status: Status
+    message: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+    mode: str = "cpu"
+    world_size: int = 0
+    num_trials: int = 0
+    cases: list[str] = field(default_factory=list)
+    timings: list[CaseTiming] = field(default_factory=list)
+    speedup: float | None = None
+    roofline_fraction: float | None = None
+    busbw_gbps: float | None = None
+    times_are_gpu_performance: bool = False
+    collectives_used: list[str] = field(default_factory=list)
+    hardware: str = ""
+    wall_s: float = 0.0
+    pkb_version: str = __version__
+    schema_version: int = SCHEMA_VERSION
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["status"] = self.status.value
+        return row
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> "EvalResult":
+        row = dict(row)
+        row["status"] = Status(row["status"])
+        row["timings"] = [CaseTiming(**t) for t in row.get("timings") or []]
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in row.items() if k in known})

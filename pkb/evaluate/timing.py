@@ -1,0 +1,73 @@
+"""The timing protocol, run inside each rank process (docs/timing.md).
+
+Every tensor input is rotated through fresh random copies (enough that together they exceed 3x the
+L2 cache on a GPU), so no iteration sees the previous one's objects or values in cache. After a
+barrier and warm-up, ``num_iters`` calls run back to back between two device-wide synchronizes; the
+host wall clock (and on a GPU, CUDA events) brackets the whole loop. This repeats ``num_repeats``
+times. The parent takes the max over ranks of each repeat and the median over repeats.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+CPU_CACHE_BYTES = 32 << 20  # what to outgrow on a CPU, where no L2 size is reported per device
+
+
+def input_bytes(inputs: tuple) -> int:
+    return sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
+
+
+def cache_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).L2_cache_size)
+    return CPU_CACHE_BYTES
+
+
+def num_copies_for(one_copy_bytes: int, device: torch.device, max_copies: int) -> int:
+    """Enough input copies to exceed 3x the cache together, at least 2 and at most ``max_copies``."""
+    needed = -(-3 * cache_bytes(device) // max(one_copy_bytes, 1))
+    return max(2, min(max_copies, needed))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # device-wide: every stream of this device
+
+
+def time_calls(fn: Callable, make_inputs: Callable[[tuple], tuple], seeds: list[tuple], device: torch.device,
+               num_warmup: int, num_iters: int, num_repeats: int) -> dict:
+    """Time ``fn`` over rotating fresh inputs; returns per-repeat seconds per call (wall and events)."""
+    first = make_inputs(seeds[0])
+    copies = [first] + [make_inputs(seed) for seed in seeds[1:num_copies_for(input_bytes(first), device, len(seeds))]]
+    calls = 0
+
+    def call_next():
+        nonlocal calls
+        fn(*copies[calls % len(copies)])
+        calls += 1
+
+    for _ in range(num_warmup):
+        call_next()
+    wall, events = [], []
+    for _ in range(num_repeats):
+        _sync(device)
+        dist.barrier()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        began = time.perf_counter()
+        for _ in range(num_iters):
+            call_next()
+        if device.type == "cuda":
+            end.record()
+        _sync(device)
+        wall.append((time.perf_counter() - began) / num_iters)
+        if device.type == "cuda":
+            events.append(start.elapsed_time(end) / 1e3 / num_iters)
+    return {"wall_s": wall, "event_s": events, "num_copies": len(copies), "num_iters": num_iters,
+            "num_warmup": num_warmup}

@@ -1,0 +1,302 @@
+"""The contract every problem fills: Problem, Case, Cost, Tolerance.
+
+One problem is one module under ``pkb/problems/`` that defines ``make_inputs``, ``reference``,
+``cost`` and ``PROBLEM``. The dataclasses here are frozen and validated when the module is
+loaded, so a broken problem fails at discovery with the module and the field named, not halfway
+through a run.
+
+Example (the whole of a problem, in miniature)::
+
+    def make_inputs(case, rank, world_size, gen):
+        return (torch.randn(case["shape"], generator=gen, device=gen.device),)
+
+    def reference(tensor):
+        out = tensor.clone(); dist.all_reduce(out); return out
+
+    def cost(case, world_size):
+        size = math.prod(case["shape"]) * 2
+        return Cost(link_bytes=2 * (world_size - 1) / world_size * size, hbm_bytes=2 * size,
+                    pattern="all_reduce")
+
+    PROBLEM = Problem(name="allreduce", version=1, upstream_id=1, category="collectives", ...)
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+import torch
+
+CATEGORIES = (
+    "collectives",
+    "tensor_parallel",
+    "expert_parallel",
+    "context_parallel",
+    "data_parallel",
+    "beyond_llm",
+)
+
+_SLUG = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class ProblemError(ValueError):
+    """A problem module breaks the contract; the message names the module and the field."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Elementwise closeness: ``|cand - ref| <= atol + rtol * |ref|``; NaNs must sit in the same places.
+
+    ``Tolerance.exact()`` demands bit-equal values (data movement, integer outputs). Integer and bool
+    outputs are always compared exactly, whatever the tolerance says.
+    """
+
+    atol: float
+    rtol: float
+
+    def __post_init__(self):
+        if self.atol < 0 or self.rtol < 0:
+            raise ProblemError(f"Tolerance: atol and rtol must be >= 0, got atol={self.atol} rtol={self.rtol}")
+
+    @staticmethod
+    def exact() -> "Tolerance":
+        return Tolerance(0.0, 0.0)
+
+    @property
+    def is_exact(self) -> bool:
+        return self.atol == 0.0 and self.rtol == 0.0
+
+
+# Defaults by output dtype: room for the same math in fp32 with one rounding at the end and another
+# reduction order. Problems whose error grows with the world size (reductions) pass a callable.
+DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = MappingProxyType({
+    torch.float64: Tolerance(1e-9, 1e-7),
+    torch.float32: Tolerance(1e-4, 1e-4),
+    torch.float16: Tolerance(2e-3, 2e-3),
+    torch.bfloat16: Tolerance(1.6e-2, 1.6e-2),
+    torch.complex64: Tolerance(1e-4, 1e-4),
+    torch.complex128: Tolerance(1e-9, 1e-7),
+})
+
+# fp8 types exist only on newer torch builds; add them where they do.
+for _name, _tol in (("float8_e4m3fn", Tolerance(0.0, 0.0)), ("float8_e5m2", Tolerance(0.0, 0.0))):
+    if hasattr(torch, _name):
+        DEFAULT_TOLERANCES = MappingProxyType({**DEFAULT_TOLERANCES, getattr(torch, _name): _tol})
+
+
+def default_tolerance(dtype: torch.dtype) -> Tolerance:
+    return DEFAULT_TOLERANCES.get(dtype, Tolerance.exact())
+
+
+@dataclass(frozen=True)
+class Case:
+    """One named input configuration. ``params`` are read by ``make_inputs`` and ``cost``.
+
+    ``world_sizes`` narrows the problem's world sizes for this case (``None``: all of them).
+    ``case["shape"]`` reads a parameter.
+    """
+
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    world_sizes: tuple[int, ...] | None = None
+    note: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not re.match(r"^[A-Za-z0-9_.\-]+$", self.name):
+            raise ProblemError(f"Case name {self.name!r}: use letters, digits, '_', '-' and '.'")
+        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+        if self.world_sizes is not None:
+            object.__setattr__(self, "world_sizes", tuple(self.world_sizes))
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return self.params[key]
+        except KeyError:
+            raise KeyError(f"case {self.name!r} has no parameter {key!r} (has: {sorted(self.params)})") from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.params.get(key, default)
+
+    def runs_at(self, world_size: int) -> bool:
+        return self.world_sizes is None or world_size in self.world_sizes
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one call must do at least, per rank, for the roofline.
+
+    link_bytes: bytes that must cross the interconnect into (or out of) each rank, counted the way
+        nccl-tests counts bus bandwidth (all-reduce 2(W-1)/W of the buffer; all-gather,
+        reduce-scatter, all-to-all (W-1)/W of the total; broadcast and reduce 1x the buffer).
+        busbw = link_bytes / time.
+    flops: floating-point operations per rank (a multiply-add counts 2).
+    hbm_bytes: device-memory bytes each rank must read and write at least.
+    pattern: the communication pattern the byte count follows (documentation and reports).
+    """
+
+    link_bytes: float = 0.0
+    flops: float = 0.0
+    hbm_bytes: float = 0.0
+    pattern: str = ""
+
+    def __post_init__(self):
+        for name in ("link_bytes", "flops", "hbm_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ProblemError(f"Cost.{name} must be a number >= 0, got {value!r}")
+
+
+ToleranceSpec = Tolerance | Callable[[Case, int], Tolerance] | None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A workload: its reference, input generator, cost model, cases and tolerance.
+
+    ``tolerance`` is a Tolerance for every output, a function ``(case, world_size) -> Tolerance``,
+    or ``None`` for the default of each output's dtype (``DEFAULT_TOLERANCES``).
+    ``deterministic``: a second run on the same inputs must give bit-identical outputs.
+    """
+
+    name: str
+    version: int
+    upstream_id: int | None
+    category: str
+    source: str
+    world_sizes: tuple[int, ...]
+    tests: tuple[Case, ...]
+    benchmarks: tuple[Case, ...]
+    reference: Callable[..., Any]
+    make_inputs: Callable[[Case, int, int, torch.Generator], tuple]
+    cost: Callable[[Case, int], Cost]
+    tolerance: ToleranceSpec = None
+    deterministic: bool = False
+    module: str = ""  # filled in by discovery: the dotted module name
+
+    def __post_init__(self):
+        where = f"problem {self.name!r}"
+        object.__setattr__(self, "tests", tuple(self.tests))
+        object.__setattr__(self, "benchmarks", tuple(self.benchmarks))
+        object.__setattr__(self, "world_sizes", tuple(self.world_sizes))
+        if not isinstance(self.name, str) or not _SLUG.match(self.name):
+            raise ProblemError(f"{where}: name must be a lowercase slug like 'allgather_gemm'")
+        if not isinstance(self.version, int) or self.version < 1:
+            raise ProblemError(f"{where}: version must be an int >= 1, got {self.version!r}")
+        if self.upstream_id is not None and not (isinstance(self.upstream_id, int) and self.upstream_id > 0):
+            raise ProblemError(f"{where}: upstream_id must be a positive int or None")
+        if self.category not in CATEGORIES:
+            raise ProblemError(f"{where}: category {self.category!r} is not one of {CATEGORIES}")
+        if not self.world_sizes or any(not isinstance(w, int) or w < 1 for w in self.world_sizes):
+            raise ProblemError(f"{where}: world_sizes must be positive ints, got {self.world_sizes!r}")
+        if not self.tests:
+            raise ProblemError(f"{where}: tests must hold at least one Case")
+        for kind in ("tests", "benchmarks"):
+            names = [c.name for c in getattr(self, kind)]
+            if any(not isinstance(c, Case) for c in getattr(self, kind)):
+                raise ProblemError(f"{where}: {kind} must hold Case objects")
+            if len(set(names)) != len(names):
+                raise ProblemError(f"{where}: {kind} has duplicate case names {names}")
+        for fn_name in ("reference", "make_inputs", "cost"):
+            if not callable(getattr(self, fn_name)):
+                raise ProblemError(f"{where}: {fn_name} must be callable")
+        params = list(inspect.signature(self.make_inputs).parameters)
+        if len(params) != 4:
+            raise ProblemError(f"{where}: make_inputs must take (case, rank, world_size, gen), has {params}")
+        if not (self.tolerance is None or isinstance(self.tolerance, Tolerance) or callable(self.tolerance)):
+            raise ProblemError(f"{where}: tolerance must be a Tolerance, a function or None")
+
+    @property
+    def argument_names(self) -> tuple[str, ...]:
+        """The reference's (and so the candidate's) argument list, e.g. ('tensor', 'src')."""
+        return tuple(inspect.signature(self.reference).parameters)
+
+    def cases(self, kind: str, world_size: int) -> tuple[Case, ...]:
+        """The ``tests`` or ``benchmarks`` cases that run at ``world_size``."""
+        if kind not in ("tests", "benchmarks"):
+            raise ValueError(f"kind must be 'tests' or 'benchmarks', got {kind!r}")
+        return tuple(c for c in getattr(self, kind) if c.runs_at(world_size))
+
+    def find_case(self, name: str) -> Case:
+        for case in self.tests + self.benchmarks:
+            if case.name == name:
+                return case
+        names = [c.name for c in self.tests + self.benchmarks]
+        raise KeyError(f"problem {self.name!r} has no case {name!r}; cases: {', '.join(names)}")
+
+    def tolerance_for(self, case: Case, world_size: int, dtype: torch.dtype) -> Tolerance:
+        if self.tolerance is None:
+            return default_tolerance(dtype)
+        if isinstance(self.tolerance, Tolerance):
+            return self.tolerance
+        return self.tolerance(case, world_size)
+
+
+class Status(str, enum.Enum):
+    """The verdict of one evaluation (DESIGN.md, Verdicts)."""
+
+    OK = "ok"
+    MISMATCH = "mismatch"
+    COMPILE_ERROR = "compile_error"
+    IMPORT_ERROR = "import_error"
+    SIGNATURE_ERROR = "signature_error"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+    TAMPERED = "tampered"
+    FORBIDDEN = "forbidden"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The unit roundoff (half an ulp at 1.0) of each floating dtype.
+_UNIT_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def reduction_tolerance(dtype: torch.dtype, num_terms: int, scale: float = 1.0) -> Tolerance:
+    """Tolerance for a sum of ``num_terms`` values of magnitude ``scale`` (e.g. one per rank) in ``dtype``.
+
+    An honest kernel may accumulate in ``dtype`` in any order (a ring rounds after each of the
+    ``num_terms - 1`` additions) while the reference rounds once from fp32. Measured on 4M N(0,1)
+    elements in bf16, the largest error beyond ``rtol * |ref|`` was 0.030 at 4 terms, 0.066 at 8 and
+    0.18 at 16; ``atol = u * n * (2 + sqrt(n)) * scale`` is about twice that at each size, and a
+    result missing even one term of magnitude ``scale`` is off by far more.
+    """
+    u = _UNIT_ROUNDOFF.get(dtype)
+    if u is None:
+        return Tolerance.exact()
+    n = max(int(num_terms), 1)
+    return Tolerance(atol=u * n * (2.0 + n**0.5) * scale, rtol=4.0 * u)
+
+
+def randn(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:
+    """Normal random values on ``gen``'s device, drawn in fp32 and cast (so every dtype sees one stream)."""
+    values = torch.randn(*shape, generator=gen, device=gen.device, dtype=torch.float32)
+    if scale != 1.0:
+        values = values * scale
+    return values.to(dtype)
+
+
+class RankGenerator(torch.Generator):
+    """The ``gen`` that ``make_inputs`` receives: seeded for this rank, this case and this trial.
+
+    ``gen.shared`` is a second generator seeded the same on every rank, for data that the workload
+    replicates (token ids every TP rank sees, weights every DP rank holds). Everything else is drawn
+    from ``gen`` itself and so differs per rank. Both live on the rank's device (``gen.device``).
+    """
+
+    shared: torch.Generator
+
+
+def make_generator(seed: int, shared_seed: int, device: torch.device | str = "cpu") -> RankGenerator:
+    gen = RankGenerator(device=device)
+    gen.manual_seed(seed)
+    gen.shared = torch.Generator(device=device)
+    gen.shared.manual_seed(shared_seed)
+    return gen

@@ -1,0 +1,1 @@
+"""The problem suite. One module per problem, grouped by category; found by ``pkb.registry``."""

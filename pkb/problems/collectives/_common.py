@@ -1,0 +1,65 @@
+"""Cases and helpers shared by the eight collective problems.
+
+Every collective takes a per-rank tensor whose shape and dtype a case names. ``tests`` are small
+and awkward (odd sizes, a single element, three dtypes); ``benchmarks`` sweep the per-rank message
+from 4 KiB to 1 GiB in bf16 as rows of 1024 elements, the sizes nccl-tests reports.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pkb.problem import Case, randn
+
+# Small and awkward: an odd 2-D bf16 buffer, a single fp32 element, an odd 3-D fp32 buffer, fp16 rows.
+TEST_CASES = (
+    Case("odd_bf16", {"shape": (3, 683), "dtype": "bfloat16"}),
+    Case("single_fp32", {"shape": (1,), "dtype": "float32"}),
+    Case("odd3d_fp32", {"shape": (5, 7, 11), "dtype": "float32"}),
+    Case("rows_fp16", {"shape": (129, 8), "dtype": "float16"}),
+)
+
+_SIZES = (("4KiB", 4 << 10), ("64KiB", 64 << 10), ("1MiB", 1 << 20), ("16MiB", 16 << 20),
+          ("256MiB", 256 << 20), ("1GiB", 1 << 30))
+_ROW = 1024  # elements per row of a benchmark buffer
+
+BENCHMARK_CASES = tuple(
+    Case(f"bf16_{label}", {"shape": (size // (2 * _ROW), _ROW), "dtype": "bfloat16"},
+         note=f"{label} per rank, bf16")
+    for label, size in _SIZES
+)
+
+
+def rooted_cases(root_param: str) -> tuple[Case, ...]:
+    """The test cases plus one whose root is the last rank (``root_param`` is ``src`` or ``dst``)."""
+    last = Case("odd_bf16_root_last", {"shape": (3, 683), "dtype": "bfloat16", root_param: "last"})
+    return TEST_CASES + (last,)
+
+
+def dtype_of(case: Case) -> torch.dtype:
+    return getattr(torch, case["dtype"])
+
+
+def message_bytes(case: Case) -> int:
+    """Bytes of one rank's ``shape``-sized buffer."""
+    return math.prod(case["shape"]) * dtype_of(case).itemsize
+
+
+def root_of(case: Case, param: str, world_size: int) -> int:
+    """The root rank a case names: 0 by default, ``"last"`` for world_size - 1."""
+    root = case.get(param, 0)
+    return world_size - 1 if root == "last" else int(root)
+
+
+def buffer(case: Case, gen: torch.Generator, *leading: int) -> torch.Tensor:
+    """A random buffer of the case's shape and dtype, with optional leading dimensions."""
+    return randn(gen, *leading, *case["shape"], dtype=dtype_of(case))
+
+
+def sum_tolerance(case: Case, world_size: int):
+    """Tolerance for a sum over ranks of N(0, 1) buffers in the case's dtype."""
+    from pkb.problem import reduction_tolerance
+
+    return reduction_tolerance(dtype_of(case), world_size)

@@ -1,0 +1,38 @@
+"""Reduce (sum) to a root: the root ends with the sum of all ranks' tensors.
+
+Per rank: tensor [*shape], dst (int, the root)  ->  on dst: [*shape] = sum over ranks; on every other
+rank: an unchanged copy of its own tensor. (Upstream left the non-root output to whatever NCCL
+leaves in the buffer, which is implementation-defined; here it is defined.) The input is left
+unchanged. A test case puts the root on the last rank.
+
+Cost (nccl-tests): with S the buffer's bytes, the root must receive S worth of partial sums
+(pipelined chain); link bytes S; busbw = S / t. HBM: read S, write S.
+"""
+
+import torch.distributed as dist
+
+from pkb.problem import Cost, Problem
+from pkb.problems.collectives._common import (BENCHMARK_CASES, buffer, message_bytes, root_of, rooted_cases,
+                                              sum_tolerance)
+
+
+def make_inputs(case, rank, world_size, gen):
+    return (buffer(case, gen), root_of(case, "dst", world_size))
+
+
+def reference(tensor, dst=0):
+    out = tensor.clone()
+    dist.reduce(out, dst=dst, op=dist.ReduceOp.SUM)
+    return out if dist.get_rank() == dst else tensor.clone()
+
+
+def cost(case, world_size):
+    size = message_bytes(case)
+    return Cost(link_bytes=size, hbm_bytes=2 * size, pattern="reduce")
+
+
+PROBLEM = Problem(
+    name="reduce", version=1, upstream_id=4, category="collectives", source="NCCL reduce (SUM)",
+    world_sizes=(2, 4, 8), tests=rooted_cases("dst"), benchmarks=BENCHMARK_CASES, tolerance=sum_tolerance,
+    reference=reference, make_inputs=make_inputs, cost=cost,
+)

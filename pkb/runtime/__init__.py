@@ -1,0 +1,1 @@
+"""Launching rank processes (cpu / cuda / shared-gpu), the worker loop, timeouts, env hygiene."""

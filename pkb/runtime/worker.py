@@ -1,0 +1,184 @@
+"""The rank process: joins the process group once, then runs jobs from the parent until told to exit.
+
+Jobs (dicts from the parent):
+  {"op": "load", "problem": slug, "candidate": path | None}   import the problem, and the candidate
+  {"op": "run", "case": name, "seeds": (rank seed, shared seed)}   build inputs, call, return outputs
+  {"op": "time", "case": name, "seeds": [(rank, shared), ...], "protocol": {...}}   the timing protocol
+  {"op": "exit"}
+Replies carry plain data only (pkb.runtime.channel). The worker never decides a verdict: it reports
+what happened, and the parent compares and judges.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import sys
+import traceback
+import warnings
+from datetime import timedelta
+from multiprocessing.connection import Connection
+
+import torch
+import torch.distributed as dist
+
+from pkb.problem import make_generator
+from pkb.runtime.channel import recv_job, send_reply, to_plain
+from pkb.runtime.modes import Mode
+
+
+class Worker:
+    def __init__(self, rank: int, world_size: int, mode: Mode, role: str):
+        self.rank = rank
+        self.world_size = world_size
+        self.mode = mode
+        self.role = role
+        self.device = self._pick_device()
+        self.problem = None
+        self.solution = None
+
+    def _pick_device(self) -> torch.device:
+        if self.mode is Mode.CPU:
+            torch.set_num_threads(1)
+            return torch.device("cpu")
+        index = self.rank % torch.cuda.device_count() if self.mode is Mode.SHARED_GPU else self.rank
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+
+    def join(self, store_port: int) -> None:
+        store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=120))
+        dist.init_process_group(self.mode.backend, store=store, rank=self.rank, world_size=self.world_size,
+                                timeout=timedelta(seconds=600))
+        dist.barrier()
+
+    # -- jobs ---------------------------------------------------------------------------------------
+
+    def load(self, job: dict) -> dict:
+        from pkb.registry import get_problem
+
+        self.problem = get_problem(job["problem"])
+        if job.get("candidate") is None:  # the reference, run as a candidate (self-check)
+            self.solution = self.problem.reference
+            return {"status": "ok"}
+        try:
+            self.solution = _import_candidate(job["candidate"], self.problem.argument_names)
+        except CandidateError as exc:
+            return {"status": exc.status, "error": str(exc)}
+        return {"status": "ok"}
+
+    def make_inputs(self, case_name: str, seeds: tuple[int, int]) -> tuple:
+        """The case's inputs for this rank from (this rank's seed, the seed shared by all ranks)."""
+        case = self.problem.find_case(case_name)
+        inputs = self.problem.make_inputs(case, self.rank, self.world_size, make_generator(*seeds, self.device))
+        return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+    def run(self, job: dict) -> dict:
+        inputs = self.make_inputs(job["case"], job["seeds"])
+        outputs = self.solution(*inputs)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dist.barrier()
+        return {"status": "ok", "outputs": to_plain(outputs), "inputs_after": to_plain(list(inputs))}
+
+    def time(self, job: dict) -> dict:
+        from pkb.evaluate.timing import time_calls
+
+        case = self.problem.find_case(job["case"])
+        make = lambda seeds: self.make_inputs(case.name, seeds)  # noqa: E731
+        stats = time_calls(self.solution, make, job["seeds"], device=self.device, **job["protocol"])
+        return {"status": "ok", "timing": stats}
+
+
+class CandidateError(Exception):
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _install_upstream_alias() -> None:
+    """Let upstream solution files ``from utils.cuda_helpers import compile_cuda_extension`` unchanged."""
+    import types
+
+    from pkb.kernels import compile_cuda_extension
+
+    if "utils.cuda_helpers" not in sys.modules:
+        utils = sys.modules.get("utils") or types.ModuleType("utils")
+        helpers = types.ModuleType("utils.cuda_helpers")
+        helpers.compile_cuda_extension = compile_cuda_extension
+        utils.cuda_helpers = helpers
+        sys.modules.setdefault("utils", utils)
+        sys.modules["utils.cuda_helpers"] = helpers
+
+
+def _import_candidate(path: str, argument_names: tuple[str, ...]):
+    """Import the candidate file and return its ``solution``, checked against the reference's arguments."""
+    _install_upstream_alias()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    spec = importlib.util.spec_from_file_location("pkb_candidate", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pkb_candidate"] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError:
+        raise CandidateError("compile_error", traceback.format_exc(limit=0)) from None
+    except Exception as exc:
+        status = "compile_error" if _looks_like_build_failure(exc) else "import_error"
+        raise CandidateError(status, traceback.format_exc(limit=-8)) from None
+    solution = getattr(module, "solution", None)
+    if not callable(solution):
+        raise CandidateError("signature_error", "the file defines no callable `solution`")
+    try:
+        inspect.signature(solution).bind(*argument_names)
+    except TypeError as exc:
+        raise CandidateError("signature_error", f"solution{inspect.signature(solution)} cannot be called as "
+                                                f"solution({', '.join(argument_names)}): {exc}") from None
+    except ValueError:  # builtins without a signature: accept and let the call decide
+        pass
+    return solution
+
+
+def _looks_like_build_failure(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return any(marker in text for marker in ("Error building extension", "CompilationError", "nvcc", "ninja"))
+
+
+def worker_main(conn: Connection, rank: int, world_size: int, mode: str, store_port: int, role: str,
+                log_path: str, env_updates: dict[str, str]) -> None:
+    """Entry point of a rank process (forked by the group's server; not for use by hand)."""
+    os.setsid()  # its own session: the parent can kill it and everything it starts at once
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.environ.update(env_updates)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    try:
+        worker = Worker(rank, world_size, Mode(mode), role)
+        worker.join(store_port)
+    except Exception:
+        send_reply(conn, {"ready": False, "error": traceback.format_exc(limit=-4)})
+        return
+    send_reply(conn, {"ready": True, "device": str(worker.device), "pid": os.getpid()})
+    handlers = {"load": worker.load, "run": worker.run, "time": worker.time}
+    while True:
+        try:
+            job = recv_job(conn)
+        except EOFError:
+            break
+        if job["op"] == "exit":
+            break
+        try:
+            reply = handlers[job["op"]](job)
+        except Exception as exc:
+            reply = {"status": "runtime_error", "error": f"{type(exc).__name__}: {exc}",
+                     "traceback": traceback.format_exc(limit=-12)}
+        send_reply(conn, reply)
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown: nothing of the candidate's runs after the last reply
+
+

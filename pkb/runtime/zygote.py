@@ -1,0 +1,91 @@
+"""The rank-process server: imports torch once, then forks a fresh rank process on each request.
+
+Importing torch takes a second or more per process; forking an interpreter that has already done it
+takes milliseconds. The zygote is trusted and never runs candidate code: each request forks a child
+that closes the control socket and becomes a rank process (``pkb.runtime.worker.worker_main``), with
+a private socket pair whose other end goes back to the parent.
+
+Protocol (SOCK_SEQPACKET, one message per request): the parent sends a pickled dict of
+``worker_main`` keyword arguments; the zygote answers with the child's pid and its socket's fd.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+
+def serve(control: socket.socket) -> None:
+    from pkb.runtime import worker  # imports torch: the one import every rank process shares
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    while True:
+        message = control.recv(1 << 20)
+        if not message:
+            return
+        request = pickle.loads(message)
+        parent_end, child_end = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            control.close()
+            parent_end.close()
+            try:
+                worker.worker_main(Connection(child_end.detach()), **request)
+            finally:
+                os._exit(1)
+        child_end.close()
+        socket.send_fds(control, [pickle.dumps(pid)], [parent_end.fileno()])
+        parent_end.close()
+
+
+class Zygote:
+    """The parent's handle on its zygote process (one per parent, started on first use)."""
+
+    _instance: "Zygote | None" = None
+    _lock = threading.Lock()
+
+    def __init__(self):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(os.environ)
+        package_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", "import socket, sys; from pkb.runtime.zygote import serve; "
+                                   "serve(socket.socket(fileno=int(sys.argv[1])))", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
+        )
+        theirs.close()
+        self.control = ours
+        atexit.register(self.stop)
+
+    @classmethod
+    def get(cls) -> "Zygote":
+        with cls._lock:
+            if cls._instance is None or cls._instance.process.poll() is not None:
+                cls._instance = cls()
+            return cls._instance
+
+    def fork(self, **worker_kwargs) -> tuple[int, Connection]:
+        """A new rank process running ``worker_main(conn, **worker_kwargs)``: its pid and our end."""
+        with self._lock:
+            self.control.send(pickle.dumps(worker_kwargs))
+            message, fds, _, _ = socket.recv_fds(self.control, 1024, 1)
+        if not fds:
+            raise RuntimeError("the rank-process server did not answer (it may have died); see its output above")
+        return pickle.loads(message), Connection(fds[0])
+
+    def stop(self) -> None:
+        try:
+            self.control.close()
+            self.process.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.process.kill()
