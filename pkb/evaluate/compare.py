@@ -121,7 +121,7 @@ def _compare_close(expected: torch.Tensor, got: torch.Tensor, tolerance: Toleran
         if tolerance.is_exact:
             bad = bad | ((e != g) & ~both_nan)
         num_bad += int(bad.sum())
-        rel = diff / e.abs().clamp_min(torch.finfo(work).tiny)
+        rel = diff / e.abs().clamp_min(max(tolerance.atol, torch.finfo(work).tiny))
         chunk_abs, chunk_abs_at = diff.max(0) if diff.numel() else (torch.tensor(0.0), torch.tensor(0))
         chunk_rel, chunk_rel_at = rel.max(0) if rel.numel() else (torch.tensor(0.0), torch.tensor(0))
         if float(chunk_abs) > worst_abs:

@@ -38,15 +38,20 @@ class Verdict(Exception):
 
 @dataclass(frozen=True)
 class TimingProtocol:
+    """How long to time (docs/timing.md): calls per repeat are chosen so a repeat lasts ``min_repeat_s``."""
+
     num_warmup: int
-    num_iters: int
     num_repeats: int
+    min_repeat_s: float
+    min_iters: int
+    max_iters: int
 
     @classmethod
     def for_mode(cls, mode: Mode) -> "TimingProtocol":
         if mode is Mode.CUDA:
-            return cls(num_warmup=10, num_iters=50, num_repeats=5)
-        return cls(num_warmup=1, num_iters=3, num_repeats=3)  # cpu / shared-gpu: seconds, not performance
+            return cls(num_warmup=5, num_repeats=7, min_repeat_s=0.1, min_iters=3, max_iters=2000)
+        # cpu / shared-gpu: finishes in seconds; the times are labelled as not GPU performance
+        return cls(num_warmup=2, num_repeats=5, min_repeat_s=0.02, min_iters=2, max_iters=200)
 
 
 @dataclass(frozen=True)

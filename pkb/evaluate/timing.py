@@ -9,6 +9,7 @@ times. The parent takes the max over ranks of each repeat and the median over re
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -40,8 +41,12 @@ def _sync(device: torch.device) -> None:
 
 
 def time_calls(fn: Callable, make_inputs: Callable[[tuple], tuple], seeds: list[tuple], device: torch.device,
-               num_warmup: int, num_iters: int, num_repeats: int) -> dict:
-    """Time ``fn`` over rotating fresh inputs; returns per-repeat seconds per call (wall and events)."""
+               num_warmup: int, num_repeats: int, min_repeat_s: float, min_iters: int, max_iters: int) -> dict:
+    """Time ``fn`` over rotating fresh inputs; returns per-repeat seconds per call (wall and events).
+
+    The number of calls per repeat is chosen after warm-up so one repeat lasts ``min_repeat_s``,
+    from the slowest rank's estimate (ranks must agree on it: the calls are collective).
+    """
     first = make_inputs(seeds[0])
     copies = [first] + [make_inputs(seed) for seed in seeds[1:num_copies_for(input_bytes(first), device, len(seeds))]]
     calls = 0
@@ -51,8 +56,14 @@ def time_calls(fn: Callable, make_inputs: Callable[[tuple], tuple], seeds: list[
         fn(*copies[calls % len(copies)])
         calls += 1
 
-    for _ in range(num_warmup):
+    _sync(device)
+    began = time.perf_counter()
+    for _ in range(max(num_warmup, 1)):
         call_next()
+    _sync(device)
+    estimate = torch.tensor([(time.perf_counter() - began) / max(num_warmup, 1)], dtype=torch.float64, device=device)
+    dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
+    num_iters = int(min(max_iters, max(min_iters, math.ceil(min_repeat_s / max(float(estimate), 1e-9)))))
     wall, events = [], []
     for _ in range(num_repeats):
         _sync(device)

@@ -23,7 +23,18 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 
+def die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (no orphaned ranks spinning forever)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the control socket's EOF still ends the zygote
+        pass
+
+
 def serve(control: socket.socket) -> None:
+    die_with_parent()
     from pkb.runtime import worker  # imports torch: the one import every rank process shares
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
@@ -36,6 +47,7 @@ def serve(control: socket.socket) -> None:
         pid = os.fork()
         if pid == 0:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            die_with_parent()
             control.close()
             parent_end.close()
             try:

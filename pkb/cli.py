@@ -1,0 +1,310 @@
+"""The ``pkb`` command: list, show, eval, run.
+
+Exit codes: 0 success (``eval``: the verdict is ``ok``), 1 a verdict other than ``ok`` (or, for
+``run``, any failed evaluation), 2 a usage error (unknown problem, missing file, a mode this machine
+cannot run), with a message that says what to do instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+
+from pkb import __version__
+from pkb.problem import Status
+
+USAGE_ERROR = 2
+QUIET_STATUSES = (Status.OK, Status.SKIPPED)
+
+
+class UsageError(Exception):
+    pass
+
+
+# -- list / show -----------------------------------------------------------------------------------
+
+
+def cmd_list(args) -> int:
+    from pkb.registry import all_problems
+
+    problems = [p for p in all_problems().values() if args.category in (None, p.category)]
+    if args.category and not problems:
+        from pkb.problem import CATEGORIES
+
+        raise UsageError(f"no problem in category {args.category!r}; categories: {', '.join(CATEGORIES)}")
+    rows = [{"name": p.name, "upstream_id": p.upstream_id, "category": p.category, "source": p.source,
+             "version": p.version, "world_sizes": list(p.world_sizes), "num_tests": len(p.tests),
+             "num_benchmarks": len(p.benchmarks)} for p in problems]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print_table(rows, ["upstream_id", "name", "category", "version", "world_sizes", "source"],
+                headers=["#", "problem", "category", "v", "world sizes", "source"])
+    print(f"\n{len(rows)} problems")
+    return 0
+
+
+def cmd_show(args) -> int:
+    from pkb.registry import get_problem
+
+    problem = get_problem(args.problem)
+    world_size = args.world_size or problem.world_sizes[0]
+    case = problem.find_case(args.case) if args.case else problem.cases("tests", world_size)[0]
+    module = sys.modules[problem.reference.__module__]
+    print(f"# {problem.name} (upstream {problem.upstream_id}, {problem.category}, version {problem.version})")
+    print(f"# source: {problem.source}")
+    print(f"# solution({', '.join(problem.argument_names)})  world sizes {list(problem.world_sizes)}")
+    print(f"# tests: {', '.join(c.name for c in problem.tests)}")
+    print(f"# benchmarks: {', '.join(c.name for c in problem.benchmarks) or '-'}\n")
+    print(inspect.getsource(module))
+    print(f"## case {case.name} at world size {world_size}: {dict(case.params)}" + (f"  ({case.note})" if case.note else ""))
+    for rank in range(world_size):
+        described = ", ".join(f"{name}={describe(value)}" for name, value in
+                              zip(problem.argument_names, shapes_of_inputs(problem, case, rank, world_size)))
+        print(f"  rank {rank}: {described}")
+    cost = problem.cost(case, world_size)
+    print(f"## cost per rank: link {human_bytes(cost.link_bytes)}, {cost.flops:.3g} flop, "
+          f"HBM {human_bytes(cost.hbm_bytes)}" + (f", pattern {cost.pattern}" if cost.pattern else ""))
+    return 0
+
+
+def shapes_of_inputs(problem, case, rank: int, world_size: int) -> tuple:
+    """A rank's inputs without allocating them (fake tensors), so GiB-sized benchmark cases show instantly."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pkb.problem import make_generator
+
+    gen = make_generator(0, 1)
+    try:
+        with FakeTensorMode():
+            return tuple(problem.make_inputs(case, rank, world_size, gen))
+    except Exception:
+        return tuple(problem.make_inputs(case, rank, world_size, gen))
+
+
+def describe(value) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).replace('torch.', '')}{list(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(describe(v) for v in value) + "]"
+    return repr(value)
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.4g} {unit}"
+        count /= 1024
+    return f"{count:.4g} TiB"
+
+
+# -- eval / run ------------------------------------------------------------------------------------
+
+
+def make_config(args, world_size: int):
+    from pkb.evaluate.evaluator import EvalConfig
+    from pkb.runtime.modes import ModeUnavailable, choose_mode
+
+    try:
+        choice = choose_mode(args.mode, world_size)
+    except ModeUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    if not args.json:
+        print(f"mode: {choice.mode} ({choice.reason})", file=sys.stderr)
+    return EvalConfig(world_size=world_size, mode=choice.mode, num_trials=args.trials, timeout_s=args.timeout,
+                      perf=args.perf)
+
+
+def cmd_eval(args) -> int:
+    from pkb.evaluate.candidate import Candidate
+    from pkb.evaluate.evaluator import evaluate
+    from pkb.registry import get_problem
+
+    problem = get_problem(args.problem)
+    if args.candidate == "reference":
+        candidate = Candidate.reference_of(problem)
+    else:
+        path = Path(args.candidate)
+        if not path.is_file():
+            raise UsageError(f"candidate file {args.candidate} not found (give a .py file defining `solution`, "
+                             "or `reference` to check the problem's reference against itself)")
+        candidate = Candidate.from_file(path)
+    world_size = args.world_size or problem.world_sizes[0]
+    if world_size not in problem.world_sizes:
+        raise UsageError(f"{problem.name} runs at world sizes {list(problem.world_sizes)}; pick one with --world-size")
+    config = make_config(args, world_size)
+    result = evaluate(problem, candidate, config)
+    if args.json:
+        print(json.dumps(result.to_dict(), default=str))
+    else:
+        print_verdict(result)
+    return 0 if result.ok else 1
+
+
+def print_verdict(result) -> None:
+    print(f"{result.problem} / {result.solution}: {result.status.value}  "
+          f"({result.mode}, {result.world_size} ranks, {result.wall_s:.1f} s)")
+    print(f"  {result.message}")
+    if result.details.get("traceback") or result.details.get("error"):
+        print("  " + (result.details.get("traceback") or result.details["error"]).strip().replace("\n", "\n  "))
+    if result.details.get("log_tail"):
+        print("  rank output (tail):\n    " + result.details["log_tail"].strip()[-1500:].replace("\n", "\n    "))
+    for timing in result.timings:
+        print(f"  {timing.case}: reference {timing.reference_s * 1e6:.1f} us, candidate {timing.candidate_s * 1e6:.1f} us,"
+              f" speedup {timing.speedup:.2f}x" + (f", busbw {timing.busbw_gbps:.2f} GB/s" if timing.busbw_gbps else ""))
+    if result.timings and not result.times_are_gpu_performance:
+        print(f"  (times measured in {result.mode} mode: not GPU performance)")
+
+
+def cmd_run(args) -> int:
+    from pkb.batch import plan, run_jobs, solution_files
+    from pkb.registry import select
+    from pkb.store.db import DEFAULT_DB, ResultStore
+
+    problems = select(args.problems)
+    solutions_dir = Path(args.solutions) if args.solutions else None
+    if solutions_dir is not None:
+        if not solutions_dir.is_dir():
+            raise UsageError(f"--solutions {solutions_dir} is not a directory")
+        unknown = solution_files(solutions_dir).get("__unknown__", [])
+        if unknown and not args.json:
+            print(f"ignored (no problem matches the file name): {', '.join(p.name for p in unknown)}", file=sys.stderr)
+    config = make_config(args, args.world_size)
+    jobs = plan(problems, solutions_dir, include_reference=solutions_dir is None or args.self_check)
+    if not jobs:
+        raise UsageError("nothing to run: no solution file matches the selected problems")
+    progress = Progress(len(jobs), enabled=not args.json)
+    with ResultStore(args.db or DEFAULT_DB) as store:
+        results = run_jobs(jobs, config, store, progress.update)
+    progress.close()
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], default=str))
+    else:
+        rows = [{"problem": r.problem, "solution": r.solution, "status": r.status.value,
+                 "speedup": f"{r.speedup:.2f}" if r.speedup else "", "wall_s": f"{r.wall_s:.1f}",
+                 "message": r.message[:90]} for r in results]
+        print_table(rows, ["problem", "solution", "status", "speedup", "wall_s", "message"])
+        counts: dict[str, int] = {}
+        for r in results:
+            counts[r.status.value] = counts.get(r.status.value, 0) + 1
+        print(f"\n{len(results)} results in {args.db or DEFAULT_DB}: "
+              + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    return 0 if all(r.status in QUIET_STATUSES for r in results) else 1
+
+
+class Progress:
+    """A one-line progress bar on stderr (a line per result when stderr is not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool = True):
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.started = time.monotonic()
+        self.tty = sys.stderr.isatty()
+
+    def update(self, job, result, resumed: bool) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        label = f"{result.problem}/{result.solution}: {result.status.value}" + (" (stored earlier)" if resumed else "")
+        if self.tty:
+            filled = int(30 * self.done / self.total)
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} "
+                             f"{time.monotonic() - self.started:.0f}s {label[:60]:<60}")
+        else:
+            sys.stderr.write(f"[{self.done}/{self.total}] {label}\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")
+
+
+# -- output ------------------------------------------------------------------------------------------
+
+
+def print_table(rows: list[dict], columns: list[str], headers: list[str] | None = None) -> None:
+    headers = headers or columns
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    print("  ".join("-" * w for w in widths))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+# -- parser ------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pkb", description="Benchmark and evaluation harness for multi-GPU kernels.")
+    parser.add_argument("--version", action="version", version=f"pkb {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="every problem of the suite")
+    p.add_argument("--category")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("show", help="a problem's reference, a case's per-rank inputs, its cost")
+    p.add_argument("problem", help="slug or upstream number")
+    p.add_argument("--case")
+    p.add_argument("--world-size", type=int)
+    p.set_defaults(func=cmd_show)
+
+    def add_eval_options(p, world_size_default):
+        p.add_argument("--world-size", type=int, default=world_size_default)
+        p.add_argument("--mode", default="auto", choices=["auto", "cpu", "cuda", "shared-gpu"])
+        p.add_argument("--trials", type=int, default=3, help="correctness trials, each with fresh secret seeds")
+        p.add_argument("--timeout", type=float, default=120.0, help="seconds one job may take before its ranks are killed")
+        p.add_argument("--perf", action="store_true", help="also time reference and candidate (speedup)")
+        p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("eval", help="one verdict for one candidate file")
+    p.add_argument("problem", help="slug or upstream number")
+    p.add_argument("candidate", help="a .py file defining solution(...), or `reference`")
+    add_eval_options(p, None)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("run", help="many evaluations, stored in a database as they finish")
+    p.add_argument("--solutions", help="directory of solution files (<slug>.py or <number>_<name>[_<backend>].py); "
+                                       "default: pkb's shipped solutions plus each reference against itself")
+    p.add_argument("--self-check", action="store_true", help="with --solutions, also check each reference against itself")
+    p.add_argument("--problems", help="e.g. 1-8,12,allgather_gemm or a category; default: all")
+    p.add_argument("--db", help="SQLite file (default: ./pkb-results.sqlite)")
+    add_eval_options(p, 2)
+    p.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pkb.registry import UnknownProblem
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (UsageError, UnknownProblem) as exc:
+        print(f"pkb: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyError as exc:  # an unknown case name
+        print(f"pkb: error: {exc.args[0]}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print("\npkb: interrupted; finished results are in the database, rerun to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

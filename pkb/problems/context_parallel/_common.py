@@ -1,0 +1,278 @@
+"""Helpers shared by the context-parallel problems: sub-group meshes, replica generators, the
+Ulysses all-to-all, the ring shift, fp32 block attention with log-sum-exp, and the delta rule.
+
+Communication here is c10d collectives only (``all_to_all_single``, ``all_gather_into_tensor``),
+so every reference runs on gloo and NCCL alike; a point-to-point ring step is an
+``all_to_all_single`` whose only non-empty split goes to the next rank.
+"""
+
+from __future__ import annotations
+
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from pkb.problem import Case
+
+# Scores of one attention block are materialised at most this many fp32 elements at a time, so the
+# references fit in device memory at 128k-token shapes (queries are processed in slices).
+ATTENTION_SCORE_ELEMENTS = 1 << 28
+
+
+def dtype_of(case: Case) -> torch.dtype:
+    return getattr(torch, case["dtype"])
+
+
+# -- process-group meshes ---------------------------------------------------------------------------
+
+_MESHES: dict[tuple[int, int], tuple[list, list]] = {}
+
+
+def mesh(inner_size: int, rank: int, world_size: int):
+    """A 2-D mesh with ``inner_size`` consecutive ranks per inner group (Megatron's rank order).
+
+    Returns (inner_group, outer_group, inner_index, outer_index) for ``rank``: the inner group holds
+    ranks ``outer_index * inner_size + [0, inner_size)``, the outer group ranks ``inner_index + k *
+    inner_size``. Every group is created once per process, by all ranks in the same order.
+    """
+    key = (inner_size, world_size)
+    if key not in _MESHES:
+        outer_size = world_size // inner_size
+        inner = [dist.new_group([o * inner_size + i for i in range(inner_size)]) for o in range(outer_size)]
+        outer = [dist.new_group([o * inner_size + i for o in range(outer_size)]) for i in range(inner_size)]
+        _MESHES[key] = (inner, outer)
+    inner, outer = _MESHES[key]
+    inner_index, outer_index = rank % inner_size, rank // inner_size
+    return inner[outer_index], outer[inner_index], inner_index, outer_index
+
+
+def replica_generator(gen: torch.Generator, key: int) -> torch.Generator:
+    """A generator that ranks passing the same ``key`` share (replicated data), seeded from ``gen.shared``.
+
+    Every rank must call it the same number of times in the same order (each call draws once from
+    ``gen.shared``); ranks with different keys get independent streams.
+    """
+    draw = int(torch.randint(0, 2**62, (1,), generator=gen.shared, device=gen.device))
+    sub = torch.Generator(device=gen.device)
+    sub.manual_seed((draw * 1_000_003 + 7919 * (key + 1)) % 2**63)
+    return sub
+
+
+def rand_normal(gen: torch.Generator, *shape: int, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
+    values = torch.randn(*shape, generator=gen, device=gen.device, dtype=torch.float32)
+    return (values * scale).to(dtype)
+
+
+# -- communication ----------------------------------------------------------------------------------
+
+
+def group_size(group) -> int:
+    return dist.get_world_size(group)
+
+
+def group_rank(group) -> int:
+    return dist.get_rank(group)
+
+
+def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group=None) -> torch.Tensor:
+    """Ulysses all-to-all: split ``x`` into W equal chunks on ``scatter_dim``, send chunk d to rank d,
+    and concatenate what arrives from ranks 0..W-1 on ``gather_dim``."""
+    world = group_size(group)
+    if world == 1:
+        return x.contiguous()
+    scatter_dim, gather_dim = scatter_dim % x.dim(), gather_dim % x.dim()
+    if x.shape[scatter_dim] % world:
+        raise ValueError(f"dim {scatter_dim} of size {x.shape[scatter_dim]} does not split over {world} ranks")
+    chunks = torch.stack(torch.tensor_split(x, world, dim=scatter_dim)).contiguous()  # [W, *chunk]
+    received = torch.empty_like(chunks)
+    dist.all_to_all_single(received, chunks, group=group)
+    return torch.cat(received.unbind(0), dim=gather_dim).contiguous()
+
+
+def all_gather(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
+    """All ranks' ``x`` (equal shapes) concatenated on ``dim`` in rank order."""
+    world = group_size(group)
+    if world == 1:
+        return x.contiguous()
+    flat = torch.empty(world * x.numel(), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(flat, x.contiguous().view(-1), group=group)
+    return torch.cat(flat.view(world, *x.shape).unbind(0), dim=dim)
+
+
+def ring_shift(x: torch.Tensor, group=None) -> torch.Tensor:
+    """Send ``x`` to the next rank of the group and return what the previous rank sent (one ring step)."""
+    world = group_size(group)
+    if world == 1:
+        return x
+    me = group_rank(group)
+    n = x.numel()
+    send_splits = [n if d == (me + 1) % world else 0 for d in range(world)]
+    recv_splits = [n if s == (me - 1) % world else 0 for s in range(world)]
+    received = torch.zeros(n, dtype=x.dtype, device=x.device)
+    dist.all_to_all_single(received, x.contiguous().view(-1), recv_splits, send_splits, group=group)
+    return received.view(x.shape)
+
+
+# -- attention --------------------------------------------------------------------------------------
+
+
+def attention_fp32(q, k, v, scale: float, causal: bool = False, q_start: int = 0, k_start: int = 0,
+                   window_end=None):
+    """Softmax attention of one (query block, key block) pair in fp32, with its log-sum-exp.
+
+    q [B, Sq, Hq, D]; k, v [B, Sk, Hkv, D] with Hq % Hkv == 0 (GQA: query head h reads kv head
+    h // (Hq / Hkv)). ``causal``: the query at global position q_start + i sees keys at
+    k_start + j <= q_start + i. Returns out [B, Sq, Hq, Dv] fp32 and lse [B, Hq, Sq] fp32; a query
+    that sees no key gets out 0 and lse -inf.
+    """
+    B, Sq, Hq, _ = q.shape
+    Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
+    group = Hq // Hkv
+    kf = k.float().permute(0, 2, 3, 1).repeat_interleave(group, dim=1)  # [B, Hq, D, Sk]
+    vf = v.float().permute(0, 2, 1, 3).repeat_interleave(group, dim=1)  # [B, Hq, Sk, Dv]
+    out = torch.zeros(B, Sq, Hq, Dv, dtype=torch.float32, device=q.device)
+    lse = torch.full((B, Hq, Sq), float("-inf"), dtype=torch.float32, device=q.device)
+    if Sq == 0 or Sk == 0:
+        return out, lse
+    step = max(1, ATTENTION_SCORE_ELEMENTS // max(1, B * Hq * Sk))
+    key_pos = k_start + torch.arange(Sk, device=q.device)
+    for lo in range(0, Sq, step):
+        hi = min(Sq, lo + step)
+        qf = q[:, lo:hi].float().permute(0, 2, 1, 3)  # [B, Hq, s, D]
+        scores = torch.matmul(qf, kf).mul_(scale)  # [B, Hq, s, Sk]
+        if causal:
+            query_pos = q_start + torch.arange(lo, hi, device=q.device)
+            scores.masked_fill_(key_pos[None, :] > query_pos[:, None], float("-inf"))
+        block_lse = torch.logsumexp(scores, dim=-1)  # [B, Hq, s]
+        safe = torch.where(torch.isinf(block_lse), torch.zeros_like(block_lse), block_lse)
+        probs = torch.exp(scores.sub_(safe.unsqueeze(-1)))
+        out[:, lo:hi] = torch.matmul(probs, vf).permute(0, 2, 1, 3)
+        lse[:, :, lo:hi] = block_lse
+    return out, lse
+
+
+def merge_attention(out, lse, block_out, block_lse):
+    """Combine two partial softmax results over disjoint key sets (ring-flash-attn's LSE merge)."""
+    new_lse = torch.logaddexp(lse, block_lse)
+    finite = torch.isfinite(new_lse)
+    w_old = torch.where(finite, torch.exp(lse - new_lse), torch.zeros_like(lse))
+    w_new = torch.where(finite, torch.exp(block_lse - new_lse), torch.zeros_like(lse))
+    to_out = lambda w: w.permute(0, 2, 1).unsqueeze(-1)  # noqa: E731  [B, H, S] -> [B, S, H, 1]
+    return out * to_out(w_old) + block_out * to_out(w_new), new_lse
+
+
+def ring_attention_fp32(q, k, v, scale: float, causal: bool, group=None):
+    """Ring attention over ``group`` with the contiguous layout (rank i holds tokens [i*S, (i+1)*S)).
+
+    Step s computes this rank's queries against the key/value block of rank (i - s) mod W, then
+    passes the block on; with ``causal`` a block from a later rank is skipped and the diagonal block
+    is causal (ring_flash_attn_func). Returns out [B, S, Hq, Dv] fp32 and lse [B, Hq, S] fp32.
+    """
+    world, me = group_size(group), group_rank(group)
+    S = q.shape[1]
+    out = lse = None
+    kv = torch.cat([k, v], dim=-1)
+    head_dim = k.shape[-1]
+    for step in range(world):
+        source = (me - step) % world
+        if not causal or source <= me:
+            block_out, block_lse = attention_fp32(q, kv[..., :head_dim], kv[..., head_dim:], scale, causal=causal,
+                                                  q_start=me * S, k_start=source * S)
+            out, lse = (block_out, block_lse) if out is None else merge_attention(out, lse, block_out, block_lse)
+        if step + 1 < world:
+            kv = ring_shift(kv, group)
+    return out, lse
+
+
+def attention_flops(num_queries: int, num_keys: float, num_heads: int, head_dim: int, value_dim=None) -> float:
+    """QK^T and PV matmuls: 2*Sq*Sk*D + 2*Sq*Sk*Dv per head (``num_keys`` may be an average)."""
+    value_dim = head_dim if value_dim is None else value_dim
+    return 2.0 * num_queries * num_keys * num_heads * (head_dim + value_dim)
+
+
+def causal_pairs(num_queries: int, query_start: int, key_start: int, num_keys: int) -> int:
+    """How many (query, key) pairs of a block a causal mask keeps (query i sees keys <= i globally)."""
+    total = 0
+    for i in range(query_start, query_start + num_queries):
+        total += max(0, min(num_keys, i - key_start + 1))
+    return total
+
+
+# -- delta rule (Gated DeltaNet, Kimi Delta Attention) -------------------------------------------------
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """FLA's l2norm: x / sqrt(sum(x^2) + eps) over the last dimension, in fp32."""
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def delta_rule_chunked(q, k, v, log_decay, beta, scale: float, chunk_size: int = 64):
+    """The gated delta rule in fp32, evaluated chunk by chunk (exact, the WY form FLA's kernels use).
+
+    q, k [B, T, H, K]; v [B, T, H, V]; log_decay [B, T, H, K] (<= 0; a scalar gate is expanded over
+    K); beta [B, T, H]. With state S [K, V] starting at 0, token by token:
+        S = diag(exp(g_t)) S;  S = S + beta_t * k_t (v_t - S^T k_t)^T;  o_t = scale * S^T q_t.
+    Returns o [B, T, H, V] fp32. ``delta_rule_recurrent`` is the same recurrence one token at a time.
+    """
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))  # [B, H, T, *]
+    gf = log_decay.float().transpose(1, 2)
+    bf = beta.float().transpose(1, 2)  # [B, H, T]
+    state = torch.zeros(B, H, K, V, dtype=torch.float32, device=q.device)
+    out = torch.empty(B, H, T, V, dtype=torch.float32, device=q.device)
+    for lo in range(0, T, chunk_size):
+        hi = min(T, lo + chunk_size)
+        C = hi - lo
+        qc, kc, vc, bc = qf[:, :, lo:hi] * scale, kf[:, :, lo:hi], vf[:, :, lo:hi], bf[:, :, lo:hi]
+        G = gf[:, :, lo:hi].cumsum(dim=2)  # [B, H, C, K]: decay from the chunk start through token t
+        lower_eq = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+        diff = G.unsqueeze(3) - G.unsqueeze(2)  # [B, H, C(t), C(s), K]: G_t - G_s
+        decay = torch.exp(diff.masked_fill(~lower_eq[:, :, None], float("-inf")))
+        kk = torch.einsum("bhtk,bhsk,bhtsk->bhts", kc, kc, decay).tril(-1)
+        qk = torch.einsum("bhtk,bhsk,bhtsk->bhts", qc, kc, decay)
+        k_decayed = kc * torch.exp(G)
+        rhs = bc.unsqueeze(-1) * (vc - k_decayed @ state)
+        system = torch.eye(C, device=q.device) + bc.unsqueeze(-1) * kk
+        u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+        out[:, :, lo:hi] = (qc * torch.exp(G)) @ state + qk @ u
+        G_end = G[:, :, -1:]  # [B, H, 1, K]
+        state = torch.exp(G_end).transpose(2, 3) * state + (kc * torch.exp(G_end - G)).transpose(2, 3) @ u
+    return out.transpose(1, 2)
+
+
+def delta_rule_recurrent(q, k, v, log_decay, beta, scale: float):
+    """The same recurrence as ``delta_rule_chunked``, one token at a time (FLA's naive reference)."""
+    B, T, H, K = q.shape
+    state = torch.zeros(B, H, K, v.shape[-1], dtype=torch.float32, device=q.device)
+    outs = []
+    for t in range(T):
+        state = state * torch.exp(log_decay[:, t].float()).unsqueeze(-1)
+        kt, vt = k[:, t].float(), v[:, t].float()
+        delta = beta[:, t].float().unsqueeze(-1) * (vt - torch.einsum("bhkv,bhk->bhv", state, kt))
+        state = state + kt.unsqueeze(-1) * delta.unsqueeze(-2)
+        outs.append(torch.einsum("bhkv,bhk->bhv", state, q[:, t].float() * scale))
+    return torch.stack(outs, dim=1)
+
+
+def delta_rule_flops(tokens: int, heads: int, key_dim: int, value_dim: int, chunk_size: int = 64) -> float:
+    """Chunked delta rule per head and token: state read/update (3 K x V products: S^T k, S^T q, k u^T)
+    plus the intra-chunk products (C x K for k k^T and q k^T, C x V for the two C-wide mixes)."""
+    per_token = 2.0 * (3 * key_dim * value_dim + chunk_size * (2 * key_dim + 2 * value_dim))
+    return per_token * tokens * heads
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    return F.softplus(x.float())
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def bytes_of(dtype_name: str) -> int:
+    return getattr(torch, dtype_name).itemsize
+
+

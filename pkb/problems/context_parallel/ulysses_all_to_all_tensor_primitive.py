@@ -1,0 +1,66 @@
+"""Ulysses all-to-all primitive (VeOmni / verl ``all_to_all_tensor``): scatter one dim, gather another.
+
+A case names a global tensor ``shape`` and the two dims. Each rank holds the slice of the global
+tensor that is split W ways on ``gather_dim`` (its shard of that dim); the call splits the local
+tensor into W equal chunks on ``scatter_dim`` (``torch.tensor_split``), sends chunk d to rank d, and
+concatenates the W received chunks on ``gather_dim`` in rank order. Both dims must divide by W.
+
+Per rank: x [shape with shape[gather_dim] / W]  ->  [shape with shape[scatter_dim] / W]
+(bit-exact; with scatter_dim == gather_dim the size is unchanged and the chunks are reshuffled).
+Example (W=2, scatter 0, gather 1): rank r gets rows [r*N/2, (r+1)*N/2) of rank 0's x, then of rank 1's.
+
+Cost (nccl-tests all-to-all): with S the local bytes, each rank sends and receives the (W-1)/W of S
+that is not its own chunk: link bytes (W-1)/W * S; HBM: read S, write S.
+
+Benchmarks: the q/k/v re-shard of Ulysses attention, [B=1, S, H, D=128] split by heads (dim 2) and
+gathered on sequence (dim 1): Llama-3-8B (32 query heads) at 128k tokens, Llama-3-70B (64 query
+heads) at 64k tokens, sequences as in Llama 3's long-context stage (config.json num_attention_heads).
+"""
+
+import math
+
+import torch
+
+from pkb.problem import Case, Cost, Problem, Tolerance
+from pkb.problems.context_parallel._common import all_to_all, dtype_of, rand_normal
+
+
+def local_shape(case, world_size):
+    shape = list(case["shape"])
+    shape[case["gather_dim"]] //= world_size
+    return shape
+
+
+def make_inputs(case, rank, world_size, gen):
+    x = rand_normal(gen, *local_shape(case, world_size), dtype=dtype_of(case))
+    return x, case["scatter_dim"], case["gather_dim"], None
+
+
+def reference(x, scatter_dim, gather_dim, group=None):
+    return all_to_all(x, scatter_dim, gather_dim, group)
+
+
+def cost(case, world_size):
+    size = math.prod(local_shape(case, world_size)) * dtype_of(case).itemsize
+    return Cost(link_bytes=(world_size - 1) / world_size * size, hbm_bytes=2.0 * size, pattern="all_to_all")
+
+
+TESTS = (
+    Case("rows_to_cols_bf16", {"shape": (24, 40), "scatter_dim": 0, "gather_dim": 1, "dtype": "bfloat16"}),
+    Case("heads_to_seq_4d_fp32", {"shape": (3, 40, 8, 5), "scatter_dim": 2, "gather_dim": 1, "dtype": "float32"}),
+    Case("same_dim_fp16", {"shape": (2, 16, 3), "scatter_dim": 1, "gather_dim": 1, "dtype": "float16"}),
+    Case("last_to_first_bf16", {"shape": (8, 7, 24), "scatter_dim": -1, "gather_dim": 0, "dtype": "bfloat16"}),
+)
+
+BENCHMARKS = (
+    Case("llama3_8b_q_128k", {"shape": (1, 131072, 32, 128), "scatter_dim": 2, "gather_dim": 1, "dtype": "bfloat16"},
+         note="Llama-3-8B query, 32 heads x 128, 128k tokens"),
+    Case("llama3_70b_q_64k", {"shape": (1, 65536, 64, 128), "scatter_dim": 2, "gather_dim": 1, "dtype": "bfloat16"},
+         note="Llama-3-70B query, 64 heads x 128, 64k tokens"),
+)
+
+PROBLEM = Problem(
+    name="ulysses_all_to_all_tensor_primitive", version=1, upstream_id=33, category="context_parallel",
+    source="VeOmni / verl Ulysses all_to_all_tensor", world_sizes=(2, 4, 8), tests=TESTS,
+    benchmarks=BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+)
