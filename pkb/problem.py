@@ -39,6 +39,7 @@ CATEGORIES = (
     "context_parallel",
     "data_parallel",
     "beyond_llm",
+    "calibration",  # single-device probes that measure the machine (pkb.hardware.probes), not in the suite
 )
 
 _SLUG = re.compile(r"^[a-z][a-z0-9_]*$")

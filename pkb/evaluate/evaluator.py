@@ -94,10 +94,10 @@ class Session:
         if self._reference is None or self._reference.closed:
             self._reference = RankGroup(self.mode, self.world_size, "reference").spawn()
             self._reference_problem = None
-        if self._reference_problem != problem.name:
-            replies = self._reference.request([{"op": "load", "problem": problem.name}] * self.world_size, timeout)
+        if self._reference_problem != problem.module:
+            replies = self._reference.request([{"op": "load", "problem": problem.module}] * self.world_size, timeout)
             _raise_reference_errors(replies, problem, "load")
-            self._reference_problem = problem.name
+            self._reference_problem = problem.module
         return self._reference
 
     def candidate_group(self) -> RankGroup:
@@ -170,7 +170,7 @@ def _check_statically(problem: Problem, candidate: Candidate, config: EvalConfig
 
 
 def _load(group: RankGroup, problem: Problem, candidate: Candidate, config: EvalConfig) -> None:
-    job = {"op": "load", "problem": problem.name, "candidate": None if candidate.is_reference else str(candidate.path)}
+    job = {"op": "load", "problem": problem.module, "candidate": None if candidate.is_reference else str(candidate.path)}
     replies = _candidate_request(group, [job] * config.world_size, config.load_timeout_s, "loading the candidate")
     for rank, reply in enumerate(replies):
         if reply.get("status") != "ok":
@@ -264,31 +264,38 @@ def _perf_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
     return problem.cases("tests", config.world_size)
 
 
+def _timing_jobs(session: Session, problem: Problem, case: Case, config: EvalConfig, role: str) -> list[dict]:
+    protocol = config.timing.__dict__
+    return [{"op": "time", "case": case.name, "protocol": protocol,
+             "seeds": [(session.seed(problem.name, case.name, "time", role, rank, k),
+                        session.seed(problem.name, case.name, "time", role, "shared", k))
+                       for k in range(Session.MAX_TIMING_COPIES)]} for rank in range(config.world_size)]
+
+
 def _time_case(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, case: Case,
                config: EvalConfig) -> CaseTiming:
-    protocol = config.timing.__dict__
-
-    def jobs(role: str):
-        return [{"op": "time", "case": case.name, "protocol": protocol,
-                 "seeds": [(session.seed(problem.name, case.name, "time", role, rank, k),
-                            session.seed(problem.name, case.name, "time", role, "shared", k))
-                           for k in range(Session.MAX_TIMING_COPIES)]} for rank in range(config.world_size)]
-
     # One group at a time, so reference and candidate never share the devices while timed.
-    reference.submit(jobs("reference"))
-    ref_replies = reference.collect(config.timeout_s + 30)
-    _raise_reference_errors(ref_replies, problem, f"timing case {case.name}")
-    got = _candidate_request(group, jobs("candidate"), config.timeout_s + 30, f"timing case {case.name}")
+    ref_s, ref_spread, _ = time_reference(session, problem, case, config)
+    got = _candidate_request(group, _timing_jobs(session, problem, case, config, "candidate"), config.timeout_s + 60,
+                             f"timing case {case.name}")
     for rank, reply in enumerate(got):
         if reply.get("error"):
             _raise_candidate_error(got, rank, {"case": case.name, "trial": "timing"})
-    ref_s, ref_spread, _ = _per_call_seconds(ref_replies)
     cand_s, cand_spread, disagree = _per_call_seconds(got)
     link_bytes = problem.cost(case, config.world_size).link_bytes
     return CaseTiming(case=case.name, reference_s=ref_s, candidate_s=cand_s, reference_spread=ref_spread,
                       candidate_spread=cand_spread, speedup=ref_s / cand_s if cand_s > 0 else math.inf,
                       busbw_gbps=link_bytes / cand_s / 1e9 if link_bytes and cand_s > 0 else None,
                       timer_disagreement=disagree)
+
+
+def time_reference(session: Session, problem: Problem, case: Case, config: EvalConfig) -> tuple[float, float, bool]:
+    """The reference's seconds per call on ``case`` (median over repeats of the slowest rank), the
+    spread over repeats, and whether CUDA events and the wall clock disagreed."""
+    reference = session.reference_group(problem, config.load_timeout_s)
+    replies = reference.request(_timing_jobs(session, problem, case, config, "reference"), config.timeout_s + 60)
+    _raise_reference_errors(replies, problem, f"timing case {case.name}")
+    return _per_call_seconds(replies)
 
 
 def _per_call_seconds(replies: list[dict]) -> tuple[float, float, bool]:

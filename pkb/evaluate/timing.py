@@ -61,7 +61,8 @@ def time_calls(fn: Callable, make_inputs: Callable[[tuple], tuple], seeds: list[
     for _ in range(max(num_warmup, 1)):
         call_next()
     _sync(device)
-    estimate = torch.tensor([(time.perf_counter() - began) / max(num_warmup, 1)], dtype=torch.float64, device=device)
+    on = device if dist.get_backend() == "nccl" else "cpu"
+    estimate = torch.tensor([(time.perf_counter() - began) / max(num_warmup, 1)], dtype=torch.float64, device=on)
     dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
     num_iters = int(min(max_iters, max(min_iters, math.ceil(min_repeat_s / max(float(estimate), 1e-9)))))
     wall, events = [], []

@@ -1,26 +1,24 @@
-"""Helpers a solution may use.
+"""Helpers a solution may use: CUDA extension builds with a cache, and symmetric memory.
 
-``compile_cuda_extension(name, cuda_src, ...)`` is the upstream benchmark's helper (a load_inline of
-CUDA sources that carry their own PYBIND11_MODULE), also reachable as ``utils.cuda_helpers`` inside
-a rank process so upstream solution files load unchanged. Builds are cached by content hash, so
-the W ranks of a group and later evaluations of the same source build once.
+Build::
+
+    from pkb.kernels import load_cuda
+    ext = load_cuda("my_allreduce", cuda_src, functions=["allreduce"])   # built once per source
+
+Symmetric memory (the same calls in ``cuda`` and ``shared-gpu`` modes)::
+
+    from pkb.kernels import symmetric_buffer
+    buf = symmetric_buffer((n,), torch.bfloat16)     # collective: every rank calls it with the same args
+    buf.local.copy_(x); buf.barrier()                # device-side barrier on the current stream
+    ptrs = buf.buffer_ptrs_dev                       # device array of W pointers, for a kernel
+    peer = buf.peer(1)                               # rank 1's buffer as a tensor
+
+``compile_cuda_extension`` is the upstream benchmark's helper, also importable as
+``utils.cuda_helpers`` inside rank processes so upstream solution files load unchanged.
 """
 
-from __future__ import annotations
+from pkb.kernels.build import BuildError, compile_cuda_extension, cuda_arch_list, load_cuda
+from pkb.kernels.symm import SymmetricBuffer, symmetric_buffer
 
-import hashlib
-import os
-
-
-def compile_cuda_extension(name, cuda_src, extra_cuda_cflags=None, extra_include_paths=None, extra_ldflags=None):
-    """Build (or load from the cache) a CUDA extension from one source string; returns the module."""
-    from torch.utils.cpp_extension import load_inline
-
-    digest = hashlib.sha256("\0".join([cuda_src, repr(extra_cuda_cflags), repr(extra_include_paths),
-                                       repr(extra_ldflags)]).encode()).hexdigest()[:16]
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
-    return load_inline(
-        name=f"{name}_{digest}", cpp_sources=[], cuda_sources=[cuda_src],
-        extra_cuda_cflags=["-O3", *(extra_cuda_cflags or [])], extra_include_paths=extra_include_paths,
-        extra_ldflags=extra_ldflags, with_cuda=True, verbose=False,
-    )
+__all__ = ["BuildError", "compile_cuda_extension", "cuda_arch_list", "load_cuda", "SymmetricBuffer",
+           "symmetric_buffer"]

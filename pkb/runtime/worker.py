@@ -1,7 +1,7 @@
 """The rank process: joins the process group once, then runs jobs from the parent until told to exit.
 
 Jobs (dicts from the parent):
-  {"op": "load", "problem": slug, "candidate": path | None}   import the problem, and the candidate
+  {"op": "load", "problem": module ref, "candidate": path | None}   import the problem, and the candidate
   {"op": "run", "case": name, "seeds": (rank seed, shared seed)}   build inputs, call, return outputs
   {"op": "time", "case": name, "seeds": [(rank, shared), ...], "protocol": {...}}   the timing protocol
   {"op": "exit"}
@@ -55,17 +55,25 @@ class Worker:
     # -- jobs ---------------------------------------------------------------------------------------
 
     def load(self, job: dict) -> dict:
-        from pkb.registry import get_problem
-
-        self.problem = get_problem(job["problem"])
+        """Import the problem (``module`` or ``module:ATTR``, default attribute PROBLEM) and the candidate."""
+        self.problem = load_problem(job["problem"])
+        self.solution = None
         if job.get("candidate") is None:  # the reference, run as a candidate (self-check)
-            self.solution = self.problem.reference
             return {"status": "ok"}
         try:
             self.solution = _import_candidate(job["candidate"], self.problem.argument_names)
         except CandidateError as exc:
             return {"status": exc.status, "error": str(exc)}
         return {"status": "ok"}
+
+    def call(self, inputs: tuple) -> tuple:
+        """(outputs, the inputs as called): the candidate's, or the reference's on CPU copies in
+        shared-gpu mode, where gloo cannot send or receive CUDA tensors."""
+        if self.solution is not None:
+            return self.solution(*inputs), inputs
+        if self.mode is Mode.SHARED_GPU:
+            inputs = tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs)
+        return self.problem.reference(*inputs), inputs
 
     def make_inputs(self, case_name: str, seeds: tuple[int, int]) -> tuple:
         """The case's inputs for this rank from (this rank's seed, the seed shared by all ranks)."""
@@ -74,8 +82,7 @@ class Worker:
         return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
     def run(self, job: dict) -> dict:
-        inputs = self.make_inputs(job["case"], job["seeds"])
-        outputs = self.solution(*inputs)
+        outputs, inputs = self.call(self.make_inputs(job["case"], job["seeds"]))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dist.barrier()
@@ -86,8 +93,17 @@ class Worker:
 
         case = self.problem.find_case(job["case"])
         make = lambda seeds: self.make_inputs(case.name, seeds)  # noqa: E731
-        stats = time_calls(self.solution, make, job["seeds"], device=self.device, **job["protocol"])
+        fn = self.solution or (lambda *inputs: self.call(inputs))
+        stats = time_calls(fn, make, job["seeds"], device=self.device, **job["protocol"])
         return {"status": "ok", "timing": stats}
+
+
+def load_problem(ref: str):
+    """A Problem from ``package.module`` (its PROBLEM) or ``package.module:NAME``."""
+    import importlib
+
+    module_name, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module_name), attr or "PROBLEM")
 
 
 class CandidateError(Exception):
@@ -140,7 +156,7 @@ def _import_candidate(path: str, argument_names: tuple[str, ...]):
 
 def _looks_like_build_failure(exc: BaseException) -> bool:
     text = f"{type(exc).__name__}: {exc}"
-    return any(marker in text for marker in ("Error building extension", "CompilationError", "nvcc", "ninja"))
+    return any(marker in text for marker in ("BuildError", "Error building extension", "CompilationError"))
 
 
 def worker_main(conn: Connection, rank: int, world_size: int, mode: str, store_port: int, role: str,

@@ -37,6 +37,13 @@ def serve(control: socket.socket) -> None:
     die_with_parent()
     from pkb.runtime import worker  # imports torch: the one import every rank process shares
 
+    try:  # the suite too, so no rank process imports a problem module again
+        from pkb.registry import all_problems
+
+        all_problems()
+    except Exception:  # a broken problem module: the ranks will report it when they load it
+        pass
+
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     while True:
         message = control.recv(1 << 20)

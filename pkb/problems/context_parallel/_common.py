@@ -34,8 +34,12 @@ def mesh(inner_size: int, rank: int, world_size: int):
 
     Returns (inner_group, outer_group, inner_index, outer_index) for ``rank``: the inner group holds
     ranks ``outer_index * inner_size + [0, inner_size)``, the outer group ranks ``inner_index + k *
-    inner_size``. Every group is created once per process, by all ranks in the same order.
+    inner_size``. Every group is created once per process, by all ranks in the same order. Outside
+    a process group (the suite builds inputs in its own process to inspect them) the groups are None.
     """
+    inner_index, outer_index = rank % inner_size, rank // inner_size
+    if not dist.is_initialized():
+        return None, None, inner_index, outer_index
     key = (inner_size, world_size)
     if key not in _MESHES:
         outer_size = world_size // inner_size
@@ -43,7 +47,6 @@ def mesh(inner_size: int, rank: int, world_size: int):
         outer = [dist.new_group([o * inner_size + i for o in range(outer_size)]) for i in range(inner_size)]
         _MESHES[key] = (inner, outer)
     inner, outer = _MESHES[key]
-    inner_index, outer_index = rank % inner_size, rank // inner_size
     return inner[outer_index], outer[inner_index], inner_index, outer_index
 
 
@@ -117,8 +120,7 @@ def ring_shift(x: torch.Tensor, group=None) -> torch.Tensor:
 # -- attention --------------------------------------------------------------------------------------
 
 
-def attention_fp32(q, k, v, scale: float, causal: bool = False, q_start: int = 0, k_start: int = 0,
-                   window_end=None):
+def attention_fp32(q, k, v, scale: float, causal: bool = False, q_start: int = 0, k_start: int = 0):
     """Softmax attention of one (query block, key block) pair in fp32, with its log-sum-exp.
 
     q [B, Sq, Hq, D]; k, v [B, Sk, Hkv, D] with Hq % Hkv == 0 (GQA: query head h reads kv head
@@ -185,18 +187,60 @@ def ring_attention_fp32(q, k, v, scale: float, causal: bool, group=None):
     return out, lse
 
 
-def attention_flops(num_queries: int, num_keys: float, num_heads: int, head_dim: int, value_dim=None) -> float:
-    """QK^T and PV matmuls: 2*Sq*Sk*D + 2*Sq*Sk*Dv per head (``num_keys`` may be an average)."""
+def attention_flops(pairs: float, num_heads: int, head_dim: int, value_dim=None) -> float:
+    """QK^T and PV over ``pairs`` (query, key) pairs: 2*pairs*(D + Dv) per head."""
     value_dim = head_dim if value_dim is None else value_dim
-    return 2.0 * num_queries * num_keys * num_heads * (head_dim + value_dim)
+    return 2.0 * pairs * num_heads * (head_dim + value_dim)
 
 
-def causal_pairs(num_queries: int, query_start: int, key_start: int, num_keys: int) -> int:
-    """How many (query, key) pairs of a block a causal mask keeps (query i sees keys <= i globally)."""
-    total = 0
-    for i in range(query_start, query_start + num_queries):
-        total += max(0, min(num_keys, i - key_start + 1))
-    return total
+def project_qkv(hidden, w_qkv, num_heads: int):
+    """q, k, v [B, S, num_heads, D] from hidden [B, S, E] @ w_qkv^T ([3*num_heads*D, E], rows q | k | v).
+
+    fp32 accumulation, rounded to the input dtype as the source's bf16 linear layer returns it.
+    """
+    qkv = torch.matmul(hidden.float(), w_qkv.float().t()).to(hidden.dtype)
+    B, S, _ = qkv.shape
+    return qkv.view(B, S, 3, num_heads, -1).unbind(2)
+
+
+def causal_pairs(n: int) -> int:
+    """(query, key) pairs a causal mask keeps in a diagonal block of n tokens: n(n+1)/2."""
+    return n * (n + 1) // 2
+
+
+def attention_backward_fp32(dout, q, k, v, delta, lse, scale: float, causal: bool = False, q_start: int = 0,
+                            k_start: int = 0):
+    """Gradients of one (query block, key block) pair given the global lse and delta = rowsum(dout*out).
+
+    Shapes as ``attention_fp32``; delta and lse [B, Hq, Sq] fp32. P = exp(scale*QK^T - lse);
+    dV = P^T dO; dS = P * (dO V^T - delta); dQ = scale * dS K; dK = scale * dS^T Q (GQA: summed over
+    the query heads of a kv head). Returns dq [B, Sq, Hq, D], dk, dv [B, Sk, Hkv, D] in fp32.
+    """
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    kf = k.float().permute(0, 2, 1, 3).repeat_interleave(group, dim=1)  # [B, Hq, Sk, D]
+    vf = v.float().permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
+    dq = torch.zeros(B, Hq, Sq, D, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(B, Hq, Sk, D, dtype=torch.float32, device=q.device)
+    dv = torch.zeros(B, Hq, Sk, v.shape[3], dtype=torch.float32, device=q.device)
+    step = max(1, ATTENTION_SCORE_ELEMENTS // max(1, B * Hq * Sk))
+    key_pos = k_start + torch.arange(Sk, device=q.device)
+    for lo in range(0, Sq, step):
+        hi = min(Sq, lo + step)
+        qf = q[:, lo:hi].float().permute(0, 2, 1, 3)  # [B, Hq, s, D]
+        dof = dout[:, lo:hi].float().permute(0, 2, 1, 3)
+        scores = torch.matmul(qf, kf.transpose(-1, -2)).mul_(scale)
+        if causal:
+            query_pos = q_start + torch.arange(lo, hi, device=q.device)
+            scores.masked_fill_(key_pos[None, :] > query_pos[:, None], float("-inf"))
+        probs = torch.exp(scores - lse[:, :, lo:hi].unsqueeze(-1))
+        dv += torch.matmul(probs.transpose(-1, -2), dof)
+        dscores = probs * (torch.matmul(dof, vf.transpose(-1, -2)) - delta[:, :, lo:hi].unsqueeze(-1))
+        dq[:, :, lo:hi] = torch.matmul(dscores, kf) * scale
+        dk += torch.matmul(dscores.transpose(-1, -2), qf) * scale
+    fold = lambda g: g.view(B, Hkv, group, Sk, -1).sum(2).permute(0, 2, 1, 3)  # noqa: E731
+    return dq.permute(0, 2, 1, 3), fold(dk), fold(dv)
 
 
 # -- delta rule (Gated DeltaNet, Kimi Delta Attention) -------------------------------------------------

@@ -1,0 +1,95 @@
+"""Timing fidelity and harness overhead on GPUs. Prints measured numbers; asserts nothing.
+
+1. W=1, cuda mode: the harness's time for a large bf16 GEMM (8192^3) and a 1 GiB device copy,
+   measured five times, against ``triton.testing.do_bench`` on the same op (agreement and spread).
+2. The fixed overhead of one evaluation in cuda mode (a tiny case, one trial, no timed iterations),
+   in a warm session.
+3. With two or more GPUs: a whole 5-trial evaluation of the all-reduce reference at W=2 (with and
+   without --perf), wall time including process start-up.
+
+    python benchmarks/gpu_timing.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from pkb.evaluate.candidate import Candidate
+from pkb.evaluate.evaluator import EvalConfig, Session, evaluate, time_reference
+from pkb.hardware.probes import COPY, GEMM
+from pkb.problem import Status
+from pkb.runtime.modes import Mode
+
+
+def do_bench_ms(fn) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=100, rep=2000, return_mode="median")
+
+
+def fidelity(session: Session, config: EvalConfig) -> None:
+    device = torch.device("cuda", 0)
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    x = torch.randn(1 << 29, device=device, dtype=torch.bfloat16)
+    independent = {"probe_gemm": do_bench_ms(lambda: a @ b) / 1e3, "probe_copy": do_bench_ms(lambda: x.clone()) / 1e3}
+    del a, b, x
+    torch.cuda.empty_cache()
+    for problem in (GEMM, COPY):
+        case = problem.benchmarks[0]
+        runs = [time_reference(session, problem, case, config) for _ in range(5)]
+        medians = [r[0] for r in runs]
+        median = statistics.median(medians)
+        spread = (max(medians) - min(medians)) / median
+        reference = independent[problem.name]
+        cost = problem.cost(case, 1)
+        rate = (f"{cost.flops / median / 1e12:.0f} TFLOP/s" if cost.flops else f"{cost.hbm_bytes / median / 1e9:.0f} GB/s")
+        print(f"{problem.name} {case.name}: harness {median * 1e6:.1f} us ({rate}) over 5 measurements "
+              f"[{', '.join(f'{m * 1e6:.1f}' for m in medians)}], spread {spread * 100:.2f}%; "
+              f"do_bench {reference * 1e6:.1f} us; harness/do_bench = {median / reference:.4f}; "
+              f"timer disagreement flagged: {any(r[2] for r in runs)}")
+
+
+def overhead(session: Session, config: EvalConfig) -> None:
+    candidate = Candidate.reference_of(GEMM)
+    one_trial = EvalConfig(world_size=1, mode=Mode.CUDA, num_trials=1)
+    evaluate(GEMM, candidate, one_trial, session)
+    walls = []
+    for _ in range(5):
+        result = evaluate(GEMM, candidate, one_trial, session)
+        assert result.status is Status.OK, result.message
+        walls.append(result.wall_s)
+    print(f"fixed overhead of one evaluation (cuda mode, W=1, tiny GEMM case, 1 trial, no timing), warm session: "
+          f"median {statistics.median(walls) * 1e3:.0f} ms of 5 [{', '.join(f'{w * 1e3:.0f}' for w in walls)}]")
+
+
+def whole_evaluation() -> None:
+    for extra in ([], ["--perf"]):
+        command = [sys.executable, "-m", "pkb.cli", "eval", "allreduce", "reference", "--mode", "cuda",
+                   "--world-size", "2", "--trials", "5", *extra]
+        started = time.monotonic()
+        out = subprocess.run(command, capture_output=True, text=True)
+        wall = time.monotonic() - started
+        print(f"`pkb eval allreduce reference --mode cuda --world-size 2 --trials 5 {' '.join(extra)}`: "
+              f"{wall:.1f} s wall, exit {out.returncode}")
+        print("    " + out.stdout.strip().replace("\n", "\n    "))
+
+
+def main() -> None:
+    print(f"GPU: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, torch {torch.__version__}, "
+          f"CUDA {torch.version.cuda}")
+    config = EvalConfig(world_size=1, mode=Mode.CUDA, num_trials=1)
+    with Session(Mode.CUDA, 1) as session:
+        fidelity(session, config)
+        overhead(session, config)
+    if torch.cuda.device_count() >= 2:
+        whole_evaluation()
+
+
+if __name__ == "__main__":
+    main()

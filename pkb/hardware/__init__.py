@@ -1,0 +1,1 @@
+"""Hardware: profiles, topology detection, calibration probes, roofline."""

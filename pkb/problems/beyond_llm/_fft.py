@@ -1,0 +1,25 @@
+"""Pencil transposes for the distributed FFT problems (PhysicsNeMo ``distributed_transpose``).
+
+A pencil transpose swaps which of two axes is split over the ranks: every rank cuts its block along
+the axis that becomes split into W chunks, sends chunk d to rank d, and concatenates what it receives
+along the axis that becomes whole. Complex blocks travel as real pairs (gloo has no complex dtype).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def transpose(block: torch.Tensor, split_dim: int, gather_dim: int, group=None) -> torch.Tensor:
+    """``block`` is whole along ``split_dim`` (its size divisible by W) and split along ``gather_dim``;
+    returns the block split along ``split_dim`` and whole along ``gather_dim`` (rank order)."""
+    world_size = dist.get_world_size(group)
+    split_dim, gather_dim = split_dim % block.dim(), gather_dim % block.dim()
+    chunks = torch.stack(block.chunk(world_size, dim=split_dim))  # [W, ...]
+    is_complex = chunks.is_complex()
+    send = torch.view_as_real(chunks).contiguous() if is_complex else chunks.contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    recv = torch.view_as_complex(recv) if is_complex else recv
+    return torch.cat(recv.unbind(0), dim=gather_dim)

@@ -1,0 +1,68 @@
+"""GNN feature exchange, backward (DGL GraphBolt ``CooperativeConvFunction.backward``).
+
+The reverse of the forward exchange: every rank sends the gradient rows of the features it received
+back to their owners, and the owner sums them into its seed rows (a sparse COO matrix times the
+received rows in GraphBolt; an index-add here).
+
+Per rank (M[a][b] = rows rank a sent to rank b in the forward pass, skewed, with empty entries):
+  grad_output [sum(counts_sent), D] fp32 (rows grouped by the rank that sent them forward),
+  seed_inverse_ids [sum(counts_received)] int64 in [0, seed_size) (with repeats; some seeds unused),
+  seed_size int, counts_sent = [M[s][rank] for s], counts_received = M[rank]
+  ->  grad [seed_size, D] fp32: grad[i] = sum of the returned rows whose seed_inverse_id is i (zero if none).
+
+Cost: the (W-1)/W of the R = rows_per_rank rows (D*4 bytes each) that leave the rank cross the link:
+link = (W-1)/W * R*D*4. HBM: the exchange reads and writes R rows, the index-add reads them and reads
+and writes the gradient rows: 3*R*D*4 + 2*seed_size*D*4. flops: R*D additions.
+
+Tolerance: a seed row sums its repeats in any order (atomics on a GPU): a few fp32 roundings of
+values of size ~1 (atol 1e-5); a row missing one contribution is off by ~1.
+
+Benchmarks: the backward of the forward problem's ogbn-papers100M layers (200k rows of 128, 40k of 256).
+"""
+
+import torch
+
+from pkb.problem import Case, Cost, Problem, Tolerance, randn
+from pkb.problems.beyond_llm._common import all_to_all_rows, skewed_counts
+
+
+def make_inputs(case, rank, world_size, gen):
+    counts = skewed_counts(gen.shared, world_size * world_size, case["rows_per_rank"] * world_size,
+                           num_empty=case.get("num_empty", 0) * world_size)
+    matrix = [counts[a * world_size:(a + 1) * world_size] for a in range(world_size)]
+    counts_received = matrix[rank]
+    counts_sent = [matrix[src][rank] for src in range(world_size)]
+    seed_size = case["seed_size"] + rank
+    grad_output = randn(gen, sum(counts_sent), case["dim"])
+    seed_inverse_ids = torch.randint(0, seed_size, (sum(counts_received),), generator=gen, device=gen.device)
+    return grad_output, seed_inverse_ids, seed_size, counts_sent, counts_received
+
+
+def reference(grad_output, seed_inverse_ids, seed_size, counts_sent, counts_received, group=None):
+    returned = all_to_all_rows(grad_output, counts_sent, counts_received, group)
+    grad = torch.zeros((seed_size, *grad_output.shape[1:]), dtype=torch.float32, device=grad_output.device)
+    return grad.index_add_(0, seed_inverse_ids, returned.float()).to(grad_output.dtype)
+
+
+def cost(case, world_size):
+    row_bytes = case["dim"] * 4
+    moved = case["rows_per_rank"] * row_bytes
+    return Cost(link_bytes=(world_size - 1) / world_size * moved, flops=case["rows_per_rank"] * case["dim"],
+                hbm_bytes=3 * moved + 2 * case["seed_size"] * row_bytes, pattern="all_to_all")
+
+
+PROBLEM = Problem(
+    name="gnn_feature_exchange_all2all_backward", version=1, upstream_id=66, category="beyond_llm",
+    source="DGL GraphBolt cooperative minibatching (CooperativeConvFunction.backward)", world_sizes=(2, 4, 8),
+    tests=[
+        Case("skewed_odd_dim", {"rows_per_rank": 41, "seed_size": 9, "dim": 13}),
+        Case("empty_pairs", {"rows_per_rank": 19, "seed_size": 4, "dim": 6, "num_empty": 1}),
+        Case("sparse_seeds", {"rows_per_rank": 12, "seed_size": 40, "dim": 5},
+             note="more seeds than returned rows: many gradient rows stay zero"),
+    ],
+    benchmarks=[
+        Case("papers100m_layer0", {"rows_per_rank": 200_000, "seed_size": 150_000, "dim": 128}),
+        Case("papers100m_hidden256", {"rows_per_rank": 40_000, "seed_size": 30_000, "dim": 256}),
+    ],
+    tolerance=Tolerance(atol=1e-5, rtol=1e-5), reference=reference, make_inputs=make_inputs, cost=cost,
+)

@@ -1,0 +1,97 @@
+"""Sparse feature fetch + projection (a row-sharded GNN feature store, WholeGraph / DGL DistTensor
+style, at ogbn-papers100M scale): fetch the feature rows of a mini-batch's nodes from the ranks that
+hold them, then apply the first layer's projection.
+
+The table of ``num_total_nodes`` rows is split in contiguous blocks of ``ceil(N / W)`` rows: rank r
+holds rows [r*ceil(N/W), (r+1)*ceil(N/W)) (the last ranks hold fewer, possibly none).
+
+Per rank: local_embedding_shard [rows of this block, D] (bf16), input_node_ids [n] int64 in [0, N)
+(n differs per rank, may be 0; repeats allowed; owners skewed), proj_matrix [D, D_out] (the same on
+every rank), num_total_nodes int
+  ->  out [n, D_out] (bf16) = table[input_node_ids] @ proj_matrix, accumulated in fp32, rounded once.
+
+Cost: requests (8-byte ids) go out and rows (D*b bytes) come back, (W-1)/W of them off-rank:
+link = (W-1)/W * n*(8 + D*b) with n the mean ids per rank. flops: 2*n*D*D_out. HBM: read the n
+rows, the projection and write the output: n*D*b + D*D_out*b + n*D_out*b.
+
+Benchmarks: ogbn-papers100M has 111,059,956 nodes with 128-d features (28 GB in bf16, so a rank
+holds 3.6-14 GB); a GraphSAGE mini-batch of 1024 seeds with fanout (15, 10) touches ~150k nodes
+per rank and projects them to the 256-d hidden size (``papers100m_sage_hidden256``). The upstream
+catalog's 256-d table with 20k ids is kept as ``catalog_20k_ids_256d`` (with N scaled to 10M rows).
+"""
+
+import torch
+import torch.distributed as dist
+
+from pkb.problem import Case, Cost, Problem, randn
+from pkb.problems.beyond_llm._common import all_to_all_rows, dtype_of, exchange_counts, skewed_counts
+
+
+def shard_rows(num_total_nodes, world_size, rank):
+    per_rank = -(-num_total_nodes // world_size)
+    return per_rank, max(0, min(per_rank, num_total_nodes - rank * per_rank))
+
+
+def make_inputs(case, rank, world_size, gen):
+    num_total = case["num_nodes"]
+    per_rank, mine = shard_rows(num_total, world_size, rank)
+    local_embedding_shard = randn(gen, mine, case["dim"], dtype=dtype_of(case))
+    num_ids = skewed_counts(gen.shared, world_size, case["ids_per_rank"] * world_size, case.get("num_empty", 0))[rank]
+    # Skewed requests: half the ids hit one hot block, the rest spread over the table.
+    num_blocks = -(-num_total // per_rank)  # blocks that hold rows
+    hot = torch.randint(0, num_blocks, (1,), generator=gen, device=gen.device).item()
+    hot_ids = torch.randint(hot * per_rank, min(num_total, (hot + 1) * per_rank), (num_ids // 2,),
+                            generator=gen, device=gen.device)
+    spread_ids = torch.randint(0, num_total, (num_ids - num_ids // 2,), generator=gen, device=gen.device)
+    input_node_ids = torch.cat([hot_ids, spread_ids])[torch.randperm(num_ids, generator=gen, device=gen.device)]
+    proj_matrix = randn(gen.shared, case["dim"], case["dim_out"], dtype=dtype_of(case), scale=case["dim"] ** -0.5)
+    return local_embedding_shard, input_node_ids, proj_matrix, num_total
+
+
+def reference(local_embedding_shard, input_node_ids, proj_matrix, num_total_nodes, group=None):
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    per_rank = -(-num_total_nodes // world_size)
+    owner = input_node_ids // per_rank
+    order = torch.argsort(owner, stable=True)
+    send_counts = torch.bincount(owner, minlength=world_size).tolist()
+    recv_counts = exchange_counts(send_counts, input_node_ids.device, group)
+    requested = all_to_all_rows(input_node_ids[order], send_counts, recv_counts, group)
+    local_rows = local_embedding_shard.shape[0]
+    # Requested ids always fall in this block; the clamp only keeps a broken exchange from indexing
+    # out of bounds (it then fails the comparison instead of crashing).
+    local_ids = (requested - rank * per_rank).clamp(0, max(local_rows - 1, 0))
+    rows = local_embedding_shard[local_ids] if local_rows else local_embedding_shard.new_zeros(
+        (requested.numel(), local_embedding_shard.shape[1]))
+    fetched = all_to_all_rows(rows, recv_counts, send_counts, group)
+    features = torch.empty_like(fetched)
+    features[order] = fetched
+    return (features.float() @ proj_matrix.float()).to(local_embedding_shard.dtype)
+
+
+def cost(case, world_size):
+    itemsize = dtype_of(case).itemsize
+    n, dim, dim_out = case["ids_per_rank"], case["dim"], case["dim_out"]
+    return Cost(link_bytes=(world_size - 1) / world_size * n * (8 + dim * itemsize), flops=2 * n * dim * dim_out,
+                hbm_bytes=(n * dim + dim * dim_out + n * dim_out) * itemsize, pattern="all_to_all")
+
+
+PROBLEM = Problem(
+    name="gnn_sparse_feature_fetch_projection", version=1, upstream_id=68, category="beyond_llm",
+    source="GNN feature-store fetch (WholeGraph / DGL DistTensor row-sharded table) + linear projection",
+    world_sizes=(2, 4, 8),
+    tests=[
+        Case("uneven_blocks", {"num_nodes": 37, "ids_per_rank": 29, "dim": 12, "dim_out": 7, "dtype": "bfloat16"},
+             note="37 rows: the last block is short (at W=8 only 2 rows)"),
+        Case("empty_shard_and_rank", {"num_nodes": 33, "ids_per_rank": 20, "dim": 5, "dim_out": 9,
+                                      "dtype": "bfloat16", "num_empty": 1},
+             note="at W=8 the last rank holds no rows; one rank asks for no ids"),
+        Case("fp32_tall", {"num_nodes": 1001, "ids_per_rank": 64, "dim": 16, "dim_out": 16, "dtype": "float32"}),
+    ],
+    benchmarks=[
+        Case("papers100m_sage_hidden256", {"num_nodes": 111_059_956, "ids_per_rank": 150_000, "dim": 128,
+                                           "dim_out": 256, "dtype": "bfloat16"}),
+        Case("catalog_20k_ids_256d", {"num_nodes": 10_000_000, "ids_per_rank": 20_000, "dim": 256,
+                                      "dim_out": 256, "dtype": "bfloat16"}),
+    ],
+    reference=reference, make_inputs=make_inputs, cost=cost,
+)

@@ -1,0 +1,85 @@
+"""Distributed 2-D inverse real FFT (PhysicsNeMo ``DistributedIRFFT2``, pencil decomposition): the half
+spectrum is split over the ranks along the first FFT axis; the output field comes back split along
+the second.
+
+Per rank: x complex64 [..., s0/W, F] (rows [r*s0/W, (r+1)*s0/W) along d0 of the half spectrum; F
+frequencies along d1), s = (s0, s1) (output sizes; both divisible by W), dim = (d0, d1), norm
+  ->  fp32 [..., s0, s1/W]: columns [r*s1/W, (r+1)*s1/W) along d1 of
+      torch.fft.irfftn(global x, s=s, dim=dim, norm=norm).
+
+The inputs are slabs of the rfft2 of a real field (so the spectrum is Hermitian where it must be and
+every FFT library agrees on the result). The reference runs three pencil transposes: to column chunks
+(whole along d0) for the inverse FFT along d0, back to row slabs for the inverse real FFT along d1,
+and to column slabs of the output. (PhysicsNeMo instead all-gathers the conjugate rows it needs for
+padding; any plan that gives the same field is fine.)
+
+Cost: at least one transpose of the data: link = (W-1)/W * (prod of the other dims)*s0*(s1/W)*4 (the
+output slab, the smaller of input and output). flops: 2.5 * N/W * log2(s0*s1) with N the global
+output size. HBM: read the input, write the output.
+
+Benchmarks: FourCastNet's 720x1440 ERA5 grid with 20 variables (``fourcastnet_era5_20x720x1440``) and
+the upstream catalog's [2, 10] batch of 720x1440 spectra (``catalog_2x10x720x1440``).
+"""
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from pkb.problem import Case, Cost, Problem, randn
+from pkb.problems.beyond_llm._fft import transpose
+
+
+def make_inputs(case, rank, world_size, gen):
+    *lead, s0, s1 = case["global_shape"]
+    norm = case.get("norm", "ortho")
+    field = randn(gen.shared, *lead, s0, s1)
+    spectrum = torch.fft.rfftn(field, dim=(-2, -1), norm=norm)
+    x = spectrum.chunk(world_size, dim=-2)[rank].contiguous()
+    dim = tuple(case["dim"])
+    if dim != (-2, -1):
+        x = x.movedim((-2, -1), dim).contiguous()
+    return x, (s0, s1), dim, norm
+
+
+def reference(x, s, dim, norm="ortho", group=None):
+    world_size = dist.get_world_size(group)
+    d0, d1 = (d % x.dim() for d in dim)
+    num_freq = x.shape[d1]
+    chunk = -(-num_freq // world_size)
+    pad = [0, 0] * (x.dim() - 1 - d1) + [0, chunk * world_size - num_freq]
+    spectrum = torch.nn.functional.pad(x.to(torch.complex64), pad)
+    columns = transpose(spectrum, split_dim=d1, gather_dim=d0, group=group)  # whole along d0
+    columns = torch.fft.ifft(columns, n=s[0], dim=d0, norm=norm)
+    rows = transpose(columns, split_dim=d0, gather_dim=d1, group=group).narrow(d1, 0, num_freq)
+    field = torch.fft.irfft(rows, n=s[1], dim=d1, norm=norm)
+    return transpose(field, split_dim=d1, gather_dim=d0, group=group).contiguous()
+
+
+def cost(case, world_size):
+    *lead, s0, s1 = case["global_shape"]
+    points = math.prod(lead) * s0 * s1
+    in_bytes = math.prod(lead) * (s0 // world_size) * (s1 // 2 + 1) * 8
+    return Cost(link_bytes=(world_size - 1) / world_size * points / world_size * 4,
+                flops=2.5 * points / world_size * math.log2(s0 * s1),
+                hbm_bytes=in_bytes + points / world_size * 4, pattern="all_to_all")
+
+
+def _case(name, global_shape, dim=(-2, -1), **extra):
+    return Case(name, {"global_shape": global_shape, "dim": dim, **extra})
+
+
+PROBLEM = Problem(
+    name="physicsnemo_distributed_irfft", version=1, upstream_id=60, category="beyond_llm",
+    source="NVIDIA PhysicsNeMo distributed FFT (DistributedIRFFT2)",
+    world_sizes=(2, 4, 8),
+    tests=[
+        _case("odd_freqs_4d", (2, 3, 16, 24), note="13 frequencies: column chunks are padded"),
+        _case("dims12_backward", (3, 8, 40), dim=(1, 2), norm="backward"),
+    ],
+    benchmarks=[
+        _case("fourcastnet_era5_20x720x1440", (20, 720, 1440)),
+        _case("catalog_2x10x720x1440", (2, 10, 720, 1440)),
+    ],
+    reference=reference, make_inputs=make_inputs, cost=cost,
+)

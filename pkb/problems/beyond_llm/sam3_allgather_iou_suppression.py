@@ -1,0 +1,113 @@
+"""Multi-GPU mask IoU suppression (SAM 3 video tracker, suppression of overlapping objects based on
+recent occlusion): tracked objects are sharded over the GPUs; every GPU gathers all objects' low-res
+masks and scores, computes the pairwise IoU of the binary masks and marks which objects to suppress.
+
+Per rank: low_res_masks_local [n_r, H, W] (bf16 mask logits; n_r = num_obj_per_gpu[rank], may be 0),
+obj_scores_local [n_r] (bf16), num_obj_per_gpu (list of W ints, the same on every rank),
+last_occluded [N] int64 (N = sum of the counts; the frame each object was last occluded, -1 = never;
+the same on every rank), iou_threshold, reverse
+  ->  (masks_global [N, H, W] fp32, scores_global [N] fp32, to_suppress [N] bool), the same on every rank,
+      objects in rank order.
+
+Suppression rule: binary mask = logit > 0; IoU(i, j) = fp32(|i and j|) / fp32(|i or j|) (0 when the
+union is empty; the counts are exact, the division is IEEE-rounded, so the value is unique); a pair
+overlaps when IoU >= fp32(iou_threshold). For each overlapping pair (i < j) the object occluded more
+recently (larger last_occluded; smaller with ``reverse``) is suppressed, provided the other one has
+been occluded at some point (last_occluded > -1); equal values suppress neither. Exact outputs.
+
+Cost: the masks (bf16) and scores are all-gathered: link = (W-1)/W * N*(H*W + 1)*2. flops: the IoU
+Gram matrix of the flattened binary masks, 2*N*N*H*W. HBM: read the gathered masks (bf16), write them
+in fp32: N*H*W*(2 + 4).
+
+Benchmarks: SAM 3 tracks up to hundreds of objects per video with 256x256 low-res masks;
+``sam3_64_objects`` and ``sam3_256_objects`` spread them evenly over the GPUs.
+"""
+
+import torch
+import torch.distributed as dist
+
+from pkb.problem import Case, Cost, Problem, Tolerance, randn
+from pkb.problems.beyond_llm._common import skewed_counts
+
+
+def object_counts(case, world_size, gen):
+    if case.get("even", False):
+        return [case["objects"] // world_size + (1 if r < case["objects"] % world_size else 0)
+                for r in range(world_size)]
+    counts = skewed_counts(gen.shared, world_size, case["objects"], case.get("num_empty", 0))
+    counts[0] = max(counts[0], 2)
+    return counts
+
+
+def make_inputs(case, rank, world_size, gen):
+    size = case["mask_size"]
+    counts = object_counts(case, world_size, gen)
+    # A shared pool of blobs; objects on different ranks that pick the same blob overlap strongly.
+    num_blobs = max(2, sum(counts) // 2)
+    centres = torch.rand(num_blobs, 2, generator=gen.shared, device=gen.device) * size
+    radii = (0.1 + 0.2 * torch.rand(num_blobs, generator=gen.shared, device=gen.device)) * size
+    picks = torch.randint(0, num_blobs, (counts[rank],), generator=gen, device=gen.device)
+    jitter = randn(gen, counts[rank], 2, scale=0.04 * size)
+    centre = centres[picks] + jitter
+    radius = radii[picks] * (1 + 0.1 * randn(gen, counts[rank]))
+    grid = torch.arange(size, device=gen.device, dtype=torch.float32)
+    dist_sq = (grid.view(1, -1, 1) - centre[:, 0].view(-1, 1, 1)) ** 2 + \
+              (grid.view(1, 1, -1) - centre[:, 1].view(-1, 1, 1)) ** 2
+    logits = (radius.view(-1, 1, 1) ** 2 - dist_sq) / radius.view(-1, 1, 1) + randn(gen, counts[rank], size, size)
+    low_res_masks_local = logits.to(torch.bfloat16)
+    obj_scores_local = randn(gen, counts[rank], dtype=torch.bfloat16)
+    last_occluded = torch.randint(-1, 6, (sum(counts),), generator=gen.shared, device=gen.device)
+    return (low_res_masks_local, obj_scores_local, counts, last_occluded, case.get("iou_threshold", 0.7),
+            case.get("reverse", False))
+
+
+def _gather_objects(local, counts, group):
+    """Every rank's rows (``counts[r]`` of them), in rank order, through a padded flat all-gather."""
+    most = max(counts)
+    padded = local.new_zeros((most, *local.shape[1:]))
+    padded[: local.shape[0]] = local
+    flat = local.new_empty(len(counts) * padded.numel())
+    dist.all_gather_into_tensor(flat, padded.reshape(-1), group=group)
+    gathered = flat.view(len(counts), most, *local.shape[1:])
+    return torch.cat([gathered[r, :n] for r, n in enumerate(counts)])
+
+
+def reference(low_res_masks_local, obj_scores_local, num_obj_per_gpu, last_occluded, iou_threshold=0.7,
+              reverse=False, group=None):
+    masks_global = _gather_objects(low_res_masks_local, num_obj_per_gpu, group).float()
+    scores_global = _gather_objects(obj_scores_local, num_obj_per_gpu, group).float()
+    binary = (masks_global > 0).flatten(1).float()
+    intersection = binary @ binary.T
+    area = binary.sum(dim=1)
+    union = area.view(-1, 1) + area.view(1, -1) - intersection
+    iou = torch.where(union > 0, intersection / union.clamp_min(1), torch.zeros_like(union))
+    overlapping = torch.triu(iou >= torch.tensor(iou_threshold, dtype=torch.float32), diagonal=1)
+    occluded_i, occluded_j = last_occluded.view(-1, 1), last_occluded.view(1, -1)
+    more_recent = torch.lt if reverse else torch.gt
+    suppress_i = overlapping & more_recent(occluded_i, occluded_j) & (occluded_j > -1)
+    suppress_j = overlapping & more_recent(occluded_j, occluded_i) & (occluded_i > -1)
+    to_suppress = suppress_i.any(dim=1) | suppress_j.any(dim=0)
+    return masks_global, scores_global, to_suppress
+
+
+def cost(case, world_size):
+    total, pixels = case["objects"], case["mask_size"] ** 2
+    return Cost(link_bytes=(world_size - 1) / world_size * total * (pixels + 1) * 2,
+                flops=2 * total * total * pixels, hbm_bytes=total * pixels * (2 + 4), pattern="all_gather")
+
+
+PROBLEM = Problem(
+    name="sam3_allgather_iou_suppression", version=1, upstream_id=81, category="beyond_llm",
+    source="SAM 3 (Meta) video tracker: suppress overlapping objects based on recent occlusion (multi-GPU)",
+    world_sizes=(2, 4, 8),
+    tests=[
+        Case("skewed_counts", {"objects": 13, "mask_size": 24}),
+        Case("empty_rank_reverse", {"objects": 10, "mask_size": 17, "num_empty": 1, "reverse": True,
+                                    "iou_threshold": 0.5}),
+    ],
+    benchmarks=[
+        Case("sam3_64_objects", {"objects": 64, "mask_size": 256, "even": True}),
+        Case("sam3_256_objects", {"objects": 256, "mask_size": 256, "even": True}),
+    ],
+    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+)

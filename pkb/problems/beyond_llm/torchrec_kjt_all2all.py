@@ -1,0 +1,132 @@
+"""KeyedJaggedTensor all-to-all (torchrec ``KJTAllToAll``, the input dist of table-wise sharded
+embeddings): every rank holds a batch of sparse features for all keys; keys are owned by ranks in
+contiguous blocks (``key_splits``), and each rank receives its keys' jagged data from every rank's
+batch, then recats it key-major.
+
+Per rank (F keys, key_splits[d] keys for rank d, this rank's batch size B_r; batch sizes differ per
+rank, may be 0; a rank may own no keys):
+  lengths [sum_f stride_f] int64, key-major (key 0's B_r lengths, then key 1's, ...),
+  values [sum(lengths)] int64, key_splits (list of W ints), batch_size = B_r, pg=None,
+  weights [sum(lengths)] fp32 or None, stride_per_key (per-key batch sizes, variable-batch KJTs; None
+  means B_r for every key), stagger=1
+  ->  dict: "lengths" [sum over sources of k*B_s] int64, "values" int64, "weights" fp32 (only when weights
+      are given), "stride_per_key_per_rank" [k, W] int64 (key i's batch size on source s),
+      k = key_splits[rank]. Bit-exact.
+
+Output order (torchrec's recat): for each local key i, for each source j in
+feature_order = [x + (W // stagger) * y for x in range(W // stagger) for y in range(stagger)],
+source j's segment of key i; values (and weights) follow their lengths.
+
+Cost: each rank sends the (W-1)/W of its lengths and values that belong to other ranks' keys:
+link = (W-1)/W * (F*B*8 + B*F*L*(8 + 4 if weighted)) with L the mean values per entry (pooling
+factor). HBM: the send and the recat read and write the data twice: 4x the same bytes.
+
+Benchmarks: DLRM-v2 (MLPerf, Criteo 1TB multi-hot): 26 sparse features with pooling factors
+3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1 (mean 7.9), 8192 samples per rank,
+table-wise sharded; ``dlrm_v2_criteo_weighted`` adds per-value weights (id-score lists).
+"""
+
+import torch
+import torch.distributed as dist
+
+from pkb.problem import Case, Cost, Problem, Tolerance, randn
+from pkb.problems.beyond_llm._common import all_gather_sizes, all_to_all_rows, exchange_counts
+
+DLRM_V2_POOLING = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
+
+
+def key_splits_for(case, world_size):
+    num_keys = len(case["pooling"])
+    if case.get("skew_keys", False):  # all but a few keys on rank 1, none on rank 0
+        splits = [0] + [1] * (world_size - 1)
+        splits[1] += num_keys - sum(splits)
+        return splits
+    return [num_keys // world_size + (1 if d < num_keys % world_size else 0) for d in range(world_size)]
+
+
+def make_inputs(case, rank, world_size, gen):
+    batch_sizes = case["batch_sizes"]
+    batch_size = batch_sizes[rank % len(batch_sizes)]
+    pooling = torch.tensor(case["pooling"], device=gen.device)
+    stride_per_key = None
+    strides = torch.full((len(case["pooling"]),), batch_size, device=gen.device)
+    if case.get("variable_batch", False):
+        strides = torch.randint(0, batch_size + 1, (len(case["pooling"]),), generator=gen, device=gen.device)
+        stride_per_key = strides.tolist()
+    max_len = (2 * pooling + 1).repeat_interleave(strides)
+    lengths = (torch.rand(int(strides.sum()), generator=gen, device=gen.device) * max_len).to(torch.int64)
+    num_values = int(lengths.sum())
+    values = torch.randint(0, 1 << 40, (num_values,), generator=gen, device=gen.device)
+    weights = randn(gen, num_values) if case.get("weighted", False) else None
+    return (lengths, values, key_splits_for(case, world_size), batch_size, None, weights, stride_per_key,
+            case.get("stagger", 1))
+
+
+def reference(lengths, values, key_splits, batch_size, pg=None, weights=None, stride_per_key=None, stagger=1):
+    world_size, rank = dist.get_world_size(pg), dist.get_rank(pg)
+    device = lengths.device
+    num_keys = sum(key_splits)
+    strides = torch.tensor(stride_per_key if stride_per_key is not None else [batch_size] * num_keys,
+                           dtype=torch.int64, device=device)
+    # Metadata: every owner learns the batch size of each of its keys on every source.
+    local_keys = key_splits[rank]
+    recv_strides = all_to_all_rows(strides, key_splits, [local_keys] * world_size, pg)  # [W * k], source-major
+    # Lengths, then values (and weights), in key blocks per destination.
+    key_of_entry = torch.arange(num_keys, device=device).repeat_interleave(strides)
+    owner_of_key = torch.arange(world_size, device=device).repeat_interleave(torch.tensor(key_splits, device=device))
+    owner_of_entry = owner_of_key[key_of_entry]
+    length_counts = torch.bincount(owner_of_entry, minlength=world_size).tolist()
+    value_counts = torch.zeros(world_size, dtype=torch.int64, device=device).index_add_(
+        0, owner_of_entry, lengths).tolist()
+    recv_length_counts = recv_strides.view(world_size, local_keys).sum(dim=1).tolist()
+    recv_lengths = all_to_all_rows(lengths, length_counts, recv_length_counts, pg)
+    recv_value_counts = exchange_counts(value_counts, device, pg)
+    recv_values = all_to_all_rows(values, value_counts, recv_value_counts, pg)
+    recv_weights = all_to_all_rows(weights, value_counts, recv_value_counts, pg) if weights is not None else None
+    # Recat: segments arrive source-major (source s, key i); reorder them key-major in feature_order.
+    groups = world_size // stagger
+    feature_order = [x + groups * y for x in range(groups) for y in range(stagger)]
+    source_rank = torch.empty(world_size, dtype=torch.int64, device=device)
+    source_rank[torch.tensor(feature_order, device=device)] = torch.arange(world_size, device=device)
+    segment = torch.arange(world_size * local_keys, device=device)
+    segment_key = (segment % local_keys) * world_size + source_rank[segment // local_keys] if local_keys else segment
+    entry_key = segment_key.repeat_interleave(recv_strides)
+    length_order = torch.argsort(entry_key, stable=True)
+    value_order = torch.argsort(entry_key.repeat_interleave(recv_lengths), stable=True)
+    out = {"lengths": recv_lengths[length_order], "values": recv_values[value_order],
+           "stride_per_key_per_rank": recv_strides.view(world_size, local_keys).T.contiguous()}
+    if recv_weights is not None:
+        out["weights"] = recv_weights[value_order]
+    return out
+
+
+def cost(case, world_size):
+    num_keys = len(case["pooling"])
+    batch = sum(case["batch_sizes"]) / len(case["batch_sizes"])
+    value_bytes = 8 + (4 if case.get("weighted", False) else 0)
+    sent = num_keys * batch * 8 + batch * sum(case["pooling"]) * value_bytes
+    return Cost(link_bytes=(world_size - 1) / world_size * sent, hbm_bytes=4 * sent, pattern="all_to_all")
+
+
+def _case(name, pooling, batch_sizes, **extra):
+    note = extra.pop("note", "")
+    return Case(name, {"pooling": pooling, "batch_sizes": batch_sizes, **extra}, note=note)
+
+
+PROBLEM = Problem(
+    name="torchrec_kjt_all2all", version=1, upstream_id=70, category="beyond_llm",
+    source="torchrec KJTAllToAll (KeyedJaggedTensor input dist for table-wise sharding, with recat)",
+    world_sizes=(2, 4, 8),
+    tests=[
+        _case("weighted_uneven_batches", (1, 3, 2, 5, 1, 2, 4, 1, 2, 3, 1), (3, 0, 5, 2), weighted=True,
+              note="11 keys; one rank's batch is empty"),
+        _case("skewed_keys_stagger2", (2, 1, 4, 1, 3, 2, 2, 1, 1), (4, 1), skew_keys=True, stagger=2, weighted=True,
+              note="rank 0 owns no keys, rank 1 most of them"),
+        _case("variable_batch_unweighted", (2, 2, 1, 3, 1, 2, 1, 1, 3, 2), (3, 4, 2), variable_batch=True),
+    ],
+    benchmarks=[
+        _case("dlrm_v2_criteo", DLRM_V2_POOLING, (8192,)),
+        _case("dlrm_v2_criteo_weighted", DLRM_V2_POOLING, (8192,), weighted=True),
+    ],
+    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+)

@@ -1,0 +1,93 @@
+"""Attention block with heads split over tensor parallelism and the sequence over a ring (ring-flash-attention
++ Megatron's tp-cp rank layout).
+
+Mesh: tp = 2, cp = W/2, tensor-parallel ranks adjacent (rank = cp_index * 2 + tp_index). The
+sequence is split contiguously over cp (cp rank c holds tokens [c*S_local, (c+1)*S_local)); each tp
+rank holds num_heads/2 heads.
+Per rank: hidden_states [B, S_local, E] (the same on both tp ranks of a cp index);
+  w_qkv [3E/2, E] (column shard: rows q | k | v of this rank's heads), w_o [E, E/2] (row shard),
+  both the same on every cp rank of a tp index  ->  [B, S_local, E], the same on both tp ranks.
+  1. q, k, v = split(hidden_states @ w_qkv^T) (fp32 accumulate, bf16 result), num_heads/2 heads of D=E/num_heads.
+  2. ring attention over cp_group (contiguous layout, causal skip of later blocks, LSE merge, fp32), bf16.
+  3. partial = attn @ w_o^T in fp32; all-reduce over tp_group; rounded to bf16 once.
+softmax_scale=None means D^-1/2.
+
+Cost per rank (bf16): ring (cp-1) k+v blocks of this rank's heads: (cp-1) * 2*B*S_local*(E/2)*2 bytes;
+the tp all-reduce 2*(tp-1)/tp * B*S_local*E*2 bytes. Flops: QKV 2*B*S_local*E*(3E/2), attention on the
+busiest cp rank (see ring_attention) with num_heads/2 heads, output 2*B*S_local*(E/2)*E. HBM: read
+hidden and the weight shards, write the output.
+
+Benchmarks (B=1, causal, MHA as the upstream signature has one head count): a Llama-2-7B layer
+(E=4096, 32 heads) at 32k tokens, and a 64-head E=8192 layer at 16k tokens.
+"""
+
+import torch
+import torch.distributed as dist
+
+from pkb.problem import Case, Cost, Problem
+from pkb.problems.context_parallel._common import (attention_flops, dtype_of, mesh, project_qkv, rand_normal,
+                                                   replica_generator, ring_attention_fp32)
+from pkb.problems.context_parallel.ring_attention import busiest_rank_pairs
+
+TP = 2
+LOGIT_STD = 2.0
+
+
+def make_inputs(case, rank, world_size, gen):
+    E, heads, dtype = case["hidden"], case["heads"], dtype_of(case)
+    tp_group, cp_group, tp_index, cp_index = mesh(TP, rank, world_size)
+    s_local = case["seq"] // (world_size // TP)
+    sequence = [replica_generator(gen, c) for c in range(world_size // TP)][cp_index]
+    hidden = rand_normal(sequence, case["batch"], s_local, E, dtype=dtype)
+    shard = [replica_generator(gen, t) for t in range(TP)][tp_index]
+    qk_scale = LOGIT_STD**0.5 / E**0.5
+    w_qkv = torch.cat([rand_normal(shard, 2 * E // TP, E, scale=qk_scale),
+                       rand_normal(shard, E // TP, E, scale=E**-0.5)]).to(dtype)
+    w_o = rand_normal(shard, E, E // TP, dtype=dtype, scale=E**-0.5)
+    return hidden, w_qkv, w_o, heads, case.get("softmax_scale"), case["causal"], tp_group, cp_group
+
+
+def reference(hidden_states, w_qkv, w_o, num_heads, softmax_scale=None, causal=False, tp_group=None,
+              cp_group=None):
+    local_heads = num_heads // dist.get_world_size(tp_group)
+    q, k, v = project_qkv(hidden_states, w_qkv, local_heads)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    out, _ = ring_attention_fp32(q, k, v, scale, causal, cp_group)
+    B, S_local = out.shape[:2]
+    partial = torch.matmul(out.to(hidden_states.dtype).reshape(B, S_local, -1).float(), w_o.float().t())
+    dist.all_reduce(partial, group=tp_group)
+    return partial.to(hidden_states.dtype)
+
+
+def cost(case, world_size):
+    B, E, heads = case["batch"], case["hidden"], case["heads"]
+    cp = world_size // TP
+    s_local, head_dim = case["seq"] // cp, E // heads
+    kv_bytes = 2 * B * s_local * (E // TP) * 2
+    out_bytes = B * s_local * E * 2
+    flops = (2.0 * B * s_local * E * (3 * E // TP)
+             + attention_flops(busiest_rank_pairs(B, s_local, cp, case["causal"]), heads // TP, head_dim)
+             + 2.0 * B * s_local * (E // TP) * E)
+    return Cost(link_bytes=(cp - 1) * kv_bytes + 2 * (TP - 1) / TP * out_bytes, flops=flops,
+                hbm_bytes=2.0 * out_bytes + 2.0 * 4 * E * E / TP, pattern="ring on cp + all_reduce on tp")
+
+
+TESTS = (
+    Case("causal_h4", {"batch": 2, "seq": 24, "hidden": 32, "heads": 4, "causal": True, "dtype": "bfloat16"}),
+    Case("full_h8_scale", {"batch": 1, "seq": 36, "hidden": 48, "heads": 8, "causal": False, "softmax_scale": 0.3,
+                           "dtype": "bfloat16"}),
+)
+
+BENCHMARKS = (
+    Case("llama2_7b_32k_causal", {"batch": 1, "seq": 32768, "hidden": 4096, "heads": 32, "causal": True,
+                                  "dtype": "bfloat16"}, note="Llama-2-7B layer, 32k tokens"),
+    Case("h64_e8192_16k_causal", {"batch": 1, "seq": 16384, "hidden": 8192, "heads": 64, "causal": True,
+                                  "dtype": "bfloat16"}, note="64 heads x 128, 16k tokens"),
+)
+
+PROBLEM = Problem(
+    name="ring_attention_tp", version=1, upstream_id=55, category="context_parallel",
+    source="ring-flash-attention ring_flash_attn_func + Megatron-LM tp-cp layout (column/row-parallel projections)",
+    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, tolerance=None,
+    reference=reference, make_inputs=make_inputs, cost=cost,
+)

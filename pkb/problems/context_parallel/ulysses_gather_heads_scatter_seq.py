@@ -1,0 +1,69 @@
+"""Ulysses head-gather / sequence-scatter (VeOmni / verl ``gather_heads_scatter_seq``).
+
+After attention, every rank holds the whole sequence for H/W heads and goes back to a sequence
+shard with all heads. If the sequence length S is not a multiple of W it is zero-padded at the end
+to W*ceil(S/W) first. The padded sequence is split into W chunks on ``seq_dim``, chunk d goes to
+rank d, and the W received head groups are concatenated on ``head_dim`` in rank order.
+
+Per rank: x [B, S, H/W, D] (seq_dim=1, head_dim=2)  ->  [B, ceil(S/W), H, D] (bit-exact; padding
+positions are exact zeros).
+
+Cost (all-to-all of the padded tensor): with X the padded local bytes, link bytes (W-1)/W * X;
+HBM: read the unpadded input, write X.
+
+Benchmarks: the attention-output re-shard of Ulysses attention for Llama-3-8B (32 heads x 128) at
+128k tokens and Llama-3-70B (64 heads x 128) at 64k tokens, B=1.
+"""
+
+import math
+
+import torch.nn.functional as F
+
+from pkb.problem import Case, Cost, Problem, Tolerance
+from pkb.problems.context_parallel._common import all_to_all, ceil_div, dtype_of, group_size, rand_normal
+
+
+def local_shape(case, world_size):
+    return [case["batch"], case["seq"], case["heads"] // world_size, case["head_dim"]]
+
+
+def make_inputs(case, rank, world_size, gen):
+    return rand_normal(gen, *local_shape(case, world_size), dtype=dtype_of(case)), 1, 2, None
+
+
+def reference(x, seq_dim, head_dim, group=None):
+    world = group_size(group)
+    seq_dim = seq_dim % x.dim()
+    padding = -x.shape[seq_dim] % world
+    if padding:
+        pad = [0, 0] * (x.dim() - 1 - seq_dim) + [0, padding]
+        x = F.pad(x, pad)
+    return all_to_all(x, seq_dim, head_dim, group)
+
+
+def cost(case, world_size):
+    shape = local_shape(case, world_size)
+    itemsize = dtype_of(case).itemsize
+    padded = math.prod(shape) // case["seq"] * ceil_div(case["seq"], world_size) * world_size * itemsize
+    return Cost(link_bytes=(world_size - 1) / world_size * padded,
+                hbm_bytes=math.prod(shape) * itemsize + padded, pattern="all_to_all")
+
+
+TESTS = (
+    Case("padded_seq_bf16", {"batch": 2, "seq": 29, "heads": 8, "head_dim": 5, "dtype": "bfloat16"}),
+    Case("exact_seq_fp32", {"batch": 1, "seq": 24, "heads": 16, "head_dim": 3, "dtype": "float32"}),
+    Case("shorter_than_world_bf16", {"batch": 3, "seq": 3, "heads": 8, "head_dim": 16, "dtype": "bfloat16"}),
+)
+
+BENCHMARKS = (
+    Case("llama3_8b_128k", {"batch": 1, "seq": 131072, "heads": 32, "head_dim": 128, "dtype": "bfloat16"},
+         note="Llama-3-8B, 32 heads, 128k tokens"),
+    Case("llama3_70b_64k", {"batch": 1, "seq": 65536, "heads": 64, "head_dim": 128, "dtype": "bfloat16"},
+         note="Llama-3-70B, 64 heads, 64k tokens"),
+)
+
+PROBLEM = Problem(
+    name="ulysses_gather_heads_scatter_seq", version=1, upstream_id=37, category="context_parallel",
+    source="VeOmni / verl Ulysses gather_heads_scatter_seq", world_sizes=(2, 4, 8), tests=TESTS,
+    benchmarks=BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+)

@@ -1,0 +1,66 @@
+"""Ulysses sequence-gather / head-scatter (VeOmni / verl ``gather_seq_scatter_heads``).
+
+Before attention, every rank holds a sequence shard with all heads and needs the whole sequence
+for H/W heads. The global sequence of ``seq`` tokens is padded to a multiple of W and split evenly,
+so each rank holds S_local = ceil(seq / W) positions (the last rank's tail is padding). The call
+splits x into W chunks on ``head_dim``, sends chunk d to rank d, concatenates what arrives on
+``seq_dim`` in rank order, and, when ``unpadded_dim_size`` is given and not a multiple of W, cuts the
+sequence back to ``unpadded_dim_size`` (dropping the padding at the end).
+
+Per rank: x [B, S_local, H, D] (seq_dim=1, head_dim=2)  ->  [B, S, H/W, D] with S = W*S_local, or
+``unpadded_dim_size`` when that is non-zero and not a multiple of W (bit-exact). H must divide by W.
+
+Cost (all-to-all): with X the local bytes, link bytes (W-1)/W * X; HBM: read X, write X.
+
+Benchmarks: the query/key re-shard of Ulysses attention for Llama-3-8B (32 query heads x 128) at
+128k tokens and Llama-3-70B (64 heads x 128) at 64k tokens, B=1.
+"""
+
+import math
+
+from pkb.problem import Case, Cost, Problem, Tolerance
+from pkb.problems.context_parallel._common import all_to_all, ceil_div, dtype_of, rand_normal
+
+
+def local_shape(case, world_size):
+    return [case["batch"], ceil_div(case["seq"], world_size), case["heads"], case["head_dim"]]
+
+
+def make_inputs(case, rank, world_size, gen):
+    x = rand_normal(gen, *local_shape(case, world_size), dtype=dtype_of(case))
+    unpadded = case["seq"] if case.get("pass_unpadded", True) else 0
+    return x, 1, 2, None, unpadded
+
+
+def reference(x, seq_dim, head_dim, group=None, unpadded_dim_size=0):
+    out = all_to_all(x, head_dim, seq_dim, group)
+    world = out.shape[seq_dim] // x.shape[seq_dim]
+    if unpadded_dim_size and unpadded_dim_size % world != 0:
+        out = out.narrow(seq_dim, 0, unpadded_dim_size).contiguous()
+    return out
+
+
+def cost(case, world_size):
+    size = math.prod(local_shape(case, world_size)) * dtype_of(case).itemsize
+    return Cost(link_bytes=(world_size - 1) / world_size * size, hbm_bytes=2.0 * size, pattern="all_to_all")
+
+
+TESTS = (
+    Case("padded_seq_bf16", {"batch": 2, "seq": 29, "heads": 8, "head_dim": 5, "dtype": "bfloat16"}),
+    Case("exact_seq_no_unpad_fp32", {"batch": 1, "seq": 24, "heads": 16, "head_dim": 3, "pass_unpadded": False,
+                                     "dtype": "float32"}),
+    Case("one_token_per_rank_bf16", {"batch": 3, "seq": 7, "heads": 8, "head_dim": 16, "dtype": "bfloat16"}),
+)
+
+BENCHMARKS = (
+    Case("llama3_8b_128k", {"batch": 1, "seq": 131072, "heads": 32, "head_dim": 128, "dtype": "bfloat16"},
+         note="Llama-3-8B, 32 heads, 128k tokens"),
+    Case("llama3_70b_64k", {"batch": 1, "seq": 65536, "heads": 64, "head_dim": 128, "dtype": "bfloat16"},
+         note="Llama-3-70B, 64 heads, 64k tokens"),
+)
+
+PROBLEM = Problem(
+    name="ulysses_gather_seq_scatter_heads", version=1, upstream_id=36, category="context_parallel",
+    source="VeOmni / verl Ulysses gather_seq_scatter_heads", world_sizes=(2, 4, 8), tests=TESTS,
+    benchmarks=BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+)

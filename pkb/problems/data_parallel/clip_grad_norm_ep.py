@@ -1,0 +1,116 @@
+"""Clip the global gradient norm of an FSDP2 + expert-parallel MoE model (VeOmni EP ``clip_grad_norm``).
+
+Mesh: W = ep_fsdp x ep ranks, rank = f * ep + e (expert-parallel ranks consecutive). Dense
+("non-EP") parameters are FSDP2-sharded over all W ranks; the experts are split over the ``ep``
+ranks of a row (E/ep experts each) and FSDP2-sharded over the ``ep_fsdp`` ranks of a column.
+
+Per rank: non_ep_grad_tensors (bf16 ``Shard(0)`` pieces of the dense gradients, torch.chunk split, may
+be empty), ep_grad_tensors (bf16 [experts of this rank's ep_fsdp shard, *rest]), max_norm, norm_type
+(2.0 or inf), ep_size, fsdp_group (None: the world), ep_fsdp_group and ep_group (the rank's column
+and row of the mesh; None where that dimension has one rank, and then nothing is reduced over it).
+Reference: expert gradients are first divided by ep_size in place (FSDP averaged them over the W/ep
+ranks of ep_fsdp only; VeOmni rescales them to the world mean). The norm's p-th power sums the dense
+term over fsdp_group and the expert term over ep_fsdp_group then ep_group (MAX for inf); both lists
+are clipped in place by min(1, max_norm / (total_norm + 1e-6)) (fp32 coefficient, one rounding).
+Output: (total_norm fp32 0-dim, non_ep_grad_tensors, ep_grad_tensors), the clipped lists returned
+and checked in place. Upstream returned only the norm.
+
+Cost per rank, n dense + m expert local elements of b bytes: the three scalar all-reduces fit in one
+world all-reduce of two fp32 values (ep_fsdp x ep is the world), link bytes 2(W-1)/W * 8;
+flops 3(n + m) + m (the 1/ep_size rescale folds into the norm read and the clip multiply);
+HBM 3(n + m)b.
+
+Benchmarks: one MoE decoder layer of Qwen3-30B-A3B (hidden 2048, 32 query / 4 KV heads of 128, 128
+experts with FFN 768) and of Qwen3-235B-A22B (hidden 4096, 64 / 4 heads, 128 experts with FFN 1536;
+W = 8 only, 2.4B expert parameters), with ep = W/2 as in the upstream setting.
+"""
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from pkb.problem import Case, Cost, Problem, randn
+from pkb.problems.data_parallel._clip import (GRAD_SCALE, clip_, finish_norm, local_norm_term, norm_cost_terms,
+                                              reduce_op, sharded_grads)
+from pkb.problems.data_parallel._common import chunk_rows, dtype_of, mesh_partitions, subgroup
+
+
+def mesh(case, world_size: int) -> tuple[int, int]:
+    """(ep_size, ep_fsdp_size) of the case: ep = W/2 ("half", the upstream setting) or W ("world")."""
+    ep_size = max(world_size // 2, 1) if case["ep"] == "half" else world_size
+    return ep_size, world_size // ep_size
+
+
+def local_expert_rows(case, rank: int, world_size: int) -> int:
+    ep_size, ep_fsdp_size = mesh(case, world_size)
+    return chunk_rows(case["num_experts"] // ep_size, rank // ep_size, ep_fsdp_size)[1]
+
+
+def make_inputs(case, rank, world_size, gen):
+    dtype = dtype_of(case)
+    ep_size, ep_fsdp_size = mesh(case, world_size)
+    ep_group = ep_fsdp_group = None
+    if dist.is_initialized():  # the groups exist in rank processes; a parent inspecting inputs gets None
+        ep_groups, ep_fsdp_groups = mesh_partitions(ep_fsdp_size, ep_size)
+        ep_group, ep_fsdp_group = subgroup(ep_groups), subgroup(ep_fsdp_groups)
+    non_ep = sharded_grads(case["dense_shapes"], rank, world_size, gen, dtype)
+    rows = local_expert_rows(case, rank, world_size)
+    ep = [randn(gen, rows, *shape, dtype=dtype, scale=GRAD_SCALE) for shape in case["expert_shapes"]]
+    return non_ep, ep, case["max_norm"], float(case["norm_type"]), ep_size, None, ep_fsdp_group, ep_group
+
+
+def reference(non_ep_grad_tensors, ep_grad_tensors, max_norm, norm_type=2.0, ep_size=1, fsdp_group=None,
+              ep_fsdp_group=None, ep_group=None):
+    norm_type = float(norm_type)
+    for grad in ep_grad_tensors:
+        grad.copy_(grad.float() / ep_size)
+    device = (non_ep_grad_tensors + ep_grad_tensors)[0].device
+    non_ep_term = local_norm_term(non_ep_grad_tensors, norm_type, device)
+    dist.all_reduce(non_ep_term, op=reduce_op(norm_type), group=fsdp_group)
+    ep_term = local_norm_term(ep_grad_tensors, norm_type, device)
+    for group in (ep_fsdp_group, ep_group):
+        if group is not None:
+            dist.all_reduce(ep_term, op=reduce_op(norm_type), group=group)
+    term = torch.maximum(non_ep_term, ep_term) if math.isinf(norm_type) else non_ep_term + ep_term
+    total_norm = finish_norm(term, norm_type)
+    clip_(non_ep_grad_tensors, max_norm, total_norm)
+    clip_(ep_grad_tensors, max_norm, total_norm)
+    return total_norm, non_ep_grad_tensors, ep_grad_tensors
+
+
+def cost(case, world_size):
+    dense = sum(chunk_rows(shape[0], 0, world_size)[1] * math.prod(shape[1:]) for shape in case["dense_shapes"])
+    experts = local_expert_rows(case, 0, world_size) * sum(math.prod(shape) for shape in case["expert_shapes"])
+    flops, hbm = norm_cost_terms(dense + experts, dtype_of(case).itemsize)
+    return Cost(link_bytes=2 * (world_size - 1) / world_size * 8, flops=flops + experts, hbm_bytes=hbm,
+                pattern="all_reduce")
+
+
+def _moe_layer(hidden: int, q_dim: int, kv_dim: int, num_experts: int, ffn: int, ep: str) -> dict:
+    dense = [[q_dim, hidden], [kv_dim, hidden], [kv_dim, hidden], [hidden, q_dim], [num_experts, hidden],
+             [hidden], [hidden], [128], [128]]  # q k v o, router, two RMSNorms, q/k norms
+    experts = [[ffn, hidden], [ffn, hidden], [hidden, ffn]]  # gate, up, down of one expert
+    return {"dense_shapes": dense, "expert_shapes": experts, "num_experts": num_experts, "ep": ep,
+            "max_norm": 1.0, "norm_type": 2.0, "dtype": "bfloat16"}
+
+
+PROBLEM = Problem(
+    name="clip_grad_norm_ep", version=1, upstream_id=22, category="data_parallel",
+    source="VeOmni veomni/distributed/fsdp2 clip_grad_norm with expert parallelism (ep_fsdp + ep mesh)",
+    world_sizes=(2, 4, 8),
+    tests=[
+        Case("half_ep_l2_uneven", {"dense_shapes": [[37, 19], [5], [3, 7, 11]], "expert_shapes": [[5, 3], [3, 5]],
+                                   "num_experts": 12, "ep": "half", "max_norm": 0.1, "norm_type": 2.0,
+                                   "dtype": "bfloat16"}),
+        Case("world_ep_inf", {"dense_shapes": [[6, 4]], "expert_shapes": [[2, 7]], "num_experts": 24, "ep": "world",
+                              "max_norm": 0.01, "norm_type": "inf", "dtype": "bfloat16"}),
+        Case("half_ep_l2_unclipped_fp32", {"dense_shapes": [[9], [2, 3]], "expert_shapes": [[4]], "num_experts": 8,
+                                           "ep": "half", "max_norm": 1e4, "norm_type": 2.0, "dtype": "float32"}),
+    ],
+    benchmarks=[
+        Case("qwen3_30b_a3b_moe_layer", _moe_layer(2048, 4096, 512, 128, 768, "half")),
+        Case("qwen3_235b_a22b_moe_layer", _moe_layer(4096, 8192, 512, 128, 1536, "half"), world_sizes=(8,)),
+    ],
+    reference=reference, make_inputs=make_inputs, cost=cost,
+)

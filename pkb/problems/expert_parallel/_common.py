@@ -1,0 +1,112 @@
+"""Routing, split sizes and chunk re-sorting shared by the expert-parallel problems.
+
+Routing is drawn so that communication cannot be skipped and so that an honest kernel can match it
+exactly:
+- every rank's token-to-expert choice is drawn from ``gen.shared`` for *all* ranks, so each rank can
+  derive split sizes that agree with what the other ranks will send (the upstream used synthetic
+  uniform splits that did not follow the routing);
+- ``skew=True`` gives the last (EP) rank's experts almost every token and rank 0's experts none,
+  so one rank receives (nearly) everything and one receives nothing;
+- a case may name an ``empty_rank`` that holds no tokens at all and so sends nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SKEW_HOT_WEIGHT = 1000.0  # sampling weight of the hot rank's experts (others 1, the cold rank's 0)
+
+
+def dtype_of(case) -> torch.dtype:
+    return getattr(torch, case.get("dtype", "bfloat16"))
+
+
+def tokens_per_rank(case, world_size: int) -> list[int]:
+    """Tokens each rank holds: ``tokens`` (+ ``tokens_step`` * rank when uneven); ``empty_rank`` holds 0.
+
+    Example: tokens=11, tokens_step=4, empty_rank=1 at W=4  ->  [11, 0, 19, 23].
+    """
+    counts = [case["tokens"] + case.get("tokens_step", 0) * rank for rank in range(world_size)]
+    empty = case.get("empty_rank")
+    if empty is not None:
+        counts[empty % world_size] = 0
+    return counts
+
+
+def expert_sampling_weights(num_experts: int, ep_size: int, skew: bool, device) -> torch.Tensor:
+    """Per-expert sampling weights: uniform, or hot last EP rank / cold EP rank 0 when ``skew``."""
+    weights = torch.ones(num_experts, device=device)
+    if skew:
+        local = num_experts // ep_size
+        weights[:local] = 0.0
+        weights[num_experts - local:] = SKEW_HOT_WEIGHT
+    return weights
+
+
+def draw_selected_experts(gen_shared: torch.Generator, tokens: list[int], num_experts: int, top_k: int,
+                          ep_size: int, skew: bool) -> list[torch.Tensor]:
+    """``selected_experts`` [T_r, top_k] int64 for every rank r: distinct experts per token, random order."""
+    weights = expert_sampling_weights(num_experts, ep_size, skew, gen_shared.device)
+    if int((weights > 0).sum()) < top_k:
+        raise ValueError(f"top_k={top_k} needs at least that many experts outside the cold rank")
+    selected = []
+    for num_tokens in tokens:
+        if num_tokens == 0:
+            selected.append(torch.empty(0, top_k, dtype=torch.int64, device=gen_shared.device))
+        else:
+            selected.append(torch.multinomial(weights.expand(num_tokens, -1), top_k, replacement=False,
+                                              generator=gen_shared))
+    return selected
+
+
+def token_counts(selected: list[torch.Tensor], num_experts: int) -> torch.Tensor:
+    """[W, E] int64: tokens rank s routes to expert e."""
+    return torch.stack([torch.bincount(s.reshape(-1), minlength=num_experts) for s in selected])
+
+
+def split_sizes(counts_WE: torch.Tensor, rank: int) -> tuple[list[int], list[int], torch.Tensor]:
+    """(input_splits, output_splits, num_global_tokens_per_local_expert [W, E_local]) of ``rank``.
+
+    input_splits[d]: tokens ``rank`` sends to EP rank d; output_splits[s]: tokens it receives from s.
+    """
+    world_size, num_experts = counts_WE.shape
+    local = num_experts // world_size
+    input_splits = counts_WE[rank].view(world_size, local).sum(1).tolist()
+    per_local = counts_WE[:, rank * local:(rank + 1) * local].contiguous()
+    return input_splits, per_local.sum(1).tolist(), per_local
+
+
+def sort_chunks_by_idxs(tokens: torch.Tensor, split_sizes: torch.Tensor, sorted_idxs: torch.Tensor) -> torch.Tensor:
+    """Split ``tokens`` along dim 0 into chunks of ``split_sizes`` and concatenate them in ``sorted_idxs`` order."""
+    chunks = torch.split(tokens, [int(s) for s in split_sizes.tolist()], dim=0)
+    return torch.cat([chunks[i] for i in sorted_idxs.tolist()], dim=0)
+
+
+def expected_remote_ranks(num_experts: int, top_k: int, ep_size: int) -> float:
+    """Expected number of *other* EP ranks a token's ``top_k`` distinct experts live on (uniform routing).
+
+    A rank holds E/ep of the E experts; it is missed with probability C(E - E/ep, k) / C(E, k).
+    Example: E=8, k=2, ep=4: each of the 3 other ranks is hit with 1 - C(6,2)/C(8,2) = 13/28.
+    """
+    local = num_experts // ep_size
+    miss = math.comb(num_experts - local, top_k) / math.comb(num_experts, top_k)
+    return (ep_size - 1) * (1.0 - miss)
+
+
+def permutation_mapping(routing_map_ET: torch.Tensor) -> torch.Tensor:
+    """[T*k] int64 token indices grouped by expert (expert 0's tokens first, each group in token order)."""
+    num_experts, num_tokens = routing_map_ET.shape
+    token_indices = torch.arange(num_tokens, device=routing_map_ET.device).unsqueeze(0).expand(num_experts, -1)
+    return token_indices.masked_select(routing_map_ET.bool())
+
+
+def routed_case(case, rank: int, world_size: int, gen):
+    """Routing of every rank for a dispatch/combine case: (tokens, selected_all, input_splits,
+    output_splits, num_global_tokens_per_local_expert) with ``rank``'s split sizes."""
+    tokens = tokens_per_rank(case, world_size)
+    selected = draw_selected_experts(gen.shared, tokens, case["experts"], case["top_k"], world_size,
+                                     case.get("skew", False))
+    input_splits, output_splits, per_local = split_sizes(token_counts(selected, case["experts"]), rank)
+    return tokens, selected, input_splits, output_splits, per_local

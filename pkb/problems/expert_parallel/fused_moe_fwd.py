@@ -1,0 +1,70 @@
+"""Expert-parallel MoE forward: router, dispatch all-to-all, SwiGLU experts, combine all-to-all (VeOmni MoE layer).
+
+Per rank r (EP over all W ranks; E experts, rank r holds experts [r*E/W, (r+1)*E/W)):
+  hidden_states [T_r, H] bf16 (distinct per rank); gate_weight [E, H], gate_bias [E] bf16 (router,
+  replicated); gate_proj, up_proj [E/W, I, H] and down_proj [E/W, H, I] bf16 (r's experts, each
+  distinct); num_experts E; top_k k
+->  [T_r, H] bf16: each token's top-k experts' SwiGLU outputs, weighted by the renormalised softmax
+of its router logits. The math, the fp32 policy, the tie rule and the skew construction are in
+_moe.py. Tokens of one rank need experts held by the others, so no rank can answer alone.
+
+The upstream passed nn.Linear modules (with biases) shared by all local experts; here each expert
+has its own bias-free weights, in VeOmni's stacked [E_local, ...] layout.
+
+Cost (moe_cost in _moe.py): dispatch + combine move 2 * T * H * bytes * R with
+R = (W-1)(1 - C(E-E/W, k)/C(E, k)) the expected other ranks per token, plus the count all-gather;
+flops 2*T*H*E (router) + T*k*(6*H*I + 2*H) (experts, combine); HBM the local experts' weights.
+
+Benchmarks (config.json of each model; per-rank tokens T: 4096 for prefill, 128 for decode):
+DeepSeek-V3 (256 routed experts, top-8, hidden 7168, expert intermediate 2048; its sigmoid router
+and shared expert are left out) at EP 8, prefill and decode; Qwen3-235B-A22B (128, top-8, 4096,
+1536) at EP 8; Qwen3-30B-A3B (128, top-8, 2048, 768) at EP 4; Mixtral 8x7B (8, top-2, 4096, 14336)
+at EP 4 and EP 8.
+"""
+
+from pkb.problem import Case, Problem
+from pkb.problems.expert_parallel._moe import layer_inputs, moe_cost, moe_forward
+
+
+def make_inputs(case, rank, world_size, gen):
+    return layer_inputs(case, rank, world_size, gen, case["experts"], case["top_k"], world_size)
+
+
+def reference(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, num_experts, top_k, group=None):
+    return moe_forward(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, num_experts, top_k,
+                       group)
+
+
+def cost(case, world_size):
+    return moe_cost(case, case["experts"], case["top_k"], world_size)
+
+
+TESTS = (
+    Case("uneven_tokens_top3", {"tokens": 7, "tokens_step": 3, "experts": 8, "top_k": 3, "hidden": 24,
+                                "intermediate": 10}, note="a different token count on every rank"),
+    Case("skewed_with_empty_rank", {"tokens": 9, "empty_rank": 1, "experts": 16, "top_k": 2, "hidden": 20,
+                                    "intermediate": 6, "skew": True},
+         note="rank 1 holds no tokens; the last rank's experts get nearly every token, rank 0's none"),
+)
+
+_DEEPSEEK_V3 = {"experts": 256, "top_k": 8, "hidden": 7168, "intermediate": 2048}
+_QWEN3_235B = {"experts": 128, "top_k": 8, "hidden": 4096, "intermediate": 1536}
+_QWEN3_30B = {"experts": 128, "top_k": 8, "hidden": 2048, "intermediate": 768}
+_MIXTRAL = {"experts": 8, "top_k": 2, "hidden": 4096, "intermediate": 14336}
+
+BENCHMARKS = (
+    Case("deepseek_v3_ep8_prefill", {**_DEEPSEEK_V3, "tokens": 4096}, world_sizes=(8,)),
+    Case("deepseek_v3_ep8_decode", {**_DEEPSEEK_V3, "tokens": 128}, world_sizes=(8,)),
+    Case("qwen3_235b_a22b_ep8_prefill", {**_QWEN3_235B, "tokens": 4096}, world_sizes=(8,)),
+    Case("qwen3_30b_a3b_ep4_prefill", {**_QWEN3_30B, "tokens": 4096}, world_sizes=(4,)),
+    Case("mixtral_8x7b_ep4_prefill", {**_MIXTRAL, "tokens": 4096}, world_sizes=(4,)),
+    Case("mixtral_8x7b_ep8_prefill", {**_MIXTRAL, "tokens": 4096}, world_sizes=(8,)),
+)
+
+PROBLEM = Problem(
+    name="fused_moe_fwd", version=1, upstream_id=31, category="expert_parallel",
+    source="VeOmni MoE layer forward (router -> preprocess -> token_pre_all2all -> SwiGLU experts -> "
+           "tokens_post_all2all)",
+    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS,
+    reference=reference, make_inputs=make_inputs, cost=cost,
+)

@@ -1,0 +1,65 @@
+"""Expert-parallel MoE forward whose experts carry LoRA adapters (VeOmni MoE layer with LoRA experts).
+
+Per rank r (EP over all W ranks; E experts, rank r holds experts [r*E/W, (r+1)*E/W)), as fused_moe_fwd
+plus six LoRA factors of rank R (bf16):
+  lora_gate_A [R, H], lora_up_A [R, H], lora_down_B [H, R]          shared by all experts (replicated)
+  lora_gate_B [E/W, I, R], lora_up_B [E/W, I, R], lora_down_A [E/W, R, I]   one per local expert
+->  [T_r, H] bf16, where expert e computes
+    gate = x W_g[e].T + (x A_g.T) B_g[e].T,  up likewise,  y = h W_d[e].T + (h A_d[e].T) B_d.T,
+    h = silu(gate) * up
+(the LoRA scale is folded into B). The split into shared and per-expert factors follows VeOmni's
+EPGroupGemm LoRA, whose backward all-reduces exactly the shared ones (moe_epgroupgemm_lora_backward);
+the upstream used one adapter set (and one base nn.Linear set) for all experts. The LoRA path is sized
+to change the output by about half the base path, so dropping it fails. Routing, fp32 policy, tie
+rule and skew: _moe.py.
+
+Cost (moe_cost in _moe.py): as fused_moe_fwd, plus 2*R*(3H + 3I) flops per token-expert pair and the
+adapter weights in HBM.
+
+Benchmarks: rank-16 adapters on DeepSeek-V3 (256 experts, top-8, 7168 / 2048) at EP 8, Qwen3-30B-A3B
+(128, top-8, 2048 / 768) at EP 4 and Mixtral 8x7B (8, top-2, 4096 / 14336) at EP 8 (config.json),
+4096 tokens per rank.
+"""
+
+from pkb.problem import Case, Problem
+from pkb.problems.expert_parallel._moe import layer_inputs, moe_cost, moe_forward
+
+
+def make_inputs(case, rank, world_size, gen):
+    return layer_inputs(case, rank, world_size, gen, case["experts"], case["top_k"], world_size, case["lora_rank"])
+
+
+def reference(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, lora_gate_A, lora_gate_B,
+              lora_up_A, lora_up_B, lora_down_A, lora_down_B, num_experts, top_k, group=None):
+    lora = (lora_gate_A, lora_gate_B, lora_up_A, lora_up_B, lora_down_A, lora_down_B)
+    return moe_forward(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, num_experts, top_k,
+                       group, lora=lora)
+
+
+def cost(case, world_size):
+    return moe_cost(case, case["experts"], case["top_k"], world_size, lora_rank=case["lora_rank"])
+
+
+TESTS = (
+    Case("uneven_tokens_rank3", {"tokens": 8, "tokens_step": 3, "experts": 8, "top_k": 3, "hidden": 24,
+                                 "intermediate": 10, "lora_rank": 3}, note="a different token count on every rank"),
+    Case("skewed_with_empty_rank", {"tokens": 9, "empty_rank": 1, "experts": 16, "top_k": 2, "hidden": 20,
+                                    "intermediate": 6, "lora_rank": 2, "skew": True},
+         note="rank 1 holds no tokens; the last rank's experts get nearly every token, rank 0's none"),
+)
+
+BENCHMARKS = (
+    Case("deepseek_v3_ep8_lora16", {"experts": 256, "top_k": 8, "hidden": 7168, "intermediate": 2048,
+                                    "lora_rank": 16, "tokens": 4096}, world_sizes=(8,)),
+    Case("qwen3_30b_a3b_ep4_lora16", {"experts": 128, "top_k": 8, "hidden": 2048, "intermediate": 768,
+                                      "lora_rank": 16, "tokens": 4096}, world_sizes=(4,)),
+    Case("mixtral_8x7b_ep8_lora16", {"experts": 8, "top_k": 2, "hidden": 4096, "intermediate": 14336,
+                                     "lora_rank": 16, "tokens": 4096}, world_sizes=(8,)),
+)
+
+PROBLEM = Problem(
+    name="fused_moe_fwd_lora", version=1, upstream_id=32, category="expert_parallel",
+    source="VeOmni MoE layer forward with LoRA experts (EPGroupGemm with LoRA)",
+    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS,
+    reference=reference, make_inputs=make_inputs, cost=cost,
+)

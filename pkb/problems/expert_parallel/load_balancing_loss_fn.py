@@ -1,0 +1,103 @@
+"""MoE auxiliary load-balancing loss (Hugging Face Mixtral ``load_balancing_loss_func``), averaged over DP ranks.
+
+Per rank: gate_logits [L*B*S, E] (the router logits of L layers concatenated, as Mixtral's
+``output_router_logits`` gives them), num_experts E, top_k k, attention_mask [B, S] int64 or None
+->  loss, a 0-d fp32 tensor, equal on every rank to the mean over ranks of each rank's loss:
+
+    p = softmax(gate_logits, fp32);  chosen = top-k(p);  mask = one_hot(chosen, E)          [T, k, E]
+    tokens_per_expert = mean over (unpadded) tokens of mask                                 [k, E]
+    router_prob_per_expert = mean over (unpadded) tokens of p                               [E]
+    loss_rank = E * sum(tokens_per_expert * router_prob_per_expert);  loss = all_reduce(loss_rank) / W
+
+Padding tokens (attention_mask == 0) drop out of both means, as in Hugging Face. The softmax runs in
+fp32 (the upstream ran it in bf16, where top-k ties are common). Tie rule: the logits of one token are
+distinct multiples of 1/64, so top-k is unique (take it on logits or probabilities alike).
+
+Cost: the all-reduce of one fp32 scalar moves 2(W-1)/W * 4 bytes per rank (latency-bound).
+HBM: read the logits once (T*E*bytes) and the mask (B*S*8 bytes). No matrix work; the elementwise
+softmax and means are not counted as flops.
+
+Benchmarks: a 4096-token sequence (B=1) through every MoE layer of Mixtral 8x7B (32 layers, 8
+experts, top-2), Qwen3-30B-A3B (48 layers, 128 experts, top-8) and DeepSeek-V3 (58 MoE layers of 61,
+256 routed experts, top-8; its sigmoid router is replaced by this softmax loss), from the models'
+config.json files.
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from pkb.problem import Case, Cost, Problem
+from pkb.problems.expert_parallel._common import dtype_of
+
+LOGIT_GRID = 64  # logits are k / LOGIT_GRID for distinct integers k in [-256, 256): exact in bf16 and fp16
+
+
+def distinct_logits(gen, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """[rows, cols] logits, distinct within every row (so top-k has no ties), in [-4, 4)."""
+    if cols > 512:
+        raise ValueError(f"at most 512 distinct logits per row, asked for {cols}")
+    keys = torch.rand(rows, 512, generator=gen, device=gen.device)
+    picks = keys.topk(cols, dim=1).indices
+    return ((picks - 256).to(torch.float32) / LOGIT_GRID).to(dtype)
+
+
+def make_inputs(case, rank, world_size, gen):
+    layers, batch = case.get("layers", 1), case.get("batch", 1)
+    seq = case["seq"] + case.get("seq_step", 0) * rank
+    gate_logits = distinct_logits(gen, layers * batch * seq, case["experts"], dtype_of(case))
+    attention_mask = None
+    if case.get("padded"):  # right padding: every sequence keeps at least one real token
+        lengths = torch.randint(1, seq + 1, (batch, 1), generator=gen, device=gen.device)
+        attention_mask = (torch.arange(seq, device=gen.device) < lengths).to(torch.int64)
+    return gate_logits, case["experts"], case["top_k"], attention_mask
+
+
+def reference(gate_logits, num_experts, top_k=2, attention_mask=None):
+    if isinstance(gate_logits, (tuple, list)):
+        gate_logits = torch.cat(list(gate_logits), dim=0)
+    routing_weights = torch.softmax(gate_logits.float(), dim=-1)                       # [T, E]
+    _, selected_experts = torch.topk(routing_weights, top_k, dim=-1)
+    expert_mask = F.one_hot(selected_experts, num_experts).float()                     # [T, k, E]
+    if attention_mask is None:
+        tokens_per_expert = expert_mask.mean(dim=0)
+        router_prob_per_expert = routing_weights.mean(dim=0)
+    else:
+        batch, seq = attention_mask.shape
+        layers = gate_logits.shape[0] // (batch * seq)
+        token_mask = attention_mask.float()[None].expand(layers, batch, seq).reshape(-1)   # [T]
+        tokens_per_expert = (expert_mask * token_mask[:, None, None]).sum(0) / token_mask.sum()
+        router_prob_per_expert = (routing_weights * token_mask[:, None]).sum(0) / token_mask.sum()
+    loss = (tokens_per_expert * router_prob_per_expert.unsqueeze(0)).sum() * num_experts
+    dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+    return loss / dist.get_world_size()
+
+
+def cost(case, world_size):
+    layers, batch, seq = case.get("layers", 1), case.get("batch", 1), case["seq"]
+    logit_bytes = layers * batch * seq * case["experts"] * dtype_of(case).itemsize
+    mask_bytes = batch * seq * 8 if case.get("padded") else 0
+    return Cost(link_bytes=2 * (world_size - 1) / world_size * 4, hbm_bytes=logit_bytes + mask_bytes,
+                pattern="all_reduce (scalar)")
+
+
+TESTS = (
+    Case("uneven_tokens_top2", {"seq": 37, "seq_step": 6, "experts": 8, "top_k": 2},
+         note="a different odd token count on every rank"),
+    Case("padded_two_layers", {"layers": 2, "batch": 3, "seq": 7, "experts": 6, "top_k": 2, "padded": True},
+         note="two layers' logits and right padding of random length"),
+    Case("top5_of_16", {"seq": 19, "experts": 16, "top_k": 5}),
+)
+
+BENCHMARKS = (
+    Case("mixtral_8x7b_seq4096", {"layers": 32, "seq": 4096, "experts": 8, "top_k": 2}),
+    Case("qwen3_30b_a3b_seq4096", {"layers": 48, "seq": 4096, "experts": 128, "top_k": 8}),
+    Case("deepseek_v3_seq4096", {"layers": 58, "seq": 4096, "experts": 256, "top_k": 8}),
+)
+
+PROBLEM = Problem(
+    name="load_balancing_loss_fn", version=1, upstream_id=24, category="expert_parallel",
+    source="Hugging Face transformers Mixtral load_balancing_loss_func, loss averaged over DP ranks",
+    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS,
+    reference=reference, make_inputs=make_inputs, cost=cost,
+)

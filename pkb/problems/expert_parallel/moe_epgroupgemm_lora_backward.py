@@ -1,0 +1,74 @@
+"""LoRA weight-gradient sync of an EP group GEMM (VeOmni EPGroupGemm with LoRA, backward).
+
+The LoRA factors that touch the hidden dimension are shared by every expert and replicated on every
+EP rank (fc1 gate/up A [r, H], fc2 B [H, r]); each rank's backward only sees the tokens its own
+experts processed, so the three gradients are summed over the group.
+
+Per rank: grad_fc1_1_lora_A [*, r, H], grad_fc1_2_lora_A [*, r, H], grad_fc2_lora_B [*, H, r] bf16
+(random, distinct per rank; a leading dimension stacks several layers' adapters)  ->  the same three
+shapes, each the sum over ranks, accumulated in fp32 and rounded once. The inputs are left unchanged
+(the upstream all-reduced them in place, so every timed call grew them by W until they overflowed).
+
+Cost: three all-reduces; with S the bytes of the three gradients together, link bytes 2(W-1)/W * S.
+HBM: read S, write S.
+
+Benchmarks: rank-16 adapters for every MoE layer at once, hidden sizes from config.json:
+DeepSeek-V3 (58 MoE layers, hidden 7168), Qwen3-235B-A22B (94 layers, 4096), Mixtral 8x7B (32 layers,
+4096); plus the upstream's single rank-8 adapter of hidden 1024, where latency dominates.
+"""
+
+import torch
+import torch.distributed as dist
+
+from pkb.problem import Case, Cost, Problem, randn, reduction_tolerance
+from pkb.problems.expert_parallel._common import dtype_of
+
+
+def _shapes(case):
+    layers, rank, hidden = case["layers"], case["lora_rank"], case["hidden"]
+    lead = (layers,) if layers > 1 else ()
+    return (*lead, rank, hidden), (*lead, rank, hidden), (*lead, hidden, rank)
+
+
+def make_inputs(case, rank, world_size, gen):
+    return tuple(randn(gen, *shape, dtype=dtype_of(case)) for shape in _shapes(case))
+
+
+def _summed(grad, group):
+    total = grad.float()  # a new fp32 buffer: the input is not touched
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    return total.to(grad.dtype)
+
+
+def reference(grad_fc1_1_lora_A, grad_fc1_2_lora_A, grad_fc2_lora_B, group=None):
+    return (_summed(grad_fc1_1_lora_A, group), _summed(grad_fc1_2_lora_A, group),
+            _summed(grad_fc2_lora_B, group))
+
+
+def cost(case, world_size):
+    size = sum(torch.Size(shape).numel() for shape in _shapes(case)) * dtype_of(case).itemsize
+    return Cost(link_bytes=2 * (world_size - 1) / world_size * size, hbm_bytes=2 * size, pattern="all_reduce x3")
+
+
+def tolerance(case, world_size):
+    return reduction_tolerance(dtype_of(case), world_size)
+
+
+TESTS = (
+    Case("odd_rank3_hidden37", {"layers": 1, "lora_rank": 3, "hidden": 37}),
+    Case("stacked_5_layers", {"layers": 5, "lora_rank": 2, "hidden": 11}),
+)
+
+BENCHMARKS = (
+    Case("upstream_r8_h1024", {"layers": 1, "lora_rank": 8, "hidden": 1024}),
+    Case("deepseek_v3_r16_all_layers", {"layers": 58, "lora_rank": 16, "hidden": 7168}),
+    Case("qwen3_235b_a22b_r16_all_layers", {"layers": 94, "lora_rank": 16, "hidden": 4096}),
+    Case("mixtral_8x7b_r16_all_layers", {"layers": 32, "lora_rank": 16, "hidden": 4096}),
+)
+
+PROBLEM = Problem(
+    name="moe_epgroupgemm_lora_backward", version=1, upstream_id=30, category="expert_parallel",
+    source="VeOmni EPGroupGemm LoRA backward (all-reduce of the shared LoRA gradients)",
+    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, tolerance=tolerance,
+    reference=reference, make_inputs=make_inputs, cost=cost,
+)

@@ -1,0 +1,77 @@
+"""EP split sizes from the routing mask (VeOmni MoE ``preprocess``).
+
+Per rank: expert_mask [E, k, T] fp32, the one-hot of each token's k distinct experts (VeOmni's
+``one_hot(selected_experts, E).permute(2, 1, 0)``), num_experts E (E % W == 0; rank r holds experts
+[r*E/W, (r+1)*E/W))  ->  on rank r:
+    input_splits       [W]        int64: tokens r sends to rank d (sum of its counts for d's experts)
+    output_splits      [W]        int64: tokens r receives from rank s
+    tokens_per_local_expert [W, E/W]  : tokens rank s routes to each of r's experts (all-gathered counts)
+    sum_per_local_expert    [E/W]     : tokens each of r's experts receives in all
+The two count tensors keep the mask's dtype, as VeOmni's ``expert_mask.sum`` gives them (exact
+integers in fp32); split sizes are int64. All four are checked exactly. They stay on the input's
+device (the upstream copied them to the CPU with host syncs, which is not part of the workload).
+
+Inputs: tests include a rank with no tokens (it sends nothing) and skewed routing where the last
+rank's experts receive nearly every token and rank 0's experts none.
+
+Cost: all-gather of E int64 counts per rank: each rank receives (W-1) * E * 8 bytes.
+HBM: read the mask (E*k*T*4 bytes). No flops worth counting (a reduction of the mask).
+
+Benchmarks: 4096 tokens per rank routed the way Mixtral 8x7B (8 experts, top-2), Qwen3-30B-A3B
+(128, top-8) and DeepSeek-V3 (256, top-8) route them (config.json), at EP 4 and 8.
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from pkb.problem import Case, Cost, Problem, Tolerance
+from pkb.problems.expert_parallel._common import draw_selected_experts, tokens_per_rank
+
+
+def make_inputs(case, rank, world_size, gen):
+    tokens = tokens_per_rank(case, world_size)
+    selected = draw_selected_experts(gen.shared, tokens, case["experts"], case["top_k"], world_size,
+                                     case.get("skew", False))[rank]
+    expert_mask = F.one_hot(selected, case["experts"]).permute(2, 1, 0).to(torch.float32).contiguous()
+    return expert_mask, case["experts"]
+
+
+def reference(expert_mask, num_experts, group=None):
+    world_size = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    num_local_experts = num_experts // world_size
+    tokens_per_expert = expert_mask.sum(dim=(1, 2))                                          # [E]
+    input_splits = tokens_per_expert.view(world_size, num_local_experts).sum(dim=1).to(torch.int64)
+    gathered = torch.empty(world_size * num_experts, dtype=tokens_per_expert.dtype, device=expert_mask.device)
+    dist.all_gather_into_tensor(gathered, tokens_per_expert.contiguous(), group=group)
+    tokens_per_local_expert = gathered.view(world_size, num_experts)[
+        :, rank * num_local_experts:(rank + 1) * num_local_experts].contiguous()                 # [W, E/W]
+    output_splits = tokens_per_local_expert.sum(dim=1).to(torch.int64)
+    sum_per_local_expert = tokens_per_local_expert.sum(dim=0)
+    return input_splits, output_splits, tokens_per_local_expert, sum_per_local_expert
+
+
+def cost(case, world_size):
+    mask_bytes = case["experts"] * case["top_k"] * case["tokens"] * 4
+    return Cost(link_bytes=(world_size - 1) * case["experts"] * 8, hbm_bytes=mask_bytes, pattern="all_gather")
+
+
+TESTS = (
+    Case("uneven_with_empty_rank", {"tokens": 13, "tokens_step": 4, "empty_rank": 1, "experts": 8, "top_k": 3},
+         note="rank 1 holds no tokens and sends nothing"),
+    Case("skewed_hot_last_rank", {"tokens": 29, "experts": 16, "top_k": 2, "skew": True},
+         note="the last rank's experts get nearly all tokens, rank 0's experts none"),
+)
+
+BENCHMARKS = (
+    Case("mixtral_8x7b_ep8", {"tokens": 4096, "experts": 8, "top_k": 2}, world_sizes=(8,)),
+    Case("qwen3_30b_a3b_ep4", {"tokens": 4096, "experts": 128, "top_k": 8}, world_sizes=(4,)),
+    Case("deepseek_v3_ep8", {"tokens": 4096, "experts": 256, "top_k": 8}, world_sizes=(8,)),
+)
+
+PROBLEM = Problem(
+    name="moe_token_preprocess", version=1, upstream_id=26, category="expert_parallel",
+    source="VeOmni MoE preprocess (EP split sizes)", world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS,
+    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+)

@@ -1,0 +1,46 @@
+"""Helpers shared by the tensor-parallel problems: dtypes, sharded sizes, gathers along a dimension.
+
+Sizes in cases are global (``tokens``, ``hidden``, ``vocab``...); a rank's share is ``size // W`` and
+a case whose sizes a world size does not divide lists the world sizes it runs at.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def dtype_of(case, key: str = "dtype") -> torch.dtype:
+    return getattr(torch, case.get(key, "bfloat16"))
+
+
+def itemsize(case, key: str = "dtype") -> int:
+    return dtype_of(case, key).itemsize
+
+
+def divides_all(*sizes: int, world_sizes=(2, 4, 8)) -> tuple[int, ...]:
+    """The world sizes among ``world_sizes`` that divide every one of ``sizes``."""
+    return tuple(w for w in world_sizes if all(size % w == 0 for size in sizes))
+
+
+def all_gather_cat(tensor: torch.Tensor, dim: int, group=None) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along ``dim`` in rank order (one all_gather_into_tensor).
+
+    The output is gathered flat ([W * numel], which gloo needs) and the rank axis is then moved next
+    to ``dim`` and merged into it.
+    """
+    world_size = dist.get_world_size(group)
+    flat = torch.empty(world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+    dist.all_gather_into_tensor(flat, tensor.contiguous().view(-1), group=group)
+    stacked = flat.view(world_size, *tensor.shape)
+    shape = list(tensor.shape)
+    shape[dim] *= world_size
+    return stacked.movedim(0, dim).reshape(shape)
+
+
+def all_gather_list_cat(tensor: torch.Tensor, dim: int, group=None) -> torch.Tensor:
+    """The same as ``all_gather_cat`` through the list form of all-gather (as Megatron's gather does)."""
+    world_size = dist.get_world_size(group)
+    parts = [torch.empty_like(tensor) for _ in range(world_size)]
+    dist.all_gather(parts, tensor.contiguous(), group=group)
+    return torch.cat(parts, dim=dim)

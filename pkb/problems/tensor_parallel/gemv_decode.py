@@ -1,0 +1,66 @@
+"""Decode-time logits from a vocab-parallel LM head (Megatron / vLLM ParallelLMHead + gather).
+
+Per rank: hidden_states [T, H] (the decode batch's last hidden states, the same on every rank),
+weight_shard [V/W, H] (this rank's vocab rows of the LM head, nn.Linear layout), bias_shard [V/W]
+->  [T, V] logits on every rank, vocab blocks in rank order:
+    logits_r = hidden_states @ weight_shard^T + bias_shard     (fp32 accumulation, one rounding)
+The weight is stored [out, in] as in Megatron and vLLM; upstream's square [1024, 1024] shard did
+not say which way round it is.
+
+Cost per rank: the all-gather brings (W-1)/W of the [T, V] logits in; flops 2*T*H*V/W (+ T*V/W for
+the bias); HBM is dominated by reading the weight shard: (V/W*H + V/W + T*H + T*V) * itemsize.
+
+Benchmarks: Llama-3 8B (H 4096, vocab 128256) decoding one sequence and a batch of 64, Llama-3
+70B (H 8192) with a batch of 64, Qwen2.5-72B (H 8192, vocab 152064) with a batch of 8.
+"""
+
+import math
+
+from pkb.problem import Case, Cost, Problem, randn
+from pkb.problems.tensor_parallel._common import all_gather_cat, divides_all, dtype_of, itemsize
+
+
+def make_inputs(case, rank, world_size, gen):
+    tokens, hidden, vocab_local, dtype = case["tokens"], case["hidden"], case["vocab"] // world_size, dtype_of(case)
+    return (randn(gen.shared, tokens, hidden, dtype=dtype),
+            randn(gen, vocab_local, hidden, dtype=dtype, scale=1.0 / math.sqrt(hidden)),
+            randn(gen, vocab_local, dtype=dtype, scale=0.5))
+
+
+def reference(hidden_states, weight_shard, bias_shard):
+    logits = hidden_states.float() @ weight_shard.float().t() + bias_shard.float()
+    return all_gather_cat(logits.to(hidden_states.dtype), dim=1)
+
+
+def cost(case, world_size):
+    tokens, hidden, vocab, size = case["tokens"], case["hidden"], case["vocab"], itemsize(case)
+    vocab_local = vocab / world_size
+    return Cost(link_bytes=(world_size - 1) / world_size * tokens * vocab * size,
+                flops=2 * tokens * hidden * vocab_local + tokens * vocab_local,
+                hbm_bytes=(vocab_local * hidden + vocab_local + tokens * hidden + tokens * vocab) * size,
+                pattern="gemv + all_gather")
+
+
+LLAMA3_VOCAB, QWEN25_VOCAB = 128256, 152064
+
+PROBLEM = Problem(
+    name="gemv_decode", version=1, upstream_id=46, category="tensor_parallel",
+    source="Megatron-LM / vLLM vocab-parallel LM head at decode (ParallelLMHead, gathered logits)",
+    world_sizes=(2, 4, 8),
+    tests=[
+        Case("one_token_odd", {"tokens": 1, "hidden": 37, "vocab": 40}, note="5 vocab rows per rank at W=8"),
+        Case("batch3", {"tokens": 3, "hidden": 130, "vocab": 24}),
+        Case("batch8_thin", {"tokens": 8, "hidden": 9, "vocab": 8}, note="one vocab row per rank at W=8"),
+    ],
+    benchmarks=[
+        Case("llama3_8b_decode_b1", {"tokens": 1, "hidden": 4096, "vocab": LLAMA3_VOCAB},
+             world_sizes=divides_all(LLAMA3_VOCAB)),
+        Case("llama3_8b_decode_b64", {"tokens": 64, "hidden": 4096, "vocab": LLAMA3_VOCAB},
+             world_sizes=divides_all(LLAMA3_VOCAB)),
+        Case("llama3_70b_decode_b64", {"tokens": 64, "hidden": 8192, "vocab": LLAMA3_VOCAB},
+             world_sizes=divides_all(LLAMA3_VOCAB)),
+        Case("qwen25_72b_decode_b8", {"tokens": 8, "hidden": 8192, "vocab": QWEN25_VOCAB},
+             world_sizes=divides_all(QWEN25_VOCAB)),
+    ],
+    reference=reference, make_inputs=make_inputs, cost=cost,
+)

@@ -1,0 +1,73 @@
+"""Reduce-scatter (mean over ranks) fused with RMSNorm (TensorRT-LLM / vLLM sequence-parallel
+all-reduce fusion: the row-parallel output is reduce-scattered over tokens and normalised at once).
+
+Per rank: rs_input_1d [W*rows*H] (flat; block r = rows r*rows ... of this rank's partial output
+[W*rows, H]), gamma [H] (the norm weight, replicated), eps (float)  ->  [rows, H]:
+    y = (sum over ranks of block r) / W        (the mean, as upstream; fp32)
+    out = gamma * y * rsqrt(mean(y^2, -1) + eps)
+fp32 throughout, rounded once to the input dtype. H = gamma.numel(); rows = numel / (W*H).
+gloo has no AVG reduction, so the reference sums and divides; a kernel may do either.
+
+Cost per rank: the reduce-scatter moves (W-1)/W of the W*rows*H input (input dtype); flops about
+5 per output element (divide, square, add, scale, weight) plus W-1 adds; HBM reads the input and
+gamma and writes the output: (W*rows*H + H + rows*H) * itemsize.
+
+Tolerance: RMSNorm rescales the mean of W N(0,1) partials to unit size, so an honest bf16
+reduce-scatter's error shrinks by sqrt(W) on the way out; ``reduction_tolerance(dtype, W)`` at
+scale 1 (gamma is about 1) is a safe bound, and a missing rank moves the output by O(1/sqrt(W)).
+
+Benchmarks: Llama-3 70B (hidden 8192) on an 8192-token prefill and a 64-token decode step;
+Llama-3 8B (hidden 4096) prefill. rows = tokens / W.
+"""
+
+import torch
+import torch.distributed as dist
+
+from pkb.problem import Case, Cost, Problem, randn, reduction_tolerance
+from pkb.problems.tensor_parallel._common import dtype_of, itemsize
+
+
+def make_inputs(case, rank, world_size, gen):
+    tokens, hidden, dtype = case["tokens"], case["hidden"], dtype_of(case)
+    gamma = (1.0 + randn(gen.shared, hidden, scale=0.2)).to(dtype)
+    return randn(gen, tokens * hidden, dtype=dtype), gamma, case.get("eps", 1e-5)
+
+
+def reference(rs_input_1d, gamma, eps):
+    world_size = dist.get_world_size()
+    hidden = gamma.numel()
+    summed = torch.empty(rs_input_1d.numel() // world_size, dtype=torch.float32, device=rs_input_1d.device)
+    dist.reduce_scatter_tensor(summed, rs_input_1d.float(), op=dist.ReduceOp.SUM)
+    y = summed.view(-1, hidden) / world_size
+    out = gamma.float() * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps))
+    return out.to(rs_input_1d.dtype)
+
+
+def cost(case, world_size):
+    tokens, hidden, size = case["tokens"], case["hidden"], itemsize(case)
+    rows = tokens / world_size
+    return Cost(link_bytes=(world_size - 1) / world_size * tokens * hidden * size,
+                flops=(world_size - 1 + 5) * rows * hidden,
+                hbm_bytes=(tokens * hidden + hidden + rows * hidden) * size, pattern="reduce_scatter")
+
+
+def tolerance(case, world_size):
+    return reduction_tolerance(dtype_of(case), world_size, scale=1.0)
+
+
+PROBLEM = Problem(
+    name="reducescatter_fused_rmsnorm", version=1, upstream_id=45, category="tensor_parallel",
+    source="TensorRT-LLM / vLLM fused reduce-scatter + RMSNorm (sequence-parallel all-reduce fusion)",
+    world_sizes=(2, 4, 8),
+    tests=[
+        Case("odd_hidden", {"tokens": 24, "hidden": 37}, note="3 rows per rank at W=8"),
+        Case("one_row_per_rank_big_eps", {"tokens": 8, "hidden": 130, "eps": 0.5}),
+        Case("llama_row", {"tokens": 16, "hidden": 1024}),
+    ],
+    benchmarks=[
+        Case("llama3_70b_prefill", {"tokens": 8192, "hidden": 8192}),
+        Case("llama3_70b_decode", {"tokens": 64, "hidden": 8192}),
+        Case("llama3_8b_prefill", {"tokens": 8192, "hidden": 4096}),
+    ],
+    tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
+)

@@ -1,0 +1,43 @@
+"""Pieces the shipped CUDA solutions share: dtype conversions for kernels, and a symmetric-buffer cache."""
+
+import torch
+
+from pkb.kernels import symmetric_buffer
+
+# fp32 <-> storage type conversions, for kernels templated on the element type.
+CUDA_CONVERSIONS = r"""
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+template <typename T> __device__ __forceinline__ float to_float(T x);
+template <> __device__ __forceinline__ float to_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+#define DISPATCH_FLOAT_TYPES(dtype, ...)                                              \
+  switch (dtype) {                                                                    \
+    case at::kFloat: { using scalar_t = float; __VA_ARGS__; break; }                  \
+    case at::kHalf: { using scalar_t = __half; __VA_ARGS__; break; }                  \
+    case at::kBFloat16: { using scalar_t = __nv_bfloat16; __VA_ARGS__; break; }       \
+    default: TORCH_CHECK(false, "unsupported dtype ", dtype);                         \
+  }
+"""
+
+_BUFFERS = {}
+
+
+def staging_buffer(numel: int, dtype: torch.dtype):
+    """A symmetric buffer of at least ``numel`` elements (collective on first use and on growth).
+
+    Every rank calls this with the same arguments (they run the same case), so the allocations and
+    rendezvous line up across ranks.
+    """
+    buffer = _BUFFERS.get(dtype)
+    if buffer is None or buffer.local.numel() < numel:
+        buffer = symmetric_buffer((max(numel, 1),), dtype)
+        _BUFFERS[dtype] = buffer
+    return buffer

@@ -1,0 +1,16 @@
+"""Print the README's problem table (markdown) from the registry: python scripts/problem_table.py"""
+
+from pkb.registry import all_problems
+
+
+def problem_table() -> str:
+    lines = ["| # | problem | category | source | world sizes | tests | benchmarks |",
+             "|---|---|---|---|---|---|---|"]
+    for p in all_problems().values():
+        lines.append(f"| {p.upstream_id or '-'} | `{p.name}` | {p.category} | {p.source} | "
+                     f"{', '.join(map(str, p.world_sizes))} | {len(p.tests)} | {len(p.benchmarks)} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(problem_table())

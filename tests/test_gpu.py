@@ -1,0 +1,96 @@
+"""GPU tests: the eight collectives' references and the shipped device-side solutions in shared-gpu
+and cuda modes, and a racy solution caught. Marked ``gpu``; skipped cleanly without CUDA.
+
+    python -m pytest -m gpu tests/test_gpu.py
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from pkb.batch import SHIPPED_SOLUTIONS, problem_for_file
+from pkb.evaluate.candidate import Candidate
+from pkb.evaluate.evaluator import EvalConfig, Session, evaluate
+from pkb.problem import Status
+from pkb.registry import all_problems, select
+from pkb.runtime.modes import Mode
+
+NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NUM_GPUS == 0, reason="needs a CUDA GPU")]
+
+GPU_SOLUTIONS = sorted(p for p in SHIPPED_SOLUTIONS.glob("[0-9]*.py") if "cuda" in Candidate.from_file(p).requires)
+SETTINGS = [(Mode.SHARED_GPU, 2), (Mode.SHARED_GPU, 4), (Mode.CUDA, 2)]
+
+
+def _skip_unless_runnable(mode: Mode, world_size: int) -> None:
+    if mode is Mode.CUDA and NUM_GPUS < world_size:
+        pytest.skip(f"cuda mode at W={world_size} needs {world_size} GPUs, this machine has {NUM_GPUS}")
+
+
+@pytest.fixture(scope="module")
+def sessions():
+    opened: dict = {}
+
+    def get(mode: Mode, world_size: int) -> Session:
+        key = (mode, world_size)
+        if key not in opened:
+            opened[key] = Session(mode, world_size)
+        return opened[key]
+
+    yield get
+    for session in opened.values():
+        session.close()
+
+
+@pytest.mark.parametrize(("mode", "world_size"), SETTINGS, ids=lambda v: str(v))
+@pytest.mark.parametrize("problem", select("collectives"), ids=lambda p: p.name)
+def test_collective_references_pass_on_gpu(problem, mode, world_size, sessions):
+    _skip_unless_runnable(mode, world_size)
+    config = EvalConfig(world_size=world_size, mode=mode, num_trials=2)
+    result = evaluate(problem, Candidate.reference_of(problem), config, sessions(mode, world_size))
+    assert result.status is Status.OK, result.message
+
+
+@pytest.mark.parametrize(("mode", "world_size"), SETTINGS, ids=lambda v: str(v))
+@pytest.mark.parametrize("path", GPU_SOLUTIONS, ids=lambda p: p.stem)
+def test_shipped_solutions_pass_on_gpu(path, mode, world_size, sessions):
+    _skip_unless_runnable(mode, world_size)
+    problem = problem_for_file(path, all_problems())
+    config = EvalConfig(world_size=world_size, mode=mode, num_trials=3)
+    result = evaluate(problem, Candidate.from_file(path), config, sessions(mode, world_size))
+    assert result.status is Status.OK, result.message + "\n" + result.details.get("traceback", "")
+
+
+def test_racy_allreduce_without_barriers_is_caught(sessions, tmp_path):
+    """The peer all-reduce with its barriers removed reads buffers peers have not filled yet."""
+    source = (SHIPPED_SOLUTIONS / "1_allreduce_cuda_peer.py").read_text()
+    racy_source = re.sub(r"^\s*buffer\.barrier\(\)\n", "", source, flags=re.MULTILINE)
+    assert racy_source.count("barrier()") == 0 and racy_source != source
+    racy = tmp_path / "1_allreduce_cuda_peer_racy.py"
+    racy.write_text(racy_source)
+    problem = all_problems()["allreduce"]
+    caught = 0
+    attempts = 5
+    for _ in range(attempts):
+        result = evaluate(problem, Candidate.from_file(racy), EvalConfig(world_size=2, mode=Mode.SHARED_GPU,
+                                                                         num_trials=3), sessions(Mode.SHARED_GPU, 2))
+        caught += result.status is Status.MISMATCH
+    print(f"racy all-reduce caught as mismatch in {caught} of {attempts} evaluations (3 trials x 4 cases each)")
+    assert caught == attempts
+
+
+def test_a_build_error_is_a_compile_error_with_the_compiler_output(tmp_path, sessions):
+    broken = tmp_path / "1_allreduce_broken.py"
+    broken.write_text(
+        "from pkb.kernels import load_cuda\n"
+        "_ext = load_cuda('pkb_broken', '__global__ void k() { this is not cuda; }', cpp_sources='void f();',"
+        " functions=['f'])\n"
+        "def solution(tensor):\n    return tensor\n")
+    result = evaluate(all_problems()["allreduce"], Candidate.from_file(broken),
+                      EvalConfig(world_size=2, mode=Mode.SHARED_GPU, num_trials=1), sessions(Mode.SHARED_GPU, 2))
+    assert result.status is Status.COMPILE_ERROR, result.message
+    assert "error" in result.details["error"].lower()
