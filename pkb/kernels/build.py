@@ -51,13 +51,22 @@ def load_cuda(name: str, cuda_sources: str | Sequence[str], cpp_sources: str | S
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
     os.environ["TORCH_CUDA_ARCH_LIST"] = arch
-    try:
+
+    def build():
         return load_inline(
             name=f"{name}_{digest}", cpp_sources=cpp_sources, cuda_sources=cuda_sources if with_cuda else None,
             functions=list(functions) if functions else None, extra_cuda_cflags=flags,
             extra_cflags=["-O3", *extra_cflags], extra_include_paths=list(extra_include_paths),
             extra_ldflags=list(extra_ldflags), with_cuda=with_cuda, verbose=False,
         )
+
+    try:
+        try:
+            return build()
+        except ImportError:
+            # Another rank held the build lock and its build failed, so there is nothing to load:
+            # build again here, which reports the compiler's own error.
+            return build()
     except RuntimeError as exc:
         if "Error building extension" in str(exc):
             raise BuildError(str(exc)) from None
