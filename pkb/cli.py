@@ -118,7 +118,7 @@ def make_config(args, world_size: int):
     if not args.json:
         print(f"mode: {choice.mode} ({choice.reason})", file=sys.stderr)
     return EvalConfig(world_size=world_size, mode=choice.mode, num_trials=args.trials, timeout_s=args.timeout,
-                      perf=args.perf)
+                      perf=args.perf, cuda_graph=args.cuda_graph)
 
 
 def cmd_eval(args) -> int:
@@ -270,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--trials", type=int, default=3, help="correctness trials, each with fresh secret seeds")
         p.add_argument("--timeout", type=float, default=120.0, help="seconds one job may take before its ranks are killed")
         p.add_argument("--perf", action="store_true", help="also time reference and candidate (speedup)")
+        p.add_argument("--cuda-graph", action="store_true",
+                       help="with --perf in cuda mode: time CUDA-graph replays (for microsecond-scale problems)")
         p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("eval", help="one verdict for one candidate file")

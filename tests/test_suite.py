@@ -91,8 +91,9 @@ def test_zeroed_outputs_are_rejected(problem, sessions, tmp_path):
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.name)
 def test_scribbling_on_an_input_is_rejected(problem, sessions, tmp_path):
-    if not any(isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() for t in first_case_inputs(problem, 2)):
-        pytest.skip("no floating-point input to scribble on")
+    if not any(isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()) and t.numel()
+               for t in first_case_inputs(problem, 2)):
+        pytest.skip("no floating-point or complex input to scribble on")
     result = evaluate(problem, candidate_from("mutates_input", problem, tmp_path), config(2), sessions(2))
     assert result.status is Status.MISMATCH, result.message
     assert "input `" in result.message

@@ -41,17 +41,20 @@ class TimingProtocol:
     """How long to time (docs/timing.md): calls per repeat are chosen so a repeat lasts ``min_repeat_s``."""
 
     num_warmup: int
+    warmup_s: float
     num_repeats: int
     min_repeat_s: float
     min_iters: int
     max_iters: int
+    cuda_graph: bool = False
 
     @classmethod
-    def for_mode(cls, mode: Mode) -> "TimingProtocol":
+    def for_mode(cls, mode: Mode, cuda_graph: bool = False) -> "TimingProtocol":
         if mode is Mode.CUDA:
-            return cls(num_warmup=5, num_repeats=7, min_repeat_s=0.1, min_iters=3, max_iters=2000)
+            return cls(num_warmup=5, warmup_s=0.5, num_repeats=7, min_repeat_s=0.1, min_iters=3, max_iters=5000,
+                       cuda_graph=cuda_graph)
         # cpu / shared-gpu: finishes in seconds; the times are labelled as not GPU performance
-        return cls(num_warmup=2, num_repeats=5, min_repeat_s=0.02, min_iters=2, max_iters=200)
+        return cls(num_warmup=2, warmup_s=0.0, num_repeats=5, min_repeat_s=0.02, min_iters=2, max_iters=200)
 
 
 @dataclass(frozen=True)
@@ -62,10 +65,11 @@ class EvalConfig:
     timeout_s: float = 60.0
     load_timeout_s: float = 900.0  # a first CUDA build can take minutes
     perf: bool = False
+    cuda_graph: bool = False
 
     @property
     def timing(self) -> TimingProtocol:
-        return TimingProtocol.for_mode(self.mode)
+        return TimingProtocol.for_mode(self.mode, self.cuda_graph)
 
 
 class Session:
@@ -145,7 +149,7 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
                 _summarise_timings(result)
             result.message = f"all outputs match on {config.world_size} ranks, {len(cases)} cases x {config.num_trials} trials"
         finally:
-            group.close()
+            group.kill()  # a candidate's processes are never reused: no need to let them wind down
     except Verdict as verdict:
         result.status, result.message, result.details = verdict.status, verdict.message, verdict.details
     finally:

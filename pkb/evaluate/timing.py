@@ -41,40 +41,49 @@ def _sync(device: torch.device) -> None:
 
 
 def time_calls(fn: Callable, make_inputs: Callable[[tuple], tuple], seeds: list[tuple], device: torch.device,
-               num_warmup: int, num_repeats: int, min_repeat_s: float, min_iters: int, max_iters: int) -> dict:
+               num_warmup: int, warmup_s: float, num_repeats: int, min_repeat_s: float, min_iters: int,
+               max_iters: int, cuda_graph: bool = False) -> dict:
     """Time ``fn`` over rotating fresh inputs; returns per-repeat seconds per call (wall and events).
 
-    The number of calls per repeat is chosen after warm-up so one repeat lasts ``min_repeat_s``,
-    from the slowest rank's estimate (ranks must agree on it: the calls are collective).
+    Warm-up runs at least ``num_warmup`` calls and ``warmup_s`` seconds (clocks settle under load),
+    then each repeat runs enough calls to last ``min_repeat_s``. Both counts come from the slowest
+    rank's estimate, so every rank makes the same number of (collective) calls.
+
+    ``cuda_graph``: capture one repeat's calls in a CUDA graph and time its replays, which removes
+    launch overhead for microsecond-scale problems (the calls must be capturable: no host syncs).
     """
     first = make_inputs(seeds[0])
     copies = [first] + [make_inputs(seed) for seed in seeds[1:num_copies_for(input_bytes(first), device, len(seeds))]]
     calls = 0
 
-    def call_next():
+    def call_next(count: int) -> None:
         nonlocal calls
-        fn(*copies[calls % len(copies)])
-        calls += 1
+        for _ in range(count):
+            fn(*copies[calls % len(copies)])
+            calls += 1
 
-    _sync(device)
+    _aligned_start(device)
     began = time.perf_counter()
-    for _ in range(max(num_warmup, 1)):
-        call_next()
+    call_next(max(num_warmup, 1))
     _sync(device)
-    on = device if dist.get_backend() == "nccl" else "cpu"
-    estimate = torch.tensor([(time.perf_counter() - began) / max(num_warmup, 1)], dtype=torch.float64, device=on)
-    dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
-    num_iters = int(min(max_iters, max(min_iters, math.ceil(min_repeat_s / max(float(estimate), 1e-9)))))
+    per_call = _slowest(device, (time.perf_counter() - began) / max(num_warmup, 1))
+    call_next(max(0, math.ceil(warmup_s / per_call) - num_warmup))
+    num_iters = int(min(max_iters, max(min_iters, math.ceil(min_repeat_s / per_call))))
+    run_repeat = lambda: call_next(num_iters)  # noqa: E731
+    if cuda_graph and device.type == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        _sync(device)
+        with torch.cuda.graph(graph):
+            call_next(num_iters)
+        run_repeat = graph.replay
     wall, events = [], []
     for _ in range(num_repeats):
-        _sync(device)
-        dist.barrier()
+        _aligned_start(device)
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         began = time.perf_counter()
-        for _ in range(num_iters):
-            call_next()
+        run_repeat()
         if device.type == "cuda":
             end.record()
         _sync(device)
@@ -82,4 +91,19 @@ def time_calls(fn: Callable, make_inputs: Callable[[tuple], tuple], seeds: list[
         if device.type == "cuda":
             events.append(start.elapsed_time(end) / 1e3 / num_iters)
     return {"wall_s": wall, "event_s": events, "num_copies": len(copies), "num_iters": num_iters,
-            "num_warmup": num_warmup}
+            "num_warmup": num_warmup, "cuda_graph": bool(cuda_graph and device.type == "cuda")}
+
+
+def _aligned_start(device: torch.device) -> None:
+    """Every rank's host leaves here together: finish local work, then a barrier that completes on the device."""
+    _sync(device)
+    dist.barrier()
+    _sync(device)
+
+
+def _slowest(device: torch.device, seconds: float) -> float:
+    """The largest of every rank's ``seconds`` (at least a nanosecond)."""
+    on = device if dist.get_backend() == "nccl" else "cpu"
+    value = torch.tensor([max(seconds, 1e-9)], dtype=torch.float64, device=on)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value)

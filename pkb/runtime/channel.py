@@ -36,6 +36,8 @@ def to_plain(value: Any) -> Any:
     """
     if isinstance(value, torch.Tensor):
         plain = value.detach()
+        if plain.layout != torch.strided:  # sparse outputs are compared as their dense values
+            plain = plain.to_dense()
         if type(plain) is not torch.Tensor:
             plain = plain.as_subclass(torch.Tensor)
         return plain.to("cpu").clone(memory_format=torch.contiguous_format)

@@ -64,9 +64,12 @@ class StoreError(RuntimeError):
 
 
 def run_key(problem: str, problem_version: int, solution_sha256: str, mode: str, world_size: int,
-            num_trials: int, perf: bool) -> str:
-    """What makes two evaluations the same job (a rerun with the same key is skipped)."""
-    text = f"{problem}|{problem_version}|{solution_sha256}|{mode}|{world_size}|{num_trials}|{int(perf)}"
+            num_trials: int, timing: str) -> str:
+    """What makes two evaluations the same job (a rerun with the same key is skipped).
+
+    ``timing``: "" without timing, else what was timed and how (e.g. "perf", "perf+graph").
+    """
+    text = f"{problem}|{problem_version}|{solution_sha256}|{mode}|{world_size}|{num_trials}|{timing}"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

@@ -49,7 +49,7 @@ def exchange_counts(send_counts: list[int], device, group=None) -> list[int]:
 
 def all_to_all_rows(rows: torch.Tensor, send_counts: list[int], recv_counts: list[int], group=None) -> torch.Tensor:
     """Send ``rows[sum(send_counts[:d]) : ...]`` to rank d; receive ``recv_counts[s]`` rows from rank s."""
-    out = rows.new_empty((sum(recv_counts), *rows.shape[1:]))
+    out = rows.new_zeros((sum(recv_counts), *rows.shape[1:]))  # zeros: a broken exchange stays harmless
     dist.all_to_all_single(out, rows.contiguous(), output_split_sizes=list(recv_counts),
                            input_split_sizes=list(send_counts), group=group)
     return out

@@ -83,7 +83,7 @@ PROBLEM = Problem(
         Case("uneven_bands", {"batch": 1, "channels": 3, "channels_out": 5, "height": 21, "width": 7,
                               "dtype": "bfloat16"}, note="21 rows: bands of 11/10, 6/5, 3/2 rows"),
         Case("padding2_fp32", {"batch": 2, "channels": 4, "height": 19, "width": 5, "padding": 2,
-                               "dtype": "float32"}, world_sizes=(2, 4, 8)),
+                               "dtype": "float32"}),
     ],
     benchmarks=[
         Case("sdxl_1024_c320_128x128", {"batch": 2, "channels": 320, "height": 128, "width": 128,

@@ -20,7 +20,6 @@ batch of 200k positives per evaluation step, as in DGL-KE's WikiKG90M runs.
 """
 
 import torch
-import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, randn
 from pkb.problems.beyond_llm._common import all_gather_rows, dtype_of, skewed_counts

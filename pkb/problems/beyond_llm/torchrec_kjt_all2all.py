@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
-from pkb.problems.beyond_llm._common import all_gather_sizes, all_to_all_rows, exchange_counts
+from pkb.problems.beyond_llm._common import all_to_all_rows
 
 DLRM_V2_POOLING = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
 
@@ -71,25 +71,29 @@ def reference(lengths, values, key_splits, batch_size, pg=None, weights=None, st
     # Metadata: every owner learns the batch size of each of its keys on every source.
     local_keys = key_splits[rank]
     recv_strides = all_to_all_rows(strides, key_splits, [local_keys] * world_size, pg)  # [W * k], source-major
-    # Lengths, then values (and weights), in key blocks per destination.
+    # Lengths, then values (and weights), in key blocks per destination; a source's value count is
+    # the sum of the lengths it sent.
     key_of_entry = torch.arange(num_keys, device=device).repeat_interleave(strides)
     owner_of_key = torch.arange(world_size, device=device).repeat_interleave(torch.tensor(key_splits, device=device))
     owner_of_entry = owner_of_key[key_of_entry]
     length_counts = torch.bincount(owner_of_entry, minlength=world_size).tolist()
     value_counts = torch.zeros(world_size, dtype=torch.int64, device=device).index_add_(
         0, owner_of_entry, lengths).tolist()
-    recv_length_counts = recv_strides.view(world_size, local_keys).sum(dim=1).tolist()
-    recv_lengths = all_to_all_rows(lengths, length_counts, recv_length_counts, pg)
-    recv_value_counts = exchange_counts(value_counts, device, pg)
+    recv_length_counts = recv_strides.view(world_size, local_keys).sum(dim=1)
+    recv_lengths = all_to_all_rows(lengths, length_counts, recv_length_counts.tolist(), pg)
+    source_of_entry = torch.arange(world_size, device=device).repeat_interleave(recv_length_counts)
+    recv_value_counts = torch.zeros(world_size, dtype=torch.int64, device=device).index_add_(
+        0, source_of_entry, recv_lengths).tolist()
     recv_values = all_to_all_rows(values, value_counts, recv_value_counts, pg)
     recv_weights = all_to_all_rows(weights, value_counts, recv_value_counts, pg) if weights is not None else None
     # Recat: segments arrive source-major (source s, key i); reorder them key-major in feature_order.
     groups = world_size // stagger
     feature_order = [x + groups * y for x in range(groups) for y in range(stagger)]
-    source_rank = torch.empty(world_size, dtype=torch.int64, device=device)
-    source_rank[torch.tensor(feature_order, device=device)] = torch.arange(world_size, device=device)
+    position_of_source = torch.empty(world_size, dtype=torch.int64, device=device)
+    position_of_source[torch.tensor(feature_order, device=device)] = torch.arange(world_size, device=device)
     segment = torch.arange(world_size * local_keys, device=device)
-    segment_key = (segment % local_keys) * world_size + source_rank[segment // local_keys] if local_keys else segment
+    segment_key = (segment % local_keys) * world_size + position_of_source[segment // local_keys] \
+        if local_keys else segment
     entry_key = segment_key.repeat_interleave(recv_strides)
     length_order = torch.argsort(entry_key, stable=True)
     value_order = torch.argsort(entry_key.repeat_interleave(recv_lengths), stable=True)

@@ -5,7 +5,8 @@ Per rank: hidden_states [T_r, H] bf16 (this rank's tokens; T_r differs by rank),
 (the LM head, replicated: the same on every rank), labels [T_r] int64 (ignore_index marks prompt and
 padding positions; a rank may have no valid token), old_logprobs [T_r] fp32 (the behaviour policy's
 log-probabilities of the labels), advantages [T_r] fp32, ignore_index (int).
-Reference, fp32: logits = hidden @ weight^T; logprob_t = logits[t, label_t] - logsumexp(logits[t]);
+Reference: logits = hidden @ weight^T as the policy model emits them (bf16 GEMM: fp32 accumulation,
+rounded to bf16), then fp32 throughout: logprob_t = logits[t, label_t] - logsumexp(logits[t]);
 log_ratio = logprob - old_logprob; ratio = exp(log_ratio); per-token loss = -advantage * ratio
 (0 where ignored, as is the logprob). With n the number of valid tokens over ALL ranks:
 loss = (sum over all ranks' valid tokens of the per-token loss) / max(n, 1) (token-level mean);
@@ -15,6 +16,10 @@ all-reduce of 2 (max ratio, -min ratio).
 Output: (loss fp32 0-dim, None, per_token_logprobs [T_r] bf16, per_token_loss [T_r] bf16, metrics [5]
 fp32). The None is the upstream layout's unused slot, kept so upstream solutions return the same tuple.
 Upstream drew a different LM head on every rank; here it is replicated as in real data parallelism.
+Tolerance: atol 1e-4, rtol 1e-2 for every output. A kernel summing the GEMM in another order may
+round a label's logit (|logit| < 2) to the neighbouring bf16 value, moving that token's ratio by up
+to 0.8%, which the fp32 min/max metrics would otherwise reject; a missing rank's tokens change the
+global count n (and the means) by far more.
 
 Cost per rank: link bytes 2(W-1)/W * (16 + 8); flops 2*T*V*H (the LM-head GEMM) + 4*T*V (max,
 exp, sum and the label gather on the logits); HBM: hidden states and LM head read once, 2*(T*H + V*H)
@@ -29,7 +34,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from pkb.problem import Case, Cost, Problem, randn
+from pkb.problem import Case, Cost, Problem, Tolerance, randn
 
 LOGIT_STD = 0.5  # logits ~ N(0, 0.25): importance ratios spread over roughly e^-2 .. e^2
 
@@ -57,7 +62,7 @@ def make_inputs(case, rank, world_size, gen):
 
 
 def reference(hidden_states, weight, labels, old_logprobs, advantages, ignore_index=-100):
-    logits = hidden_states.float() @ weight.float().T
+    logits = (hidden_states @ weight.T).float()
     valid = labels != ignore_index
     label_logits = logits.gather(1, torch.where(valid, labels, 0).unsqueeze(1)).squeeze(1)
     logprobs = torch.where(valid, label_logits - torch.logsumexp(logits, dim=-1), 0.0)
@@ -103,5 +108,5 @@ PROBLEM = Problem(
         Case("qwen2_5_7b_grpo_8k_tokens", {"tokens": (8192, 8192), "hidden": 3584, "vocab": 152064,
                                            "ignored_fraction": 0.33}),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=Tolerance(atol=1e-4, rtol=1e-2), reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -1,0 +1,108 @@
+"""Two pipeline stages, each an attention block run with ring attention (ring-flash-attention + Megatron's
+pp-cp rank layout).
+
+Mesh: pp = 2 stages, cp = W/2 ranks per stage, stage-major (rank = stage * cp + cp_index). The
+sequence is split contiguously over cp (cp rank c holds tokens [c*S_local, (c+1)*S_local)).
+Each stage s has its own weights w_qkv [3E, E] (rows q | k | v) and w_o [E, E], the same on all
+cp ranks of the stage. A stage computes
+  q, k, v = split(x @ w_qkv^T) (fp32 accumulate, bf16), num_heads heads of D = E/num_heads;
+  ring attention over cp_group (contiguous layout, causal skip, LSE merge, fp32), bf16;
+  y = attn @ w_o^T (fp32 accumulate, bf16).
+Stage 0 runs on its hidden_states and sends y to the stage-1 rank of the same cp index (a broadcast
+over that rank pair's pp_group), which runs stage 1 on it.
+Per rank: stage 0: hidden_states [B, S_local, E]; stage 1: hidden_states [B, S_local, 0], a
+placeholder that only carries the activation's shape (fixed from upstream, which handed stage 1 a
+full random tensor and ignored it)  ->  this stage's own output y [B, S_local, E] bf16.
+
+Cost: one stage per rank, but stage 1 cannot start before stage 0 ends, so the bound counts the
+critical path: flops 2 x (QKV 2*B*S_local*E*3E + busiest-rank ring attention + output 2*B*S_local*E*E);
+link: each stage's ring (cp-1) k+v blocks, 2 * (cp-1) * 2*B*S_local*E*2 bytes along the path, plus the
+stage hand-off of B*S_local*E*2 bytes. HBM: each rank reads its weights and hidden, writes its output.
+
+Benchmarks (B=1, causal, MHA): a Llama-2-7B layer per stage (E=4096, 32 heads) at 32k tokens, and a
+64-head E=8192 layer per stage at 16k tokens.
+"""
+
+import torch
+import torch.distributed as dist
+
+from pkb.problem import Case, Cost, Problem
+from pkb.problems.context_parallel._common import (attention_flops, dtype_of, mesh, project_qkv, rand_normal,
+                                                   replica_generator, ring_attention_fp32)
+from pkb.problems.context_parallel.ring_attention import busiest_rank_pairs
+
+PP = 2
+LOGIT_STD = 2.0
+
+
+def make_inputs(case, rank, world_size, gen):
+    E, dtype, cp = case["hidden"], dtype_of(case), world_size // PP
+    cp_group, pp_group, cp_index, stage = mesh(cp, rank, world_size)
+    s_local = case["seq"] // cp
+    if stage == 0:
+        hidden = rand_normal(gen, case["batch"], s_local, E, dtype=dtype)
+    else:
+        hidden = torch.empty(case["batch"], s_local, 0, dtype=dtype, device=gen.device)
+    weights = [replica_generator(gen, s) for s in range(PP)][stage]
+    qk_scale = LOGIT_STD**0.5 / E**0.5
+    w_qkv = torch.cat([rand_normal(weights, 2 * E, E, scale=qk_scale),
+                       rand_normal(weights, E, E, scale=E**-0.5)]).to(dtype)
+    w_o = rand_normal(weights, E, E, dtype=dtype, scale=E**-0.5)
+    return hidden, w_qkv, w_o, case["heads"], case.get("softmax_scale"), case["causal"], cp_group, pp_group
+
+
+def attention_stage(x, w_qkv, w_o, num_heads, softmax_scale, causal, cp_group):
+    q, k, v = project_qkv(x, w_qkv, num_heads)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    out, _ = ring_attention_fp32(q, k, v, scale, causal, cp_group)
+    B, S_local = out.shape[:2]
+    return torch.matmul(out.to(x.dtype).reshape(B, S_local, -1).float(), w_o.float().t()).to(x.dtype)
+
+
+def reference(hidden_states, w_qkv, w_o, num_heads, softmax_scale=None, causal=False, cp_group=None,
+              pp_group=None):
+    stage = dist.get_rank(pp_group)
+    first_stage_rank = dist.get_global_rank(pp_group, 0) if pp_group is not None else 0
+    B, S_local = hidden_states.shape[:2]
+    if stage == 0:
+        activation = attention_stage(hidden_states, w_qkv, w_o, num_heads, softmax_scale, causal, cp_group)
+    else:
+        activation = torch.zeros(B, S_local, w_qkv.shape[1], dtype=hidden_states.dtype,
+                                 device=hidden_states.device)
+    dist.broadcast(activation, src=first_stage_rank, group=pp_group)
+    if stage == 0:
+        return activation
+    return attention_stage(activation, w_qkv, w_o, num_heads, softmax_scale, causal, cp_group)
+
+
+def cost(case, world_size):
+    B, E, heads = case["batch"], case["hidden"], case["heads"]
+    cp = world_size // PP
+    s_local, head_dim = case["seq"] // cp, E // heads
+    act_bytes = B * s_local * E * 2
+    stage_flops = (2.0 * B * s_local * E * 3 * E + attention_flops(busiest_rank_pairs(B, s_local, cp, case["causal"]),
+                                                                   heads, head_dim)
+                   + 2.0 * B * s_local * E * E)
+    return Cost(link_bytes=PP * (cp - 1) * 2 * act_bytes + act_bytes, flops=PP * stage_flops,
+                hbm_bytes=2.0 * act_bytes + 2.0 * 4 * E * E, pattern="ring on cp + stage hand-off")
+
+
+TESTS = (
+    Case("causal_h4", {"batch": 2, "seq": 24, "hidden": 32, "heads": 4, "causal": True, "dtype": "bfloat16"}),
+    Case("full_h2_scale", {"batch": 1, "seq": 36, "hidden": 24, "heads": 2, "causal": False, "softmax_scale": 0.3,
+                           "dtype": "bfloat16"}),
+)
+
+BENCHMARKS = (
+    Case("llama2_7b_32k_causal", {"batch": 1, "seq": 32768, "hidden": 4096, "heads": 32, "causal": True,
+                                  "dtype": "bfloat16"}, note="a Llama-2-7B layer per stage, 32k tokens"),
+    Case("h64_e8192_16k_causal", {"batch": 1, "seq": 16384, "hidden": 8192, "heads": 64, "causal": True,
+                                  "dtype": "bfloat16"}, note="a 64-head E=8192 layer per stage, 16k tokens"),
+)
+
+PROBLEM = Problem(
+    name="ring_attention_pp", version=1, upstream_id=56, category="context_parallel",
+    source="ring-flash-attention ring_flash_attn_func + Megatron-LM pp-cp layout (stage hand-off)",
+    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, tolerance=None,
+    reference=reference, make_inputs=make_inputs, cost=cost,
+)

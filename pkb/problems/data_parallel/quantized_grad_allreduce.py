@@ -1,0 +1,80 @@
+"""Block-int8 quantized gradient averaging (DeepSpeed ZeRO++ qgZ-style): every rank quantizes its
+gradient to int8 per block, and all ranks end with the mean of the dequantized gradients.
+
+Per rank: flat_grad [n] bf16 (this rank's gradient, random and distinct per rank), block_size (int).
+Quantization of one rank's gradient, in fp32: blocks of block_size consecutive elements (the last one
+may be shorter); scale = max |g| over the block / 127; q = clamp(round_half_to_even(g / scale),
+-127, 127) as int8 (q = 0 in an all-zero block, whose scale is 0); dequantized value q * scale.
+Output: [n] bf16 = (sum over ranks of the dequantized fp32 values) / W, rounded once.
+The reference all-reduces the dequantized fp32 values; a kernel may instead ship the int8 codes and
+fp32 scales (that is qgZ's point) as long as it reproduces this rounding. A test case holds an
+all-zero block. Gradients are N(0, 1): quantization is scale-invariant, and unit values keep the
+tolerance readable: rtol 2^-7 (one bf16 rounding that falls the other way after another fp32
+summation order) and atol 1e-5 (fp32 cancellation near zero); a code off by one moves an element by
+max|g|/127/W (about 0.01 at W = 2), more than that allows for all but the largest elements.
+
+Cost per rank (what a compressed kernel must move, not the reference's fp32 traffic): a reduce-scatter
+of the codes and scales, (W-1)/W * (n + 4*ceil(n/block_size)) bytes, then an all-gather of the bf16
+result, (W-1)/W * 2n; flops about 5n (absmax, divide, round, multiply, accumulate); HBM 2n read + 2n
+written.
+
+Benchmarks: the gradients of one Llama-3-70B decoder layer (855,654,400 elements) and of one
+Llama-3-8B decoder layer (218,112,000), block 128 (the upstream setting) and 2048 (a coarser grouping).
+"""
+
+import torch
+import torch.distributed as dist
+
+from pkb.problem import Case, Cost, Problem, Tolerance, randn
+
+
+def make_inputs(case, rank, world_size, gen):
+    flat_grad = randn(gen, case["numel"], dtype=torch.bfloat16)
+    zero_block = case.get("zero_block")
+    if zero_block is not None:
+        block = case["block_size"]
+        flat_grad[zero_block * block:(zero_block + 1) * block] = 0
+    return flat_grad, case["block_size"]
+
+
+def dequantized(flat_grad: torch.Tensor, block_size: int) -> torch.Tensor:
+    """fp32 [n]: each block's int8 codes times its scale (see the module docstring)."""
+    values = flat_grad.float()
+    numel = values.numel()
+    padded = torch.nn.functional.pad(values, (0, -numel % block_size)).view(-1, block_size)
+    scale = padded.abs().amax(dim=1, keepdim=True) / 127.0
+    safe_scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = torch.clamp(torch.round(padded / safe_scale), -127, 127).to(torch.int8)
+    return (codes.float() * scale).view(-1)[:numel]
+
+
+def reference(flat_grad, block_size):
+    total = dequantized(flat_grad, block_size)
+    dist.all_reduce(total)
+    return (total / dist.get_world_size()).to(flat_grad.dtype)
+
+
+def cost(case, world_size):
+    numel = case["numel"]
+    num_blocks = -(-numel // case["block_size"])
+    fraction = (world_size - 1) / world_size
+    return Cost(link_bytes=fraction * (numel + 4 * num_blocks) + fraction * 2 * numel, flops=5 * numel,
+                hbm_bytes=4 * numel, pattern="reduce_scatter+all_gather")
+
+
+PROBLEM = Problem(
+    name="quantized_grad_allreduce", version=1, upstream_id=44, category="data_parallel",
+    source="DeepSpeed ZeRO++ qgZ (block-wise int8 quantized gradient reduction)",
+    world_sizes=(2, 4, 8),
+    tests=[
+        Case("partial_last_block", {"numel": 1000, "block_size": 128}),
+        Case("tiny_blocks_with_zero_block", {"numel": 29, "block_size": 4, "zero_block": 2}),
+        Case("one_short_block", {"numel": 5, "block_size": 128}),
+    ],
+    benchmarks=[
+        Case("llama3_70b_layer_grads_block128", {"numel": 855_654_400, "block_size": 128}),
+        Case("llama3_8b_layer_grads_block128", {"numel": 218_112_000, "block_size": 128}),
+        Case("llama3_8b_layer_grads_block2048", {"numel": 218_112_000, "block_size": 2048}),
+    ],
+    tolerance=Tolerance(atol=1e-5, rtol=2**-7), reference=reference, make_inputs=make_inputs, cost=cost,
+)

@@ -1,0 +1,60 @@
+"""Backward of the chunked top-k / top-p token log-probs over vocab-sharded logits (NeMo-RL
+``ChunkedDistributedLogprob.backward`` with sampling parameters).
+
+Per chunk of the sequence: all-to-all the logits to sequence-parallel [B, c/W, V], filter (rules in
+``_logprob``), p = softmax over the kept logits, and for each token with upstream gradient g:
+    grad_j = g * (1[j == target] - p_j) at kept positions j,   0 at filtered positions
+(the target's own term is dropped when the target was filtered: the gradient autograd gives for
+masked_fill -> log_softmax -> gather); then the inverse all-to-all back to the vocab shards.
+
+Per rank: vocab_parallel_logits [B, S, V/W] (bf16), target [B, S] int64 and grad_output [B, S] bf16
+(both the same on every rank), tp_group (None), top_k, top_p, chunk_size  ->  [B, S, V/W] fp32,
+the gradient with respect to this rank's logits block.
+
+Cost per rank: the forward all-to-all moves (W-1)/W of the bf16 logits block, the backward one
+(W-1)/W of the fp32 gradient block: (W-1)/W * B*S*V/W * (itemsize + 4); flops
+``_logprob.logprob_flops`` plus 2 per element for the gradient; HBM reads the logits block and
+writes the fp32 gradient: B*S*V/W*(itemsize + 4) + B*S*(8 + itemsize).
+
+Tests and benchmarks: as vocab_parallel_log_prob_topk_chunked.
+"""
+
+import torch
+
+from pkb.problem import Cost, Problem, randn
+from pkb.problems.tensor_parallel._common import dtype_of
+from pkb.problems.tensor_parallel._logprob import (
+    chunk_grad, chunks, logprob_cases, logprob_cost_terms, logprob_flops, make_logprob_inputs)
+
+TESTS, BENCHMARKS = logprob_cases(chunked=True)
+
+
+def make_inputs(case, rank, world_size, gen):
+    logits, target = make_logprob_inputs(case, rank, world_size, gen)
+    grad_output = randn(gen.shared, case["batch"], case["seq"], dtype=dtype_of(case))
+    return logits, target, grad_output, None, case.get("top_k"), case.get("top_p", 1.0), case["chunk_size"]
+
+
+def reference(vocab_parallel_logits, target, grad_output, tp_group=None, top_k=None, top_p=1.0, chunk_size=1):
+    parts = [chunk_grad(vocab_parallel_logits[:, start:end], target[:, start:end], grad_output[:, start:end],
+                        tp_group, top_k, top_p)
+             for start, end in chunks(vocab_parallel_logits.shape[1], chunk_size)]
+    return torch.cat(parts, dim=1)
+
+
+def cost(case, world_size):
+    terms = logprob_cost_terms(case, world_size)
+    size = dtype_of(case).itemsize
+    local_elements = terms["logit_bytes"] / size
+    return Cost(link_bytes=(world_size - 1) / world_size * local_elements * (size + 4),
+                flops=logprob_flops(case, world_size) + 2 * local_elements,
+                hbm_bytes=local_elements * (size + 4) + terms["tokens"] * (8 + size),
+                pattern="2x all_to_all (per chunk)")
+
+
+PROBLEM = Problem(
+    name="vocab_parallel_log_prob_topk_chunked_backward", version=1, upstream_id=84, category="tensor_parallel",
+    source="NeMo-RL nemo_rl/distributed/model_utils.py ChunkedDistributedLogprob.backward with top-k/top-p",
+    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS,
+    reference=reference, make_inputs=make_inputs, cost=cost,
+)

@@ -1,0 +1,214 @@
+"""The expert-parallel problems: cost() against hand-derived numbers, the routing and tie rules the
+inputs promise, the fp8 encoding, and the MoE layer's reference against an independent dense
+implementation run through the evaluator on CPU ranks."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import pytest
+import torch
+
+from pkb.evaluate.candidate import Candidate
+from pkb.evaluate.evaluator import EvalConfig, evaluate
+from pkb.problem import Case, Status, make_generator
+from pkb.problems.expert_parallel import _common, _fp8, _moe
+from pkb.problems.expert_parallel.load_balancing_loss_fn import distinct_logits
+from pkb.registry import get_problem
+from pkb.runtime.modes import Mode
+
+
+def cost_of(slug: str, case_name: str, world_size: int):
+    problem = get_problem(slug)
+    return problem.cost(problem.find_case(case_name), world_size)
+
+
+# -- cost(), one case per problem, numbers worked out by hand -------------------------------------------
+
+
+def test_load_balancing_loss_cost():
+    cost = cost_of("load_balancing_loss_fn", "mixtral_8x7b_seq4096", 8)
+    assert cost.link_bytes == pytest.approx(2 * 7 / 8 * 4)          # one fp32 scalar all-reduced over 8 ranks
+    assert cost.hbm_bytes == 32 * 4096 * 8 * 2                      # 32 layers x 4096 tokens x 8 logits, bf16
+
+
+def test_moe_token_preprocess_cost():
+    cost = cost_of("moe_token_preprocess", "deepseek_v3_ep8", 8)
+    assert cost.link_bytes == 7 * 256 * 8                           # 7 other ranks' 256 int64 counts
+    assert cost.hbm_bytes == 256 * 8 * 4096 * 4                     # the [256, 8, 4096] fp32 mask
+
+
+def test_all2all_primitive_cost_equal_and_skewed():
+    cost = cost_of("moe_all2all_primitive", "deepseek_v3_dispatch_ep8", 8)
+    assert cost.link_bytes == pytest.approx(7 / 8 * 32768 * 7168 * 2)
+    assert cost.hbm_bytes == 2 * 32768 * 7168 * 2
+    # Skewed at W=4 (9 rows of 17 fp32): rank 0 sends 9 rows to rank 3, rank 2 sends 9 to rank 3 and keeps 2,
+    # rank 1 sends nothing, rank 3 keeps its 9. Rank 3 receives 18 remote rows: the busiest link.
+    skewed = cost_of("moe_all2all_primitive", "skewed_one_sends_nothing_last_gets_all", 4)
+    assert skewed.link_bytes == 18 * 17 * 4
+
+
+def test_pre_all2all_cost():
+    # Mixtral: 8 experts, top-2, one expert per rank at EP 8. A token misses a given other rank with
+    # probability C(7,2)/C(8,2) = 21/28, so it reaches 7 * 7/28 = 1.75 other ranks on average.
+    cost = cost_of("moe_pre_all2all", "mixtral_8x7b_ep8", 8)
+    assert cost.link_bytes == pytest.approx(4096 * 4096 * 2 * 1.75)
+
+
+def test_post_all2all_cost():
+    # Qwen3-30B-A3B at EP 4: 128 experts, 32 per rank, top-8.
+    miss = 1.0
+    for i in range(8):
+        miss *= (96 - i) / (128 - i)
+    cost = cost_of("moe_post_all2all", "qwen3_30b_a3b_ep4", 4)
+    assert cost.link_bytes == pytest.approx(4096 * 2048 * 2 * 3 * (1 - miss))
+    assert cost.flops == 2 * 4096 * 8 * 2048
+
+
+def test_lora_backward_cost():
+    cost = cost_of("moe_epgroupgemm_lora_backward", "upstream_r8_h1024", 4)
+    gradient_bytes = 3 * 8 * 1024 * 2                               # [8,1024] x 2 and [1024,8], bf16
+    assert cost.link_bytes == pytest.approx(2 * 3 / 4 * gradient_bytes)
+
+
+def test_fp8_reduce_scatter_cost():
+    cost = cost_of("fp8_reduce_scatter_grads", "deepseek_v3_expert_bucket", 8)
+    shard = 3 * 7168 * 2048 // 8                                    # 5,505,024 elements
+    assert cost.link_bytes == pytest.approx(7 * shard * 1 + 7)      # 7 remote fp8 blocks + the amax all-reduce
+    assert cost.hbm_bytes == (8 * shard + shard) * 2
+
+
+def test_fp8_allgather_cost():
+    cost = cost_of("fp8_allgather_params", "mixtral_8x7b_expert", 4)
+    shard = 3 * 4096 * 14336 // 4
+    assert cost.link_bytes == pytest.approx(3 * shard + 2 * 3 / 4 * 4)
+    assert cost.hbm_bytes == (shard + 4 * shard) * 2
+
+
+def test_fused_moe_cost():
+    cost = cost_of("fused_moe_fwd", "mixtral_8x7b_ep8_prefill", 8)
+    assert cost.link_bytes == pytest.approx(2 * 4096 * 4096 * 2 * 1.75 + 7 * 8 * 8)
+    router = 2 * 4096 * 4096 * 8
+    experts = 4096 * 2 * 3 * 2 * 4096 * 14336                       # 8192 token-expert pairs, 3 GEMVs each
+    combine = 2 * 4096 * 2 * 4096
+    assert cost.flops == router + experts + combine
+    assert cost.hbm_bytes == (3 * 4096 * 14336 + 8 * 4097 + 2 * 4096 * 4096) * 2
+
+
+def test_fused_moe_lora_cost_adds_the_adapters():
+    lora = cost_of("fused_moe_fwd_lora", "mixtral_8x7b_ep8_lora16", 8)
+    base = cost_of("fused_moe_fwd", "mixtral_8x7b_ep8_prefill", 8)
+    per_pair = 2 * 16 * 4096 * 3 + 2 * 16 * 14336 * 3               # A and B of gate, up and down
+    assert lora.flops - base.flops == 4096 * 2 * per_pair
+    assert lora.hbm_bytes - base.hbm_bytes == (3 * 16 * 4096 + 3 * 16 * 14336) * 2
+
+
+def test_balanced_wide_narrow_remote_ranks():
+    # Balanced at W=4 (4 experts, top-2): a token misses another rank with probability C(3,2)/C(4,2) = 1/2.
+    balanced = cost_of("moe_ep_balanced", "mixtral_8x7b_shape_4experts_ep4_prefill", 4)
+    assert balanced.link_bytes == pytest.approx(2 * 4096 * 4096 * 2 * 3 * 0.5 + 3 * 4 * 8)
+    # Wide at W=4 (8 experts, 2 per rank, top-2): misses with C(6,2)/C(8,2) = 15/28.
+    wide = cost_of("moe_ep_wide", "mixtral_8x7b_ep4_prefill", 4)
+    assert wide.link_bytes == pytest.approx(2 * 4096 * 4096 * 2 * 3 * 13 / 28 + 3 * 8 * 8)
+    # Narrow at W=8: EP groups of 4 with the same 8 experts, so the same 13/28 and only 3 peers.
+    narrow = cost_of("moe_ep_narrow", "mixtral_8x7b_ep4_dp2_prefill", 8)
+    assert narrow.link_bytes == pytest.approx(wide.link_bytes)
+
+
+# -- routing, split sizes and tie rules -----------------------------------------------------------------
+
+
+def test_tokens_per_rank_example():
+    case = Case("c", {"tokens": 11, "tokens_step": 4, "empty_rank": 1})
+    assert _common.tokens_per_rank(case, 4) == [11, 0, 19, 23]
+
+
+def test_split_sizes_agree_across_ranks_and_follow_the_routing():
+    case = Case("c", {"tokens": 9, "tokens_step": 5, "empty_rank": 1, "experts": 8, "top_k": 3})
+    world_size = 4
+    per_rank = [_common.routed_case(case, r, world_size, make_generator(100 + r, 7)) for r in range(world_size)]
+    for r, (tokens, selected, input_splits, output_splits, per_local) in enumerate(per_rank):
+        assert output_splits == [per_rank[s][2][r] for s in range(world_size)]
+        assert sum(input_splits) == tokens[r] * 3
+        assert per_local.sum(1).tolist() == output_splits
+        assert all(len(set(row.tolist())) == 3 for row in selected[r])  # distinct experts per token
+    assert per_rank[1][2] == [0, 0, 0, 0]                             # the empty rank sends nothing
+
+
+def test_skewed_routing_starves_rank0_and_floods_the_last_rank():
+    selected = _common.draw_selected_experts(make_generator(0, 3).shared, [50, 50], 8, 2, 2, skew=True)
+    counts = _common.token_counts(selected, 8)
+    assert counts[:, :4].sum() == 0                                   # rank 0's experts get nothing
+    assert counts[:, 4:].sum() == 2 * 50 * 2
+
+
+def test_router_logits_are_exact_in_any_order_and_distinct():
+    case = Case("c", {"hidden": 7168, "intermediate": 8, "skew": True})
+    hidden, gate_weight, gate_bias = _moe.router_inputs(case, 0, 32, 256, 8, make_generator(5, 6))
+    forward = hidden.float() @ gate_weight.float().T + gate_bias.float()
+    backward = hidden.float().flip(1) @ gate_weight.float().flip(1).T + gate_bias.float()
+    exact = hidden.double() @ gate_weight.double().T + gate_bias.double()
+    assert torch.equal(forward, backward) and torch.equal(forward.double(), exact)
+    assert all(len(set(row.tolist())) == 256 for row in forward)
+    assert set(forward.topk(8).indices.flatten().tolist()) <= set(range(224, 256))  # skew: the last rank's experts
+
+
+def test_loss_logits_have_no_ties():
+    logits = distinct_logits(make_generator(1, 2), 200, 16, torch.bfloat16)
+    assert all(len(set(row.tolist())) == 16 for row in logits)
+    assert torch.equal(logits.float() * 64, (logits.float() * 64).round())   # on the 1/64 grid: exact in bf16
+
+
+def test_fp8_encoding_saturates_and_decoded_sums_are_exact():
+    history = torch.tensor([2.0, 0.5, 4.0], dtype=torch.bfloat16)
+    scale = _fp8.delayed_scale(history)
+    assert scale.item() == 112.0                                      # 448 / 4
+    codes = _fp8.quantize(torch.tensor([5.0, -9.0, 1.0]), scale)
+    assert codes.float().tolist() == [448.0, -448.0, 112.0]           # beyond the history's amax: saturated
+    assert _fp8.delayed_scale(torch.zeros(4)).item() == 1.0
+    every_code = torch.arange(256, dtype=torch.uint8).view(_fp8.FP8_DTYPE).float()
+    finite = every_code[every_code.isfinite()]
+    eight = finite[torch.randint(0, finite.numel(), (1000, 8), generator=torch.Generator().manual_seed(0))]
+    assert torch.equal(eight.sum(1), eight.double().sum(1).float())   # any order, no rounding
+
+
+# -- the MoE layer against a dense implementation that shares none of its code ---------------------------
+
+DENSE_MOE = '''
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def _gather(t):
+    world_size = dist.get_world_size()
+    flat = torch.empty(world_size * t.numel(), dtype=t.dtype, device=t.device)
+    dist.all_gather_into_tensor(flat, t.contiguous().view(-1))
+    return flat.view(world_size * t.shape[0], *t.shape[1:])
+
+
+def solution(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, num_experts, top_k, group=None):
+    # Every expert on every rank, then each token through its k experts: no permutation, no all-to-all.
+    gate_all, up_all, down_all = (_gather(w).float() for w in (gate_proj, up_proj, down_proj))
+    x = hidden_states.float()
+    probs = torch.softmax(x @ gate_weight.float().T + gate_bias.float(), dim=-1)
+    weights, experts = probs.topk(top_k, dim=-1)
+    weights = weights / weights.sum(-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for j in range(top_k):
+        e = experts[:, j]
+        gate = torch.einsum("th,tih->ti", x, gate_all[e])
+        up = torch.einsum("th,tih->ti", x, up_all[e])
+        out += weights[:, j:j + 1] * torch.einsum("ti,thi->th", F.silu(gate) * up, down_all[e])
+    return out.to(hidden_states.dtype)
+'''
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_moe_layer_matches_a_dense_implementation(world_size, tmp_path):
+    path = tmp_path / "dense_moe.py"
+    path.write_text(textwrap.dedent(DENSE_MOE))
+    config = EvalConfig(world_size=world_size, mode=Mode.CPU, num_trials=2, timeout_s=120.0)
+    result = evaluate(get_problem("fused_moe_fwd"), Candidate.from_file(path), config)
+    assert result.status is Status.OK, result.message
