@@ -8,6 +8,7 @@ cannot run), with a message that says what to do instead.
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import json
 import sys
@@ -248,6 +249,17 @@ def _cell(value) -> str:
 # -- parser ------------------------------------------------------------------------------------------
 
 
+def add_eval_options(p, world_size_default):
+    p.add_argument("--world-size", type=int, default=world_size_default)
+    p.add_argument("--mode", default="auto", choices=["auto", "cpu", "cuda", "shared-gpu"])
+    p.add_argument("--trials", type=int, default=3, help="correctness trials, each with fresh secret seeds")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds one job may take before its ranks are killed")
+    p.add_argument("--perf", action="store_true", help="also time reference and candidate (speedup)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="with --perf in cuda mode: time CUDA-graph replays (for microsecond-scale problems)")
+    p.add_argument("--json", action="store_true")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pkb", description="Benchmark and evaluation harness for multi-GPU kernels.")
     parser.add_argument("--version", action="version", version=f"pkb {__version__}")
@@ -264,16 +276,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int)
     p.set_defaults(func=cmd_show)
 
-    def add_eval_options(p, world_size_default):
-        p.add_argument("--world-size", type=int, default=world_size_default)
-        p.add_argument("--mode", default="auto", choices=["auto", "cpu", "cuda", "shared-gpu"])
-        p.add_argument("--trials", type=int, default=3, help="correctness trials, each with fresh secret seeds")
-        p.add_argument("--timeout", type=float, default=120.0, help="seconds one job may take before its ranks are killed")
-        p.add_argument("--perf", action="store_true", help="also time reference and candidate (speedup)")
-        p.add_argument("--cuda-graph", action="store_true",
-                       help="with --perf in cuda mode: time CUDA-graph replays (for microsecond-scale problems)")
-        p.add_argument("--json", action="store_true")
-
     p = sub.add_parser("eval", help="one verdict for one candidate file")
     p.add_argument("problem", help="slug or upstream number")
     p.add_argument("candidate", help="a .py file defining solution(...), or `reference`")
@@ -288,7 +290,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", help="SQLite file (default: ./pkb-results.sqlite)")
     add_eval_options(p, 2)
     p.set_defaults(func=cmd_run)
+
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).add_commands(sub, add_eval_options)
     return parser
+
+
+# Subsystems that add their own subcommands: each module defines add_commands(subparsers,
+# add_eval_options) and imports nothing heavy at module level (parsing must stay fast).
+COMMAND_MODULES: tuple[str, ...] = ()
 
 
 def main(argv: list[str] | None = None) -> int:
