@@ -43,7 +43,7 @@ def fidelity(session: Session, config: EvalConfig) -> None:
     for problem in (GEMM, COPY):
         case = problem.benchmarks[0]
         runs = [time_reference(session, problem, case, config) for _ in range(5)]
-        medians = [r[0] for r in runs]
+        medians = [r.per_call_s for r in runs]
         median = statistics.median(medians)
         spread = (max(medians) - min(medians)) / median
         reference = independent[problem.name]
@@ -52,7 +52,9 @@ def fidelity(session: Session, config: EvalConfig) -> None:
         print(f"{problem.name} {case.name}: harness {median * 1e6:.1f} us ({rate}) over 5 measurements "
               f"[{', '.join(f'{m * 1e6:.1f}' for m in medians)}], spread {spread * 100:.2f}%; "
               f"do_bench {reference * 1e6:.1f} us; harness/do_bench = {median / reference:.4f}; "
-              f"timer disagreement flagged: {any(r[2] for r in runs)}")
+              f"ranks' own clock {statistics.median(r.rank_clock_s for r in runs) * 1e6:.1f} us, CUDA events "
+              f"{statistics.median(r.event_s for r in runs) * 1e6:.1f} us; "
+              f"timer disagreement flagged: {any(r.timer_disagreement for r in runs)}")
 
 
 def overhead(session: Session, config: EvalConfig) -> None:

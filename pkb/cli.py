@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Subsystems that add their own subcommands: each module defines add_commands(subparsers,
 # add_eval_options) and imports nothing heavy at module level (parsing must stay fast).
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("pkb.report.cli", "pkb.hardware.cli", "pkb.generate.cli")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -159,8 +159,9 @@ ToleranceSpec = Tolerance | Callable[[Case, int], Tolerance] | None
 class Problem:
     """A workload: its reference, input generator, cost model, cases and tolerance.
 
-    ``tolerance`` is a Tolerance for every output, a function ``(case, world_size) -> Tolerance``,
-    or ``None`` for the default of each output's dtype (``DEFAULT_TOLERANCES``).
+    ``tolerance`` is a Tolerance for every output, a function ``(case, world_size) -> Tolerance`` or
+    ``(case, world_size, dtype) -> Tolerance``, or ``None`` for the default of each output's dtype
+    (``DEFAULT_TOLERANCES``).
     ``deterministic``: a second run on the same inputs must give bit-identical outputs.
     """
 
@@ -230,10 +231,14 @@ class Problem:
         raise KeyError(f"problem {self.name!r} has no case {name!r}; cases: {', '.join(names)}")
 
     def tolerance_for(self, case: Case, world_size: int, dtype: torch.dtype) -> Tolerance:
+        """The tolerance for an output of ``dtype``; a tolerance function may take ``(case, world_size)``
+        or ``(case, world_size, dtype)`` (one rule per output dtype, e.g. fp8 payload vs fp32 scales)."""
         if self.tolerance is None:
             return default_tolerance(dtype)
         if isinstance(self.tolerance, Tolerance):
             return self.tolerance
+        if len(inspect.signature(self.tolerance).parameters) >= 3:
+            return self.tolerance(case, world_size, dtype)
         return self.tolerance(case, world_size)
 
 

@@ -7,11 +7,8 @@ nccl-tests factors), not a call to the formula it checks.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from pkb.registry import get_problem
 from pkb.problems.data_parallel import _common

@@ -165,15 +165,16 @@ def test_run_resumes_and_stores_each_result(tmp_path):
     first = pkb("run", "--problems", "1-2", "--db", str(db), "--json", "--trials", "1")
     assert first.returncode == 0, first.stderr
     rows = json.loads(first.stdout)
-    assert [(r["problem"], r["solution"]) for r in rows] == [
-        ("allreduce", "reference"), ("allreduce", "1_allreduce_two_step"), ("allgather", "reference")]
-    assert all(r["status"] == "ok" for r in rows)
+    assert [(r["problem"], r["solution"], r["status"]) for r in rows] == [
+        ("allreduce", "reference", "ok"), ("allreduce", "1_allreduce_cuda_peer", "skipped"),
+        ("allreduce", "1_allreduce_two_step", "ok"), ("allgather", "reference", "ok"),
+        ("allgather", "2_allgather_cuda_peer", "skipped")]
 
     second = pkb("run", "--problems", "1-3", "--db", str(db), "--trials", "1")
     assert second.returncode == 0, second.stderr
-    assert second.stderr.count("(stored earlier)") == 3
+    assert second.stderr.count("(stored earlier)") == 5
     count = sqlite3.connect(db).execute("SELECT COUNT(*) FROM results").fetchone()[0]
-    assert count == 4  # the three from before, plus broadcast's self-check
+    assert count == 6  # the five from before, plus broadcast's self-check
 
 
 def test_an_interrupted_run_keeps_what_finished_and_resumes(tmp_path):
@@ -196,4 +197,5 @@ def test_an_interrupted_run_keeps_what_finished_and_resumes(tmp_path):
     resumed = pkb("run", "--problems", "collectives", "--db", str(db), "--trials", "2")
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stderr.count("(stored earlier)") == stored
-    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM results").fetchone()[0] == 9
+    # eight self-checks, the portable all-reduce, three GPU solutions (skipped here)
+    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM results").fetchone()[0] == 12

@@ -53,8 +53,20 @@ def config(world_size: int, **overrides) -> EvalConfig:
                          **overrides})
 
 
+def smallest_world_size(problem) -> int:
+    return min(w for w in problem.world_sizes if w >= 2 and problem.cases("tests", w))
+
+
 def supported(problem, world_size: int) -> bool:
     return world_size in problem.world_sizes and bool(problem.cases("tests", world_size))
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
 
 
 def first_case_inputs(problem, world_size: int):
@@ -84,17 +96,20 @@ def test_local_only_answer_is_rejected(problem, world_size, sessions, tmp_path):
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.name)
 def test_zeroed_outputs_are_rejected(problem, sessions, tmp_path):
-    result = evaluate(problem, candidate_from("zeros", problem, tmp_path), config(2), sessions(2))
+    world_size = smallest_world_size(problem)
+    result = evaluate(problem, candidate_from("zeros", problem, tmp_path), config(world_size), sessions(world_size))
     assert result.status is Status.MISMATCH, result.message
     assert "elements off" in result.message
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.name)
 def test_scribbling_on_an_input_is_rejected(problem, sessions, tmp_path):
-    if not any(isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()) and t.numel()
-               for t in first_case_inputs(problem, 2)):
+    world_size = smallest_world_size(problem)
+    if not any((t.is_floating_point() or t.is_complex()) and t.numel()
+               for t in _tensors(first_case_inputs(problem, world_size))):
         pytest.skip("no floating-point or complex input to scribble on")
-    result = evaluate(problem, candidate_from("mutates_input", problem, tmp_path), config(2), sessions(2))
+    result = evaluate(problem, candidate_from("mutates_input", problem, tmp_path), config(world_size),
+                      sessions(world_size))
     assert result.status is Status.MISMATCH, result.message
     assert "input `" in result.message
 
@@ -107,7 +122,8 @@ def test_scribbling_on_an_input_is_rejected(problem, sessions, tmp_path):
 ])
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.name)
 def test_broken_candidates_get_their_verdict(problem, template, status, sessions, tmp_path):
-    result = evaluate(problem, candidate_from(template, problem, tmp_path), config(2), sessions(2))
+    world_size = smallest_world_size(problem)
+    result = evaluate(problem, candidate_from(template, problem, tmp_path), config(world_size), sessions(world_size))
     assert result.status is status, result.message
 
 

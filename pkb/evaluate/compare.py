@@ -64,6 +64,8 @@ def compare(expected: Any, got: Any, tolerance_for: ToleranceFor, path: str = "o
             if found:
                 return found
         return None
+    if isinstance(expected, dict) and expected.get("__sampled__"):
+        return _compare_sampled(expected, got, tolerance_for, path)
     if isinstance(expected, dict):
         if not isinstance(got, dict) or set(got) != set(expected):
             keys = sorted(got) if isinstance(got, dict) else _kind(got)
@@ -79,6 +81,23 @@ def compare(expected: Any, got: Any, tolerance_for: ToleranceFor, path: str = "o
     if type(got) is not type(expected) or got != expected:
         return Mismatch(path, f"expected {expected!r}, got {got!r}")
     return None
+
+
+def _compare_sampled(expected: dict, got: Any, tolerance_for: ToleranceFor, path: str) -> Mismatch | None:
+    """A large tensor sent as its values at parent-chosen places: compare those, report original indices."""
+    if not (isinstance(got, dict) and got.get("__sampled__")):
+        return Mismatch(path, f"expected a tensor of shape {expected['shape']}, got {_kind(got)}")
+    if got["shape"] != expected["shape"]:
+        return Mismatch(path, f"expected shape {expected['shape']}, got {got['shape']}")
+    if not torch.equal(got["places"], expected["places"]):
+        return Mismatch(path, "the sampled places differ from the ones the parent asked for")
+    found = compare_tensors(expected["values"], got["values"], tolerance_for(expected["values"].dtype), path)
+    if found is None or not found.num_bad:
+        return found
+    places = expected["places"]
+    where = lambda at: _unravel(int(places[at[0]]), expected["shape"])  # noqa: E731
+    return Mismatch(**{**found.to_dict(), "reason": found.reason + f" (checked {places.numel()} sampled elements)",
+                       "max_abs_at": where(found.max_abs_at), "max_rel_at": where(found.max_rel_at)})
 
 
 def compare_tensors(expected: torch.Tensor, got: torch.Tensor, tolerance: Tolerance, path: str) -> Mismatch | None:

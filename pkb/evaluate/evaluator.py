@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.compare import Mismatch, compare
 from pkb.evaluate.result import CaseTiming, EvalResult
-from pkb.problem import Case, Problem, Status
+from pkb.problem import Case, Problem, Status, Tolerance
 from pkb.runtime.group import GroupFailure, RankCrashed, RankGroup, RankTimeout
 from pkb.runtime.modes import Mode
 
@@ -140,12 +140,17 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
         group = session.candidate_group()
         try:
             _load(group, problem, candidate, config)
-            for trial in range(config.num_trials):
+            first = [_check_case(session, reference, group, problem, case, 0, config) for case in cases]
+            for trial in range(1, config.num_trials):
                 for case in cases:
                     _check_case(session, reference, group, problem, case, trial, config)
+            _check_repeatable(first[0], _check_case(session, reference, group, problem, cases[0], 0, config),
+                              problem, cases[0], config)
             if config.perf:
-                result.timings = [_time_case(session, reference, group, problem, case, config)
-                                  for case in _perf_cases(problem, config)]
+                timed = _perf_cases(problem, config)
+                result.timings = [_time_case(session, reference, group, problem, case, config) for case in timed]
+                for case in timed:  # fresh inputs after timing, in the same processes: no cache survives
+                    _check_case(session, reference, group, problem, case, "after-timing", config)
                 _summarise_timings(result)
             result.message = f"all outputs match on {config.world_size} ranks, {len(cases)} cases x {config.num_trials} trials"
         finally:
@@ -185,11 +190,13 @@ def _load(group: RankGroup, problem: Problem, candidate: Candidate, config: Eval
 
 
 def _check_case(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, case: Case,
-                trial: int, config: EvalConfig) -> None:
+                trial, config: EvalConfig) -> list[dict]:
+    """Run ``case`` on both groups with this trial's seeds and compare every rank; the candidate's replies."""
     W = config.world_size
     shared = session.seed(problem.name, case.name, trial, "shared")
-    jobs = [{"op": "run", "case": case.name, "seeds": (session.seed(problem.name, case.name, trial, rank), shared)}
-            for rank in range(W)]
+    sample_seed = session.seed(problem.name, case.name, trial, "sample")
+    jobs = [{"op": "run", "case": case.name, "seeds": (session.seed(problem.name, case.name, trial, rank), shared),
+             "sample_seed": sample_seed} for rank in range(W)]
     what = f"case {case.name}, trial {trial}"
     reference.submit(jobs)
     with _candidate_failures(what):
@@ -210,8 +217,22 @@ def _check_case(session: Session, reference: RankGroup, group: RankGroup, proble
             if mismatch is not None:
                 mismatch = _input_mismatch(mismatch, problem)
         if mismatch is not None:
-            raise Verdict(Status.MISMATCH, f"rank {rank}, case {case.name}, trial {trial}: {mismatch.describe()}",
+            raise Verdict(Status.MISMATCH, f"rank {rank}, {what}: {mismatch.describe()}",
                           rank=rank, **where, mismatch=mismatch.to_dict())
+    return got
+
+
+def _check_repeatable(first: list[dict], again: list[dict], problem: Problem, case: Case, config: EvalConfig) -> None:
+    """The same inputs twice must give the same answer: bit for bit where the problem is deterministic,
+    within its tolerance otherwise. Catches reads of uninitialised or stale memory that passed once."""
+    for rank in range(config.world_size):
+        exact = lambda dtype: Tolerance.exact()  # noqa: E731
+        tolerance_for = exact if problem.deterministic else (lambda dtype: problem.tolerance_for(case, config.world_size, dtype))
+        mismatch = compare(first[rank]["outputs"], again[rank]["outputs"], tolerance_for, "out")
+        if mismatch is not None:
+            raise Verdict(Status.MISMATCH, f"rank {rank}, case {case.name}: a second run on the same inputs gave another "
+                                           f"answer: {mismatch.describe()}", rank=rank, case=case.name, trial="repeat",
+                          mismatch=mismatch.to_dict())
 
 
 def _input_mismatch(mismatch: Mismatch, problem: Problem) -> Mismatch:
@@ -268,52 +289,131 @@ def _perf_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
     return problem.cases("tests", config.world_size)
 
 
-def _timing_jobs(session: Session, problem: Problem, case: Case, config: EvalConfig, role: str) -> list[dict]:
-    protocol = config.timing.__dict__
-    return [{"op": "time", "case": case.name, "protocol": protocol,
-             "seeds": [(session.seed(problem.name, case.name, "time", role, rank, k),
-                        session.seed(problem.name, case.name, "time", role, "shared", k))
-                       for k in range(Session.MAX_TIMING_COPIES)]} for rank in range(config.world_size)]
+@dataclass
+class GroupTiming:
+    """One group's timing of one case. ``per_call_s`` is from the parent's own clock (authoritative)."""
+
+    per_call_s: float
+    spread: float  # (max - min) / median of the parent-clock repeats
+    rank_clock_s: float  # median of the slowest rank's own wall clock, per call (a cross-check)
+    event_s: float | None  # median of the slowest rank's CUDA-event time, per call
+    outputs: list  # per rank: the last output computed on each input copy
+    threads_left_running: int
+    num_iters: int  # calls per repeat
+
+    @property
+    def timer_disagreement(self) -> bool:
+        return self.event_s is not None and abs(self.rank_clock_s - self.event_s) > 0.1 * self.rank_clock_s
+
+
+def _time_group(group: RankGroup, session: Session, problem: Problem, case: Case, config: EvalConfig) -> GroupTiming:
+    """Drive the timing phases (pkb.evaluate.timing.TimedLoop) and time each with the parent's clock.
+
+    Inputs come from the same secret seeds for reference and candidate (different from every
+    correctness trial's). The time per call is the median repeat, or, if larger, everything from the
+    first repeat to the end of ``finish`` divided by the calls made: work a rank defers past a
+    repeat's reply (threads, unsynchronised streams) lands in later phases and is still counted.
+    """
+    W, timeout = config.world_size, config.timeout_s + 60
+    seeds = [[(session.seed(problem.name, case.name, "time", rank, k), session.seed(problem.name, case.name, "time", k))
+              for k in range(Session.MAX_TIMING_COPIES)] for rank in range(W)]
+    prepared = _checked(group.request([{"op": "time_prepare", "case": case.name, "seeds": seeds[rank],
+                                        "protocol": config.timing.__dict__} for rank in range(W)], timeout))
+    num_iters = prepared[0]["num_iters"]
+    if any(reply["num_iters"] != num_iters for reply in prepared):
+        raise GroupFailure(f"ranks disagree on the number of timed calls: {[r['num_iters'] for r in prepared]}")
+    parent_s, rank_s, event_s = [], [], []
+    for _ in range(config.timing.num_repeats):
+        began = time.monotonic()
+        replies = _checked(group.request([{"op": "time_repeat"}] * W, timeout))
+        parent_s.append((time.monotonic() - began) / num_iters)
+        rank_s.append(max(reply["wall_s"] for reply in replies))
+        events = [reply["event_s"] for reply in replies]
+        event_s.append(max(events) if None not in events else None)
+    began = time.monotonic()
+    finished = _checked(group.request([{"op": "time_finish"}] * W, timeout))
+    finish_s = time.monotonic() - began
+    outputs = _checked(group.request([{"op": "time_outputs", "sample_seed": session.seed(problem.name, case.name, "sample")}] * W,
+                                     timeout))
+    median = statistics.median(parent_s)
+    total = (sum(parent_s) * num_iters + finish_s) / (num_iters * len(parent_s))
+    return GroupTiming(per_call_s=max(median, total), spread=(max(parent_s) - min(parent_s)) / median,
+                       rank_clock_s=statistics.median(rank_s),
+                       event_s=statistics.median(event_s) if None not in event_s else None,
+                       outputs=[reply["outputs"] for reply in outputs],
+                       threads_left_running=max(reply["threads_left_running"] for reply in finished),
+                       num_iters=num_iters)
+
+
+def _checked(replies: list[dict]) -> list[dict]:
+    """Replies with an error become a GroupFailure carrying the first failing rank's message."""
+    for rank, reply in enumerate(replies):
+        if reply.get("error") and not reply.get("stuck"):
+            raise RankError(rank, reply)
+    return replies
+
+
+class RankError(GroupFailure):
+    def __init__(self, rank: int, reply: dict):
+        super().__init__(f"rank {rank}: {reply['error']}", rank)
+        self.reply = reply
+
+
+def time_reference(session: Session, problem: Problem, case: Case, config: EvalConfig) -> GroupTiming:
+    """The reference's timing on ``case`` (``per_call_s``: seconds per call, from the parent's clock)."""
+    reference = session.reference_group(problem, config.load_timeout_s)
+    try:
+        return _time_group(reference, session, problem, case, config)
+    except RankError as exc:
+        raise HarnessError(f"the reference of {problem.name} failed while timed: {exc}\n"
+                           f"{exc.reply.get('traceback', '')}") from None
 
 
 def _time_case(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, case: Case,
                config: EvalConfig) -> CaseTiming:
     # One group at a time, so reference and candidate never share the devices while timed.
-    ref_s, ref_spread, _ = time_reference(session, problem, case, config)
-    got = _candidate_request(group, _timing_jobs(session, problem, case, config, "candidate"), config.timeout_s + 60,
-                             f"timing case {case.name}")
-    for rank, reply in enumerate(got):
-        if reply.get("error"):
-            _raise_candidate_error(got, rank, {"case": case.name, "trial": "timing"})
-    cand_s, cand_spread, disagree = _per_call_seconds(got)
-    link_bytes = problem.cost(case, config.world_size).link_bytes
-    return CaseTiming(case=case.name, reference_s=ref_s, candidate_s=cand_s, reference_spread=ref_spread,
-                      candidate_spread=cand_spread, speedup=ref_s / cand_s if cand_s > 0 else math.inf,
-                      busbw_gbps=link_bytes / cand_s / 1e9 if link_bytes and cand_s > 0 else None,
-                      timer_disagreement=disagree)
+    expected = time_reference(session, problem, case, config)
+    what = f"timing case {case.name}"
+    with _candidate_failures(what):
+        try:
+            got = _time_group(group, session, problem, case, config)
+        except RankError as exc:
+            raise Verdict(Status.RUNTIME_ERROR, f"{what}: {exc}", rank=exc.rank, case=case.name, trial="timing",
+                          error=exc.reply["error"], traceback=exc.reply.get("traceback", "")) from None
+    _check_rank_clock(got, case)
+    _check_timed_outputs(expected, got, problem, case, config)
+    cost = problem.cost(case, config.world_size)
+    return CaseTiming(case=case.name, reference_s=expected.per_call_s, candidate_s=got.per_call_s,
+                      reference_spread=expected.spread, candidate_spread=got.spread,
+                      speedup=expected.per_call_s / got.per_call_s if got.per_call_s > 0 else math.inf,
+                      busbw_gbps=cost.link_bytes / got.per_call_s / 1e9 if cost.link_bytes and got.per_call_s > 0 else None,
+                      timer_disagreement=got.timer_disagreement)
 
 
-def time_reference(session: Session, problem: Problem, case: Case, config: EvalConfig) -> tuple[float, float, bool]:
-    """The reference's seconds per call on ``case`` (median over repeats of the slowest rank), the
-    spread over repeats, and whether CUDA events and the wall clock disagreed."""
-    reference = session.reference_group(problem, config.load_timeout_s)
-    replies = reference.request(_timing_jobs(session, problem, case, config, "reference"), config.timeout_s + 60)
-    _raise_reference_errors(replies, problem, f"timing case {case.name}")
-    return _per_call_seconds(replies)
+def _check_rank_clock(got: GroupTiming, case: Case) -> None:
+    """A rank clock that reports far less time than the parent saw pass has been tampered with.
+
+    The parent's clock also holds a message round trip, a barrier and a synchronize per repeat
+    (well under a millisecond on an idle machine): a claim under half the parent's time with over
+    50 ms per repeat unaccounted for is no such overhead. The parent's time counts either way.
+    """
+    parent, claimed = got.per_call_s, got.rank_clock_s
+    if claimed < 0.5 * parent and (parent - claimed) * got.num_iters > 0.05:
+        raise Verdict(Status.TAMPERED, f"timing case {case.name}: the ranks' own clock reported {claimed * 1e6:.1f} us "
+                                       f"per call while the parent observed {parent * 1e6:.1f} us",
+                      case=case.name, rank_clock_s=claimed, parent_clock_s=parent)
 
 
-def _per_call_seconds(replies: list[dict]) -> tuple[float, float, bool]:
-    """Median over repeats of the slowest rank's seconds per call, the spread, and timer disagreement."""
-    walls = [reply["timing"]["wall_s"] for reply in replies]
-    per_repeat = [max(rank_walls[i] for rank_walls in walls) for i in range(len(walls[0]))]
-    median = statistics.median(per_repeat)
-    spread = (max(per_repeat) - min(per_repeat)) / median if median > 0 else 0.0
-    events = [reply["timing"].get("event_s") or [] for reply in replies]
-    disagree = False
-    if all(events):
-        event_median = statistics.median(max(e[i] for e in events) for i in range(len(events[0])))
-        disagree = abs(median - event_median) > 0.1 * median
-    return median, spread, disagree
+def _check_timed_outputs(expected: GroupTiming, got: GroupTiming, problem: Problem, case: Case, config: EvalConfig) -> None:
+    """The outputs of the timed calls must be right too: no replayed or unfinished results while timed."""
+    for rank in range(config.world_size):
+        tolerance_for = lambda dtype: problem.tolerance_for(case, config.world_size, dtype)  # noqa: E731
+        mismatch = compare(expected.outputs[rank], got.outputs[rank], tolerance_for, "timed_out")
+        if mismatch is not None:
+            copy_index = mismatch.path.split("[")[1].split("]")[0] if "[" in mismatch.path else "?"
+            raise Verdict(Status.MISMATCH, f"rank {rank}, case {case.name}, while timed (input copy {copy_index}): "
+                                           f"{mismatch.describe()}", rank=rank, case=case.name, trial="timing",
+                          mismatch=mismatch.to_dict())
 
 
 def _summarise_timings(result: EvalResult) -> None:

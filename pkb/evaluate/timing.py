@@ -1,26 +1,45 @@
-"""The timing protocol, run inside each rank process (docs/timing.md).
+"""The timing protocol (docs/timing.md): the rank side, driven by the parent one phase at a time.
 
-Every tensor input is rotated through fresh random copies (enough that together they exceed 3x the
-L2 cache on a GPU), so no iteration sees the previous one's objects or values in cache. After a
-barrier and warm-up, ``num_iters`` calls run back to back between two device-wide synchronizes; the
-host wall clock (and on a GPU, CUDA events) brackets the whole loop. This repeats ``num_repeats``
-times. The parent takes the max over ranks of each repeat and the median over repeats.
+``TimedLoop`` lives in each rank process. The parent sends ``prepare`` (fresh input copies, warm-up,
+the number of calls per repeat), then ``repeat`` several times (an aligned start and ``num_iters``
+calls back to back between device-wide synchronizes), then ``finish`` (synchronize and join any
+thread the candidate left running), then ``outputs`` (the last output computed on each input copy).
+
+The parent times every ``repeat`` and ``finish`` with its own clock, from sending the job until the
+last rank replies: that clock is the one the verdict uses, since no code in a rank process can
+change it. The rank's own wall clock and CUDA events are reported beside it as a cross-check.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 CPU_CACHE_BYTES = 32 << 20  # what to outgrow on a CPU, where no L2 size is reported per device
 
+# The harness's own clocks and synchronisation, bound before any candidate code is imported, so a
+# candidate that patches the modules' attributes does not change what the harness calls.
+_perf_counter = time.perf_counter
+_cuda_synchronize = torch.cuda.synchronize
+_barrier = dist.barrier
+_all_reduce = dist.all_reduce
+_Event = torch.cuda.Event
 
-def input_bytes(inputs: tuple) -> int:
-    return sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
+
+def input_bytes(inputs) -> int:
+    """Bytes of every tensor in ``inputs``, however deeply nested in lists, tuples and dicts."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.numel() * inputs.element_size()
+    if isinstance(inputs, (list, tuple)):
+        return sum(input_bytes(x) for x in inputs)
+    if isinstance(inputs, dict):
+        return sum(input_bytes(x) for x in inputs.values())
+    return 0
 
 
 def cache_bytes(device: torch.device) -> int:
@@ -35,75 +54,92 @@ def num_copies_for(one_copy_bytes: int, device: torch.device, max_copies: int) -
     return max(2, min(max_copies, needed))
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
-        torch.cuda.synchronize(device)  # device-wide: every stream of this device
+        _cuda_synchronize(device)  # device-wide: every stream of this device
 
 
-def time_calls(fn: Callable, make_inputs: Callable[[tuple], tuple], seeds: list[tuple], device: torch.device,
-               num_warmup: int, warmup_s: float, num_repeats: int, min_repeat_s: float, min_iters: int,
-               max_iters: int, cuda_graph: bool = False) -> dict:
-    """Time ``fn`` over rotating fresh inputs; returns per-repeat seconds per call (wall and events).
-
-    Warm-up runs at least ``num_warmup`` calls and ``warmup_s`` seconds (clocks settle under load),
-    then each repeat runs enough calls to last ``min_repeat_s``. Both counts come from the slowest
-    rank's estimate, so every rank makes the same number of (collective) calls.
-
-    ``cuda_graph``: capture one repeat's calls in a CUDA graph and time its replays, which removes
-    launch overhead for microsecond-scale problems (the calls must be capturable: no host syncs).
-    """
-    first = make_inputs(seeds[0])
-    copies = [first] + [make_inputs(seed) for seed in seeds[1:num_copies_for(input_bytes(first), device, len(seeds))]]
-    calls = 0
-
-    def call_next(count: int) -> None:
-        nonlocal calls
-        for _ in range(count):
-            fn(*copies[calls % len(copies)])
-            calls += 1
-
-    _aligned_start(device)
-    began = time.perf_counter()
-    call_next(max(num_warmup, 1))
-    _sync(device)
-    per_call = _slowest(device, (time.perf_counter() - began) / max(num_warmup, 1))
-    call_next(max(0, math.ceil(warmup_s / per_call) - num_warmup))
-    num_iters = int(min(max_iters, max(min_iters, math.ceil(min_repeat_s / per_call))))
-    run_repeat = lambda: call_next(num_iters)  # noqa: E731
-    if cuda_graph and device.type == "cuda":
-        graph = torch.cuda.CUDAGraph()
-        _sync(device)
-        with torch.cuda.graph(graph):
-            call_next(num_iters)
-        run_repeat = graph.replay
-    wall, events = [], []
-    for _ in range(num_repeats):
-        _aligned_start(device)
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        began = time.perf_counter()
-        run_repeat()
-        if device.type == "cuda":
-            end.record()
-        _sync(device)
-        wall.append((time.perf_counter() - began) / num_iters)
-        if device.type == "cuda":
-            events.append(start.elapsed_time(end) / 1e3 / num_iters)
-    return {"wall_s": wall, "event_s": events, "num_copies": len(copies), "num_iters": num_iters,
-            "num_warmup": num_warmup, "cuda_graph": bool(cuda_graph and device.type == "cuda")}
-
-
-def _aligned_start(device: torch.device) -> None:
+def aligned_start(device: torch.device) -> None:
     """Every rank's host leaves here together: finish local work, then a barrier that completes on the device."""
-    _sync(device)
-    dist.barrier()
-    _sync(device)
+    sync(device)
+    _barrier()
+    sync(device)
 
 
-def _slowest(device: torch.device, seconds: float) -> float:
+def slowest(device: torch.device, seconds: float) -> float:
     """The largest of every rank's ``seconds`` (at least a nanosecond)."""
     on = device if dist.get_backend() == "nccl" else "cpu"
     value = torch.tensor([max(seconds, 1e-9)], dtype=torch.float64, device=on)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    _all_reduce(value, op=dist.ReduceOp.MAX)
     return float(value)
+
+
+class TimedLoop:
+    """One case's timing in one rank process: ``fn`` called over rotating fresh input copies."""
+
+    def __init__(self, fn: Callable, make_inputs: Callable[[tuple], tuple], seeds: list[tuple], device: torch.device):
+        first = make_inputs(seeds[0])
+        count = num_copies_for(input_bytes(first), device, len(seeds))
+        self.copies = [first] + [make_inputs(seed) for seed in seeds[1:count]]
+        self.fn = fn
+        self.device = device
+        self.calls = 0
+        self.num_iters = 0
+        self.last_outputs: dict[int, Any] = {}
+        self.graph = None
+        self.threads_before = set(threading.enumerate())
+
+    def call_next(self, count: int) -> None:
+        for _ in range(count):
+            index = self.calls % len(self.copies)
+            self.last_outputs[index] = self.fn(*self.copies[index])
+            self.calls += 1
+
+    def prepare(self, num_warmup: int, warmup_s: float, min_repeat_s: float, min_iters: int, max_iters: int,
+                cuda_graph: bool = False, **_) -> dict:
+        """Warm up (at least ``num_warmup`` calls, one per input copy, and ``warmup_s`` seconds) and pick
+        calls per repeat from the slowest rank's estimate, so every rank makes the same number of
+        (collective) calls. Every copy gets an output here, which the parent checks after timing."""
+        aligned_start(self.device)
+        began = _perf_counter()
+        num_warmup = max(num_warmup, len(self.copies))
+        self.call_next(num_warmup)
+        sync(self.device)
+        per_call = slowest(self.device, (_perf_counter() - began) / num_warmup)
+        self.call_next(max(0, math.ceil(warmup_s / per_call) - num_warmup))
+        self.num_iters = int(min(max_iters, max(min_iters, math.ceil(min_repeat_s / per_call))))
+        if cuda_graph and self.device.type == "cuda":
+            self.graph = torch.cuda.CUDAGraph()
+            sync(self.device)
+            with torch.cuda.graph(self.graph):
+                self.call_next(self.num_iters)
+        return {"num_iters": self.num_iters, "num_copies": len(self.copies), "per_call_s": per_call,
+                "cuda_graph": self.graph is not None}
+
+    def repeat(self) -> dict:
+        """One timed repeat: aligned start, ``num_iters`` calls back to back, device-wide synchronize."""
+        aligned_start(self.device)
+        if self.device.type == "cuda":
+            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+            start.record()
+        began = _perf_counter()
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.call_next(self.num_iters)
+        if self.device.type == "cuda":
+            end.record()
+        sync(self.device)
+        wall = (_perf_counter() - began) / self.num_iters
+        event = start.elapsed_time(end) / 1e3 / self.num_iters if self.device.type == "cuda" else None
+        return {"wall_s": wall, "event_s": event}
+
+    def finish(self, timeout_s: float = 60.0) -> dict:
+        """Synchronize, and wait for threads the candidate started: their work counts too."""
+        sync(self.device)
+        leftover = [t for t in threading.enumerate() if t not in self.threads_before and t.is_alive()]
+        deadline = _perf_counter() + timeout_s
+        for thread in leftover:
+            thread.join(timeout=max(0.0, deadline - _perf_counter()))
+        sync(self.device)
+        return {"threads_left_running": len(leftover)}

@@ -28,28 +28,46 @@ def recv_job(conn: Connection) -> dict:
     return pickle.loads(conn.recv_bytes())
 
 
-def to_plain(value: Any) -> Any:
+MAX_FULL_ELEMENTS = 1 << 22  # larger tensors travel as a sample of elements at parent-chosen places
+SAMPLE_ELEMENTS = 1 << 16
+
+
+def to_plain(value: Any, sample_seed: int | None = None) -> Any:
     """A copy of ``value`` made of plain CPU tensors, lists, dicts, numbers and strings.
 
     Tensors are copied to the CPU into storage of their own size (a view does not drag its whole
-    base along). Tuples become lists; the parent compares structure, not container type.
+    base along). Tuples become lists; the parent compares structure, not container type. With a
+    ``sample_seed``, a tensor of more than MAX_FULL_ELEMENTS elements is sent as the values at
+    SAMPLE_ELEMENTS places drawn from the seed (the parent picks the seed after the call, and the
+    reference sends the same places): a cheap check of GiB-sized outputs.
     """
-    if isinstance(value, torch.Tensor):
-        plain = value.detach()
-        if plain.layout != torch.strided:  # sparse outputs are compared as their dense values
-            plain = plain.to_dense()
-        if type(plain) is not torch.Tensor:
-            plain = plain.as_subclass(torch.Tensor)
-        return plain.to("cpu").clone(memory_format=torch.contiguous_format)
-    if isinstance(value, (list, tuple)):
-        return [to_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): to_plain(v) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, torch.dtype):
-        return str(value)
-    return {"__unsupported__": type(value).__qualname__}
+    counter = [0]
+
+    def plain(value):
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach()
+            if tensor.layout != torch.strided:  # sparse outputs are compared as their dense values
+                tensor = tensor.to_dense()
+            if type(tensor) is not torch.Tensor:
+                tensor = tensor.as_subclass(torch.Tensor)
+            counter[0] += 1
+            if sample_seed is not None and tensor.numel() > MAX_FULL_ELEMENTS:
+                gen = torch.Generator().manual_seed(sample_seed + counter[0])
+                places = torch.randint(tensor.numel(), (SAMPLE_ELEMENTS,), generator=gen)
+                values = tensor.reshape(-1)[places.to(tensor.device)].to("cpu")
+                return {"__sampled__": True, "shape": list(tensor.shape), "places": places, "values": values}
+            return tensor.to("cpu").clone(memory_format=torch.contiguous_format)
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, torch.dtype):
+            return str(value)
+        return {"__unsupported__": type(value).__qualname__}
+
+    return plain(value)
 
 
 def send_reply(conn: Connection, reply: dict) -> None:

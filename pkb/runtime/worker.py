@@ -3,7 +3,8 @@
 Jobs (dicts from the parent):
   {"op": "load", "problem": module ref, "candidate": path | None}   import the problem, and the candidate
   {"op": "run", "case": name, "seeds": (rank seed, shared seed)}   build inputs, call, return outputs
-  {"op": "time", "case": name, "seeds": [(rank, shared), ...], "protocol": {...}}   the timing protocol
+  {"op": "time_prepare" | "time_repeat" | "time_finish" | "time_outputs", ...}  the timing protocol
+                                                              (pkb.evaluate.timing.TimedLoop)
   {"op": "exit"}
 Replies carry plain data only (pkb.runtime.channel). The worker never decides a verdict: it reports
 what happened, and the parent compares and judges.
@@ -37,6 +38,7 @@ class Worker:
         self.device = self._pick_device()
         self.problem = None
         self.solution = None
+        self.timed = None  # the TimedLoop of the case being timed
 
     def _pick_device(self) -> torch.device:
         if self.mode is Mode.CPU:
@@ -86,16 +88,29 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dist.barrier()
-        return {"status": "ok", "outputs": to_plain(outputs), "inputs_after": to_plain(list(inputs))}
+        sample_seed = job.get("sample_seed")
+        return {"status": "ok", "outputs": to_plain(outputs, sample_seed=sample_seed),
+                "inputs_after": to_plain(list(inputs), sample_seed=sample_seed)}
 
-    def time(self, job: dict) -> dict:
-        from pkb.evaluate.timing import time_calls
+    def time_prepare(self, job: dict) -> dict:
+        from pkb.evaluate.timing import TimedLoop
 
         case = self.problem.find_case(job["case"])
-        make = lambda seeds: self.make_inputs(case.name, seeds)  # noqa: E731
-        fn = self.solution or (lambda *inputs: self.call(inputs))
-        stats = time_calls(fn, make, job["seeds"], device=self.device, **job["protocol"])
-        return {"status": "ok", "timing": stats}
+        fn = self.solution or (lambda *inputs: self.call(inputs)[0])
+        self.timed = TimedLoop(fn, lambda seeds: self.make_inputs(case.name, seeds), job["seeds"], self.device)
+        return {"status": "ok", **self.timed.prepare(**job["protocol"])}
+
+    def time_repeat(self, job: dict) -> dict:
+        return {"status": "ok", **self.timed.repeat()}
+
+    def time_finish(self, job: dict) -> dict:
+        return {"status": "ok", **self.timed.finish()}
+
+    def time_outputs(self, job: dict) -> dict:
+        """The last output computed on each input copy, for the parent to check against the reference."""
+        timed, self.timed = self.timed, None
+        outputs = [timed.last_outputs.get(k) for k in range(len(timed.copies))]
+        return {"status": "ok", "outputs": to_plain(outputs, sample_seed=job["sample_seed"])}
 
 
 def load_problem(ref: str):
@@ -175,7 +190,9 @@ def worker_main(conn: Connection, rank: int, world_size: int, mode: str, store_p
         send_reply(conn, {"ready": False, "error": traceback.format_exc(limit=-4)})
         return
     send_reply(conn, {"ready": True, "device": str(worker.device), "pid": os.getpid()})
-    handlers = {"load": worker.load, "run": worker.run, "time": worker.time}
+    handlers = {"load": worker.load, "run": worker.run, "time_prepare": worker.time_prepare,
+                "time_repeat": worker.time_repeat, "time_finish": worker.time_finish,
+                "time_outputs": worker.time_outputs}
     while True:
         try:
             job = recv_job(conn)

@@ -14,9 +14,11 @@ import hashlib
 import json
 import math
 import sqlite3
+import time
 from pathlib import Path
 from typing import Iterator
 
+from pkb import __version__
 from pkb.evaluate.result import SCHEMA_VERSION, EvalResult
 
 DEFAULT_DB = "pkb-results.sqlite"
@@ -51,8 +53,53 @@ MIGRATIONS: list[str] = [
     CREATE INDEX results_run_key ON results (run_key);
     CREATE INDEX results_problem ON results (problem, solution);
     """,
+    # 1 -> 2: model generations (pkb generate / pkb agent): one row per model call, linked to its verdict
+    """
+    CREATE TABLE generations (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        model TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        problem TEXT NOT NULL,
+        problem_version INTEGER NOT NULL,
+        sample INTEGER NOT NULL,
+        step INTEGER NOT NULL,
+        backend TEXT NOT NULL,
+        hardware TEXT NOT NULL,
+        world_size INTEGER NOT NULL,
+        case_name TEXT NOT NULL,
+        temperature REAL,
+        max_tokens INTEGER NOT NULL,
+        system TEXT NOT NULL,
+        prompt TEXT NOT NULL,
+        response TEXT,
+        status TEXT NOT NULL,
+        code TEXT,
+        code_path TEXT,
+        code_sha256 TEXT,
+        tokens_in INTEGER,
+        tokens_out INTEGER,
+        cost_usd REAL,
+        latency_s REAL,
+        attempts INTEGER NOT NULL,
+        error TEXT,
+        result_id INTEGER REFERENCES results (id),
+        run_key TEXT,
+        speedup REAL,
+        pkb_version TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX generations_sample ON generations (run, problem, sample, step);
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION, "every schema version needs its migration"
+
+_GENERATION_COLUMNS = frozenset((
+    "run", "kind", "model", "provider", "problem", "problem_version", "sample", "step", "backend", "hardware",
+    "world_size", "case_name", "temperature", "max_tokens", "system", "prompt", "response", "status", "code", "code_path",
+    "code_sha256", "tokens_in", "tokens_out", "cost_usd", "latency_s", "attempts", "error", "result_id", "run_key",
+    "speedup", "pkb_version", "created_at"))
 
 _COLUMNS = ("problem", "problem_version", "solution", "solution_sha256", "status", "message", "mode",
             "world_size", "num_trials", "speedup", "roofline_fraction", "busbw_gbps",
@@ -122,6 +169,45 @@ class ResultStore:
         row = self.conn.execute("SELECT result_json FROM results WHERE run_key = ? ORDER BY id DESC LIMIT 1",
                                 (key,)).fetchone()
         return EvalResult.from_dict(json.loads(row[0])) if row else None
+
+    # -- generations (pkb.generate): one row per model call, its verdict filled in once evaluated ------
+
+    def add_generation(self, row: dict) -> int:
+        """Insert a generation row (keys: the ``generations`` columns except ``id``); returns its id."""
+        row = {"pkb_version": __version__, "created_at": time.time(), **row}
+        columns = [c for c in row if c in _GENERATION_COLUMNS]
+        with self.conn:
+            cursor = self.conn.execute(f"INSERT INTO generations ({', '.join(columns)}) VALUES "
+                                       f"({', '.join('?' * len(columns))})", [row[c] for c in columns])
+        return cursor.lastrowid
+
+    def set_generation_verdict(self, generation_id: int, status: str, result_id: int | None, key: str | None,
+                               speedup: float | None) -> None:
+        """Record the evaluation of a generation's file (the only update a generation row receives)."""
+        speedup = speedup if speedup is None or math.isfinite(speedup) else None
+        with self.conn:
+            self.conn.execute("UPDATE generations SET status = ?, result_id = ?, run_key = ?, speedup = ? WHERE id = ?",
+                              (status, result_id, key, speedup, generation_id))
+
+    def generations(self, run: str | None = None, problem: str | None = None) -> list[dict]:
+        """Generation rows as dicts, oldest first, optionally of one run and one problem."""
+        clauses, args = [], []
+        for column, value in (("run", run), ("problem", problem)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                args.append(value)
+        query = "SELECT * FROM generations" + (" WHERE " + " AND ".join(clauses) if clauses else "") + " ORDER BY id"
+        cursor = self.conn.execute(query, args)
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, values)) for values in cursor]
+
+    def result_by_id(self, result_id: int) -> EvalResult | None:
+        row = self.conn.execute("SELECT result_json FROM results WHERE id = ?", (result_id,)).fetchone()
+        return EvalResult.from_dict(json.loads(row[0])) if row else None
+
+    def latest_id(self, key: str) -> int | None:
+        row = self.conn.execute("SELECT id FROM results WHERE run_key = ? ORDER BY id DESC LIMIT 1", (key,)).fetchone()
+        return row[0] if row else None
 
     def close(self) -> None:
         self.conn.close()

@@ -7,9 +7,9 @@ Per rank: expert_mask [E, k, T] fp32, the one-hot of each token's k distinct exp
     output_splits      [W]        int64: tokens r receives from rank s
     tokens_per_local_expert [W, E/W]  : tokens rank s routes to each of r's experts (all-gathered counts)
     sum_per_local_expert    [E/W]     : tokens each of r's experts receives in all
-The two count tensors keep the mask's dtype, as VeOmni's ``expert_mask.sum`` gives them (exact
-integers in fp32); split sizes are int64. All four are checked exactly. They stay on the input's
-device (the upstream copied them to the CPU with host syncs, which is not part of the workload).
+All four are int64 and checked exactly (VeOmni's mask is the int64 one-hot; the fp32 mask here sums
+to exact integers). They stay on the input's device (the upstream copied them to the CPU with host
+syncs, which is not part of the workload).
 
 Inputs: tests include a rank with no tokens (it sends nothing) and skewed routing where the last
 rank's experts receive nearly every token and rank 0's experts none.
@@ -41,13 +41,13 @@ def reference(expert_mask, num_experts, group=None):
     world_size = dist.get_world_size(group)
     rank = dist.get_rank(group)
     num_local_experts = num_experts // world_size
-    tokens_per_expert = expert_mask.sum(dim=(1, 2))                                          # [E]
-    input_splits = tokens_per_expert.view(world_size, num_local_experts).sum(dim=1).to(torch.int64)
-    gathered = torch.empty(world_size * num_experts, dtype=tokens_per_expert.dtype, device=expert_mask.device)
+    tokens_per_expert = expert_mask.sum(dim=(1, 2)).to(torch.int64)                          # [E]
+    input_splits = tokens_per_expert.view(world_size, num_local_experts).sum(dim=1)
+    gathered = torch.empty(world_size * num_experts, dtype=torch.int64, device=expert_mask.device)
     dist.all_gather_into_tensor(gathered, tokens_per_expert.contiguous(), group=group)
     tokens_per_local_expert = gathered.view(world_size, num_experts)[
         :, rank * num_local_experts:(rank + 1) * num_local_experts].contiguous()                 # [W, E/W]
-    output_splits = tokens_per_local_expert.sum(dim=1).to(torch.int64)
+    output_splits = tokens_per_local_expert.sum(dim=1)
     sum_per_local_expert = tokens_per_local_expert.sum(dim=0)
     return input_splits, output_splits, tokens_per_local_expert, sum_per_local_expert
 

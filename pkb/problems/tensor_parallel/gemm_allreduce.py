@@ -16,7 +16,6 @@ Benchmarks: Llama-3 70B o_proj (K = N = 8192) and down_proj (K = 28672) at prefi
 Llama-3 8B down_proj (K = 14336, N = 4096) at decode (64 tokens).
 """
 
-import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem

@@ -33,7 +33,6 @@ q_proj (partition_dim 0) and row-parallel o_proj / down_proj (partition_dim 1).
 
 import math
 
-import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
@@ -105,7 +104,8 @@ PROBLEM = Problem(
         Case("llama3_8b_q_proj", {"m": 4096, "n": 4096, "partition_dim": 0, "steps": 5, "coefficient_type": "quintic"}),
         Case("llama3_8b_down_proj", {"m": 4096, "n": 14336, "partition_dim": 1, "steps": 5,
                                      "coefficient_type": "quintic"}),
-        Case("llama3_70b_o_proj", {"m": 8192, "n": 8192, "partition_dim": 1, "steps": 5, "coefficient_type": "quintic"}),
+        Case("llama3_70b_o_proj", {"m": 8192, "n": 8192, "partition_dim": 1, "steps": 5,
+                                   "coefficient_type": "quintic"}),
     ],
     tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -38,13 +38,15 @@ def reference(vocab_parallel_logits, target, tp_group=None, top_k=None, top_p=1.
 def cost(case, world_size):
     terms = logprob_cost_terms(case, world_size)
     fraction = (world_size - 1) / world_size
-    return Cost(link_bytes=fraction * (terms["logit_bytes"] + terms["tokens"] * 4), flops=logprob_flops(case, world_size),
-                hbm_bytes=terms["logit_bytes"] + terms["tokens"] * 4, pattern="all_to_all + all_gather")
+    return Cost(link_bytes=fraction * (terms["logit_bytes"] + terms["tokens"] * 4),
+                flops=logprob_flops(case, world_size), hbm_bytes=terms["logit_bytes"] + terms["tokens"] * 4,
+                pattern="all_to_all + all_gather")
 
 
 PROBLEM = Problem(
     name="vocab_parallel_log_prob_topk", version=1, upstream_id=82, category="tensor_parallel",
-    source="NeMo-RL nemo_rl/distributed/model_utils.py: distributed log-probs with top-k/top-p (vLLM apply_top_k_top_p)",
+    source="NeMo-RL nemo_rl/distributed/model_utils.py: distributed log-probs with top-k/top-p "
+           "(vLLM apply_top_k_top_p)",
     world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS,
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -40,8 +40,9 @@ def reference(vocab_parallel_logits, target, tp_group=None, top_k=None, top_p=1.
 def cost(case, world_size):
     terms = logprob_cost_terms(case, world_size)
     fraction = (world_size - 1) / world_size
-    return Cost(link_bytes=fraction * (terms["logit_bytes"] + terms["tokens"] * 4), flops=logprob_flops(case, world_size),
-                hbm_bytes=terms["logit_bytes"] + terms["tokens"] * 4, pattern="all_to_all + all_gather (per chunk)")
+    return Cost(link_bytes=fraction * (terms["logit_bytes"] + terms["tokens"] * 4),
+                flops=logprob_flops(case, world_size), hbm_bytes=terms["logit_bytes"] + terms["tokens"] * 4,
+                pattern="all_to_all + all_gather (per chunk)")
 
 
 PROBLEM = Problem(

@@ -1,0 +1,236 @@
+"""``pkb prompt``, ``pkb generate`` and ``pkb agent``. Nothing heavy (torch, SDKs) is imported until a command runs.
+
+Exit codes: 0 every sample (or the agent's best file) is ``ok`` (``generate --no-eval``: every
+sample has code); 1 otherwise; 2 a usage error: unknown provider, missing API key or SDK, a key the
+server refused, an unknown problem or hardware profile, all reported before (or instead of) work.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+SUCCESS_STATUSES = ("ok", "skipped")
+
+
+def add_commands(subparsers, add_eval_options) -> None:
+    from pkb.generate.prompt import BACKENDS, DEFAULT_HARDWARE  # light: templates and dataclasses only
+
+    p = subparsers.add_parser("prompt", help="the prompt a model gets for a problem")
+    p.add_argument("problem", help="slug or upstream number")
+    p.add_argument("--backend", default="cuda", choices=BACKENDS)
+    p.add_argument("--hardware", default=DEFAULT_HARDWARE, help=f"hardware profile (default {DEFAULT_HARDWARE})")
+    p.add_argument("--case", help="the case whose per-rank shapes are shown (default: the first benchmark)")
+    p.add_argument("--world-size", type=int, help="default: the profile's GPU count if the problem runs at it")
+    p.set_defaults(func=cmd_prompt)
+
+    p = subparsers.add_parser("generate", help="k samples per problem from a model, evaluated and stored")
+    _add_model_options(p, BACKENDS, DEFAULT_HARDWARE)
+    p.add_argument("--problems", required=True, help="e.g. 1-8,12,allgather_gemm, a category, or all")
+    p.add_argument("--samples", type=int, default=1, help="samples per problem (k of pass@k)")
+    p.add_argument("--concurrency", type=int, default=4, help="model calls in flight at once")
+    p.add_argument("--no-eval", action="store_true", help="only generate and store the files")
+    add_eval_options(p, 2)
+    p.set_defaults(func=cmd_generate)
+
+    p = subparsers.add_parser("agent", help="multi-turn refinement of one problem's solution, with feedback")
+    _add_model_options(p, BACKENDS, DEFAULT_HARDWARE)
+    p.add_argument("--problem", required=True, help="slug or upstream number")
+    p.add_argument("--steps", type=int, default=10, help="model turns at most (default 10)")
+    add_eval_options(p, 2)
+    p.add_argument("--no-perf", dest="perf", action="store_false",
+                   help="do not time the files (the agent then cannot tell a faster file from a slower one)")
+    p.set_defaults(func=cmd_agent, perf=True)
+
+
+def _add_model_options(p, backends, default_hardware) -> None:
+    p.add_argument("--model", required=True, help="provider:model, e.g. openai:gpt-5, anthropic:claude-sonnet-4-5, "
+                                                   "together:Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8, vllm:my-model")
+    p.add_argument("--backend", default="cuda", choices=backends)
+    p.add_argument("--hardware", default=default_hardware, help="hardware profile the prompt describes")
+    p.add_argument("--temperature", type=float, help="default: the provider's")
+    p.add_argument("--max-tokens", type=int, default=16384, help="most tokens in one answer")
+    p.add_argument("--run", help="run name (default from model, backend, temperature); a rerun resumes it")
+    p.add_argument("--out", default=None, help="directory for the run's files (default ./pkb-runs)")
+    p.add_argument("--db", help="SQLite file (default: ./pkb-results.sqlite)")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one model request may take")
+    p.add_argument("--retries", type=int, default=5, help="retries of a rate-limited, failed or timed-out request")
+    p.add_argument("--base-url", help="endpoint URL, overriding the provider's default and its *_BASE_URL variable")
+    p.add_argument("--price", help="USD per million tokens IN,OUT, for a model the price table lacks")
+
+
+# -- commands ---------------------------------------------------------------------------------------
+
+
+def cmd_prompt(args) -> int:
+    from pkb.generate.prompt import build_prompt, load_profile
+    from pkb.registry import get_problem
+
+    problem = get_problem(args.problem)
+    if args.world_size is not None and args.world_size not in problem.world_sizes:
+        raise _usage(f"{problem.name} runs at world sizes {list(problem.world_sizes)}; pick one with --world-size")
+    with _usage_errors():
+        profile = load_profile(args.hardware)
+        case = problem.find_case(args.case) if args.case else None
+        print(build_prompt(problem, args.backend, profile, case=case, world_size=args.world_size))
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from pkb.cli import make_config, print_table
+    from pkb.generate.prompt import load_profile
+    from pkb.generate.sampler import DEFAULT_OUT, GenerateSettings, default_run_name, generate
+    from pkb.generate.providers import ProviderError
+    from pkb.registry import select
+    from pkb.store.db import DEFAULT_DB, ResultStore
+
+    provider = _connect(args)  # first: a missing key or SDK stops here, before any work
+    if args.samples < 1 or args.concurrency < 1:
+        raise _usage("--samples and --concurrency must be at least 1")
+    problems = select(args.problems)
+    with _usage_errors():
+        profile = load_profile(args.hardware)
+    config = None if args.no_eval else make_config(args, args.world_size)
+    settings = GenerateSettings(run=args.run or default_run_name(str(provider.spec), args.backend, args.temperature),
+                                backend=args.backend, hardware=args.hardware, num_samples=args.samples,
+                                temperature=args.temperature, max_tokens=args.max_tokens,
+                                concurrency=args.concurrency, out_dir=Path(args.out or DEFAULT_OUT))
+    progress = _progress(len(problems) * args.samples, enabled=not args.json)
+    db = args.db or DEFAULT_DB
+    with ResultStore(db) as store, _usage_errors(ProviderError):
+        results = generate(problems, provider, settings, store, profile, config, progress)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], default=str))
+    else:
+        print_table([_sample_row(r) for r in results], ["problem", "sample", "status", "speedup", "tokens", "cost",
+                                                        "message"])
+        print(_summary(results, settings.run_dir, db))
+    wanted = ("generated",) if args.no_eval else SUCCESS_STATUSES
+    return 0 if all(r.status in wanted for r in results) else 1
+
+
+def cmd_agent(args) -> int:
+    from pkb.cli import make_config
+    from pkb.generate.agent import AgentSettings, run_agent
+    from pkb.generate.prompt import load_profile
+    from pkb.generate.providers import ProviderError
+    from pkb.generate.sampler import DEFAULT_OUT, default_run_name
+    from pkb.registry import get_problem
+    from pkb.store.db import DEFAULT_DB, ResultStore
+
+    provider = _connect(args)
+    if args.steps < 1:
+        raise _usage("--steps must be at least 1")
+    problem = get_problem(args.problem)
+    with _usage_errors():
+        profile = load_profile(args.hardware)
+    world_size = args.world_size if args.world_size in problem.world_sizes else min(problem.world_sizes)
+    config = make_config(args, world_size)
+    run = args.run or "agent-" + default_run_name(str(provider.spec), args.backend, args.temperature)
+    settings = AgentSettings(run=run, backend=args.backend, hardware=args.hardware, num_steps=args.steps,
+                             temperature=args.temperature, max_tokens=args.max_tokens,
+                             out_dir=Path(args.out or DEFAULT_OUT))
+
+    def show(step) -> None:
+        if not args.json:
+            speed = f", speedup {step.speedup:.2f}x" if step.speedup else ""
+            print(f"step {step.step}: {step.status}{speed}" + (" (stored earlier)" if step.resumed else "")
+                  + (f"  {step.message[:100]}" if step.status != "ok" else ""), file=sys.stderr)
+
+    with ResultStore(args.db or DEFAULT_DB) as store, _usage_errors(ProviderError):
+        outcome = run_agent(problem, provider, settings, store, profile, config, show)
+    if args.json:
+        print(json.dumps(outcome.to_dict(), default=str))
+    else:
+        if outcome.best_step is None:
+            print(f"{problem.name}: no correct file in {len(outcome.steps)} steps (run {run})")
+        else:
+            speed = f", speedup {outcome.best_speedup:.2f}x" if outcome.best_speedup else ""
+            print(f"{problem.name}: best file from step {outcome.best_step}{speed}: {outcome.best_path}")
+        cost = outcome.cost_usd
+        print(f"{len(outcome.steps)} steps" + (f", ${cost:.4f}" if cost is not None else "")
+              + f"; transcript in {args.db or DEFAULT_DB} (run {run})")
+    if outcome.stopped_by:
+        print(f"pkb: stopped at {outcome.stopped_by}", file=sys.stderr)
+    return 0 if outcome.best_step is not None else 1
+
+
+# -- pieces -----------------------------------------------------------------------------------------
+
+
+def _connect(args):
+    from pkb.generate.providers import ModelSpec, ProviderSettings, SetupError, connect
+
+    with _usage_errors(SetupError):
+        price = _parse_price(args.price) if args.price else None
+        settings = ProviderSettings(timeout_s=args.request_timeout, max_retries=max(args.retries, 0),
+                                    base_url=args.base_url, price_per_mtok=price)
+        return connect(ModelSpec.parse(args.model), settings)
+
+
+def _parse_price(text: str) -> tuple[float, float]:
+    try:
+        price_in, price_out = (float(part) for part in text.split(","))
+    except ValueError:
+        raise _usage(f"--price {text!r}: write USD per million input and output tokens, e.g. --price 3,15") from None
+    return price_in, price_out
+
+
+def _usage(message: str) -> Exception:
+    from pkb.cli import UsageError
+
+    return UsageError(message)
+
+
+class _usage_errors:
+    """Turn the given exceptions (default: the prompt's and the provider's setup errors) into UsageError."""
+
+    def __init__(self, *kinds):
+        self.kinds = kinds
+
+    def __enter__(self):
+        if not self.kinds:
+            from pkb.generate.prompt import PromptError
+            from pkb.generate.providers import SetupError
+
+            self.kinds = (PromptError, SetupError)
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is not None and issubclass(kind, self.kinds):
+            raise _usage(str(exc)) from None
+        return False
+
+
+def _progress(total: int, enabled: bool):
+    done = [0]
+
+    def update(result) -> None:
+        done[0] += 1
+        if enabled:
+            label = f"{result.problem}/sample {result.sample}: {result.status}" + (" (stored earlier)" if result.resumed else "")
+            print(f"[{done[0]}/{total}] {label}", file=sys.stderr, flush=True)
+
+    return update
+
+
+def _sample_row(result) -> dict:
+    tokens = f"{result.tokens_in}/{result.tokens_out}" if result.tokens_in is not None else ""
+    return {"problem": result.problem, "sample": result.sample, "status": result.status,
+            "speedup": f"{result.speedup:.2f}" if result.speedup else "", "tokens": tokens,
+            "cost": f"{result.cost_usd:.4f}" if result.cost_usd is not None else "", "message": result.message[:80]}
+
+
+def _summary(results, run_dir: Path, db: str) -> str:
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    fresh = [r for r in results if not r.resumed]
+    tokens_in = sum(r.tokens_in or 0 for r in fresh)
+    tokens_out = sum(r.tokens_out or 0 for r in fresh)
+    costs = [r.cost_usd for r in fresh if r.status != "api_error"]
+    cost = "unknown cost" if None in costs else f"${sum(costs):.4f}"
+    return (f"\n{len(results)} samples: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+            + f"\nthis call: {len(fresh)} model answers, {tokens_in} tokens in, {tokens_out} out, {cost}"
+            + f"\nfiles in {run_dir}, rows in {db}")

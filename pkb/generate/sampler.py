@@ -1,0 +1,248 @@
+"""``pkb generate``: k samples per problem from one model, each extracted, written, evaluated, recorded.
+
+For each problem and sample: build the prompt, call the model (several calls in flight, up to the
+concurrency limit), extract the solution, write it under ``<out>/<run>/<problem>/sample_<k>.py``,
+evaluate it (``pkb.evaluate``, one Session per world size, reused), and store the prompt, the raw
+response, the code, tokens, cost and the verdict (``generations`` rows linked to ``results``).
+
+A rerun of the same run name skips what is done: a sample with a verdict (or with code, under
+``--no-eval``) is not asked again; a sample whose call failed is asked again; a sample generated
+under ``--no-eval`` is evaluated from its stored code without calling the model. Identical files
+are evaluated once (the results table is keyed by the file's hash and the evaluation settings).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from pkb.generate.extract import extract_solution
+from pkb.generate.prompt import DEFAULT_HARDWARE, Prompt, build_prompt
+from pkb.generate.providers import Completion, Message, Provider, ProviderError
+from pkb.problem import Problem
+
+DEFAULT_OUT = "pkb-runs"
+
+
+class GenStatus(str, enum.Enum):
+    """A sample's state before (or instead of) a verdict; once evaluated, its status is the verdict."""
+
+    GENERATED = "generated"  # code extracted, not evaluated (--no-eval)
+    NO_CODE = "no_code"  # the answer held no code block defining `solution`; not evaluated
+    API_ERROR = "api_error"  # the model call failed after its retries; a rerun asks again
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class GenerateSettings:
+    run: str
+    backend: str = "cuda"
+    hardware: str = DEFAULT_HARDWARE
+    num_samples: int = 1
+    temperature: float | None = None
+    max_tokens: int = 16384
+    concurrency: int = 4
+    out_dir: Path = Path(DEFAULT_OUT)
+    world_size: int | None = None  # the world size the prompt describes (default: the profile's GPUs)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) / self.run
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """One sample's outcome: a row of ``pkb generate --json``."""
+
+    problem: str
+    sample: int
+    status: str
+    code_path: str | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    cost_usd: float | None = None
+    latency_s: float | None = None
+    speedup: float | None = None
+    message: str = ""
+    resumed: bool = False
+    generation_id: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_run_name(model: str, backend: str, temperature: float | None) -> str:
+    """e.g. ``openai-gpt-5-cuda`` or ``together-Qwen-Qwen3-Coder-triton-t0.8``: a directory-safe name."""
+    name = f"{model}-{backend}" + (f"-t{temperature:g}" if temperature is not None else "")
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
+
+
+def generate(problems: list[Problem], provider: Provider, settings: GenerateSettings, store, profile,
+             eval_config=None, on_result: Callable[[SampleResult], None] = lambda result: None) -> list[SampleResult]:
+    """Run ``settings.num_samples`` samples of every problem; ``eval_config`` None means do not evaluate.
+
+    Raises ProviderError when the provider fails in a way every call would (bad key, unknown model,
+    unreachable server); what finished before is stored.
+    """
+    evaluator = Evaluator(store, eval_config) if eval_config is not None else None
+    results: list[SampleResult] = []
+
+    def finish(result: SampleResult) -> None:
+        results.append(result)
+        on_result(result)
+
+    try:
+        calls = []
+        for problem in problems:
+            prompt = build_prompt(problem, settings.backend, profile, world_size=settings.world_size)
+            for sample in range(settings.num_samples):
+                row = _latest_row(store, settings.run, problem, sample)
+                if row is not None and row["status"] == GenStatus.GENERATED and evaluator is not None:
+                    finish(_evaluate_row(row, problem, settings, store, evaluator))
+                elif row is not None and row["status"] != GenStatus.API_ERROR:
+                    finish(_from_row(row, resumed=True))
+                else:
+                    calls.append((problem, prompt, sample))
+        _call_all(calls, provider, settings, lambda problem, prompt, sample, answer: finish(
+            _record(problem, prompt, sample, answer, provider, settings, store, evaluator)))
+    finally:
+        if evaluator is not None:
+            evaluator.close()
+    order = {p.name: i for i, p in enumerate(problems)}
+    return sorted(results, key=lambda r: (order[r.problem], r.sample))
+
+
+def _call_all(calls: list, provider: Provider, settings: GenerateSettings, handle: Callable) -> None:
+    """Call the model for every (problem, prompt, sample), up to ``concurrency`` at once, and hand each
+    answer (a Completion or a ProviderError) to ``handle`` in this thread, as it arrives."""
+    pool = ThreadPoolExecutor(max_workers=max(1, settings.concurrency), thread_name_prefix="pkb-model")
+    pending: dict[Future, tuple] = {}
+    try:
+        for problem, prompt, sample in calls:
+            future = pool.submit(_ask, provider, prompt, settings)
+            pending[future] = (problem, prompt, sample)
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: pending[f][2]):
+                problem, prompt, sample = pending.pop(future)
+                answer = future.result()
+                handle(problem, prompt, sample, answer)
+                if isinstance(answer, ProviderError) and answer.fatal:
+                    raise answer
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _ask(provider: Provider, prompt: Prompt, settings: GenerateSettings) -> Completion | ProviderError:
+    try:
+        return provider.complete(prompt.system, [Message("user", prompt.user)], settings.max_tokens,
+                                 settings.temperature)
+    except ProviderError as exc:
+        return exc
+
+
+def _record(problem: Problem, prompt: Prompt, sample: int, answer: Completion | ProviderError, provider: Provider,
+            settings: GenerateSettings, store, evaluator: "Evaluator | None") -> SampleResult:
+    row = generation_row(problem, prompt, provider, settings, kind="sample", sample=sample, step=0, answer=answer)
+    if row["code"] is not None:
+        row["code_path"] = str(write_code(settings.run_dir / problem.name / f"sample_{sample}.py", row["code"]))
+    row["id"] = store.add_generation(row)
+    if row["status"] == GenStatus.GENERATED and evaluator is not None:
+        return _evaluate_row(row, problem, settings, store, evaluator)
+    return _from_row(row, resumed=False)
+
+
+def generation_row(problem: Problem, prompt: Prompt, provider: Provider, settings, kind: str, sample: int, step: int,
+                   answer: Completion | ProviderError, user_message: str | None = None) -> dict:
+    """The ``generations`` row for one model call, before evaluation (status generated, no_code or api_error)."""
+    row = dict(run=settings.run, kind=kind, model=str(provider.spec), provider=provider.spec.provider,
+               problem=problem.name, problem_version=problem.version, sample=sample, step=step,
+               backend=prompt.backend, hardware=prompt.hardware, world_size=prompt.world_size, case_name=prompt.case,
+               temperature=settings.temperature, max_tokens=settings.max_tokens, system=prompt.system,
+               prompt=user_message if user_message is not None else prompt.user, code=None, code_path=None,
+               code_sha256=None)
+    if isinstance(answer, ProviderError):
+        return {**row, "status": GenStatus.API_ERROR.value, "error": str(answer), "attempts": answer.attempts}
+    row.update(response=answer.text, tokens_in=answer.tokens_in, tokens_out=answer.tokens_out,
+               cost_usd=answer.cost_usd, latency_s=answer.latency_s, attempts=answer.attempts)
+    extraction = extract_solution(answer.text)
+    if extraction is None:
+        return {**row, "status": GenStatus.NO_CODE.value,
+                "error": "no code block defining `solution`" + (f" (finish reason: {answer.finish_reason})"
+                                                                 if answer.finish_reason else "")}
+    return {**row, "status": GenStatus.GENERATED.value, "code": extraction.code,
+            "code_sha256": hashlib.sha256(extraction.code.encode()).hexdigest(),
+            "error": f"syntax error: {extraction.syntax_error}" if extraction.syntax_error else None}
+
+
+def write_code(path: Path, code: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(code, encoding="utf-8")
+    return path.resolve()
+
+
+def _evaluate_row(row: dict, problem: Problem, settings: GenerateSettings, store, evaluator: "Evaluator") -> SampleResult:
+    path = Path(row["code_path"] or settings.run_dir / problem.name / f"sample_{row['sample']}.py")
+    if not path.is_file() or path.read_text(encoding="utf-8") != row["code"]:
+        write_code(path, row["code"])  # the database holds the code; the file is a copy
+    result, result_id, key = evaluator.evaluate(problem, path, f"{settings.run}/{path.stem}")
+    store.set_generation_verdict(row["id"], result.status.value, result_id, key, result.speedup)
+    return replace(_from_row(row, resumed=False), status=result.status.value, speedup=result.speedup,
+                   message=result.message, code_path=str(path))
+
+
+def _latest_row(store, run: str, problem: Problem, sample: int) -> dict | None:
+    rows = [r for r in store.generations(run=run, problem=problem.name)
+            if r["sample"] == sample and r["step"] == 0 and r["kind"] == "sample"
+            and r["problem_version"] == problem.version]
+    return rows[-1] if rows else None
+
+
+def _from_row(row: dict, resumed: bool) -> SampleResult:
+    return SampleResult(problem=row["problem"], sample=row["sample"], status=row["status"], code_path=row.get("code_path"),
+                        tokens_in=row.get("tokens_in"), tokens_out=row.get("tokens_out"), cost_usd=row.get("cost_usd"),
+                        latency_s=row.get("latency_s"), speedup=row.get("speedup"), message=row.get("error") or "",
+                        resumed=resumed, generation_id=row.get("id"))
+
+
+@dataclass
+class Evaluator:
+    """Evaluates generated files with ``pkb.evaluate``: one Session per world size, kept for the whole
+    run; a file already judged with the same settings (same run key) is not judged again."""
+
+    store: object
+    config: object  # pkb.evaluate.evaluator.EvalConfig
+    sessions: dict = field(default_factory=dict)
+
+    def evaluate(self, problem: Problem, path: Path, name: str):
+        """(EvalResult, results row id, run key) for the file at ``path``."""
+        from pkb.evaluate.candidate import Candidate
+        from pkb.evaluate.evaluator import Session, evaluate
+        from pkb.store.db import run_key
+
+        config = self.config
+        if config.world_size not in problem.world_sizes:
+            config = replace(config, world_size=min(problem.world_sizes))
+        candidate = Candidate.from_file(path, name=name)
+        timing = ("perf+graph" if config.cuda_graph else "perf") if config.perf else ""  # as pkb.batch keys runs
+        key = run_key(problem.name, problem.version, candidate.sha256, config.mode.value, config.world_size,
+                      config.num_trials, timing)
+        previous_id = self.store.latest_id(key)
+        if previous_id is not None:
+            return self.store.result_by_id(previous_id), previous_id, key
+        if config.world_size not in self.sessions:
+            self.sessions[config.world_size] = Session(config.mode, config.world_size)
+        result = evaluate(problem, candidate, config, self.sessions[config.world_size])
+        return result, self.store.add(result, key), key
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            session.close()
+        self.sessions.clear()

@@ -1,0 +1,191 @@
+"""``pkb hardware``, ``pkb calibrate`` and ``pkb baseline`` (added to the ``pkb`` parser by pkb.cli).
+
+Nothing heavy is imported at module level: ``pkb --help`` must stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def add_commands(subparsers, add_eval_options) -> None:
+    p = subparsers.add_parser("hardware", help="this machine as detected, the profile the roofline uses, all profiles")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_hardware)
+
+    p = subparsers.add_parser("calibrate", help="measure this machine's peaks and store a calibrated profile")
+    p.add_argument("--out", help="also write the calibration JSON here (it is always stored where pkb finds it)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = subparsers.add_parser("baseline", help="time every selected reference: busbw, % of roofline, bound")
+    p.add_argument("--problems", help="e.g. 1-8,12,allgather_gemm or a category; default: all")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--mode", default="auto", choices=["auto", "cpu", "cuda", "shared-gpu"])
+    p.add_argument("--profile", help="judge against this datasheet profile (default: calibrated for this machine if stored, "
+                                     "else its datasheet profile; `cpu` in cpu mode)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds one case's timing may take")
+    p.add_argument("--cuda-graph", action="store_true", help="in cuda mode: time CUDA-graph replays")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_baseline)
+
+
+# -- hardware ---------------------------------------------------------------------------------------
+
+
+def cmd_hardware(args) -> int:
+    from pkb.hardware.detect import choose_profile, detect
+    from pkb.hardware.profiles import PROFILES
+
+    machine = detect()
+    chosen = choose_profile(machine)
+    if args.json:
+        print(json.dumps({"machine": machine.to_dict(), "profile": chosen.to_dict(),
+                          "profiles": [p.to_dict() for p in PROFILES.values()]}, indent=1))
+        return 0
+    print_machine(machine)
+    print(f"\nprofile: {chosen.name} ({'calibrated on this machine' if chosen.calibrated else 'datasheet'}): "
+          f"{chosen.description}")
+    if machine.num_gpus == 0:
+        print("  (no GPU: cpu mode times are not GPU performance; their roofline uses the cpu plumbing profile)")
+    print()
+    print_profiles(list(PROFILES.values()) + ([chosen] if chosen.calibrated else []))
+    return 0
+
+
+def print_machine(machine) -> None:
+    if machine.num_gpus == 0:
+        print("machine: no GPU visible (torch.cuda.is_available() is False); pkb runs in cpu mode")
+    else:
+        print(f"machine: {machine.num_gpus} x {machine.gpu_model}")
+        if len(set(machine.gpu_names)) > 1:
+            print(f"  GPUs: {', '.join(machine.gpu_names)}")
+        if machine.nvlink_links is None:
+            print("  NVLink links per peer: unknown (install nvidia-ml-py, or put nvidia-smi on PATH)")
+        else:
+            print(f"  NVLink links per peer (from {machine.nvlink_source}):")
+            _print_matrix(machine.nvlink_links, lambda v: "X" if v is None else f"NV{v}" if v else "-")
+        print("  P2P access (row reads column):")
+        _print_matrix(machine.p2p_access, lambda v: "yes" if v else "no")
+    switches = ", ".join(f"{name}={value}" for name, value in machine.nvls_env.items() if value is not None)
+    state = "disabled by the environment" if machine.nvls_disabled_by_env else "not disabled by the environment"
+    print(f"  NVLS/multicast: {state}" + (f" ({switches})" if switches else ""))
+
+
+def _print_matrix(matrix, cell) -> None:
+    size = len(matrix)
+    print("        " + "".join(f"GPU{j:<5}" for j in range(size)))
+    for i, row in enumerate(matrix):
+        print(f"    GPU{i:<4}" + "".join(f"{cell(v):<8}" for v in row))
+
+
+def print_profiles(profiles) -> None:
+    from pkb.cli import print_table
+
+    rows = [{"name": p.name, "gpus": p.num_gpus or "-", "link": f"{p.link_gbps:g}", "hbm": f"{p.hbm_gbps:g}",
+             "bf16": f"{p.bf16_tflops:g}", "latency": f"{p.latency_us:g}", "nvls": "yes" if p.nvls else "no",
+             "interconnect": p.interconnect} for p in profiles]
+    print_table(rows, ["name", "gpus", "link", "hbm", "bf16", "latency", "nvls", "interconnect"],
+                headers=["profile", "GPUs", "link GB/s", "HBM GB/s", "bf16 TFLOP/s", "latency us", "NVLS",
+                         "interconnect"])
+    print("\n(link: per GPU per direction; bf16: dense tensor-core peak; sources: `pkb hardware --json`)")
+
+
+# -- calibrate --------------------------------------------------------------------------------------
+
+
+def cmd_calibrate(args) -> int:
+    from pkb.cli import UsageError
+    from pkb.hardware.calibrate import CalibrationError, calibrate, print_summary, save_calibration
+
+    log = (lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        calibration = calibrate(log)
+    except CalibrationError as exc:
+        raise UsageError(str(exc)) from None
+    path = save_calibration(calibration, Path(args.out) if args.out else None)
+    if args.json:
+        print(json.dumps({**calibration.to_dict(), "stored_at": str(path)}, indent=1))
+    else:
+        print_summary(calibration)
+        print(f"stored at {path}" + (f" and {args.out}" if args.out else "")
+              + "; `pkb hardware` and `pkb baseline` now use it")
+    return 1 if calibration.errors else 0
+
+
+# -- baseline ---------------------------------------------------------------------------------------
+
+
+def cmd_baseline(args) -> int:
+    from pkb.cli import UsageError
+    from pkb.hardware.baseline import run_baseline
+    from pkb.registry import select
+    from pkb.runtime.modes import ModeUnavailable, choose_mode
+
+    if args.world_size < 1:
+        raise UsageError("--world-size must be >= 1")
+    problems = select(args.problems)
+    try:
+        choice = choose_mode(args.mode, args.world_size)
+    except ModeUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    profile = _baseline_profile(args.profile, choice.mode)
+    if not args.json:
+        print(f"mode: {choice.mode} ({choice.reason}); profile: {profile.name}"
+              + (" (calibrated)" if profile.calibrated else ""), file=sys.stderr)
+    printer = _RowPrinter(enabled=not args.json)
+    rows, skipped = run_baseline(problems, args.world_size, choice.mode, profile, timeout_s=args.timeout,
+                                 cuda_graph=args.cuda_graph, on_row=printer.row)
+    if args.json:
+        print(json.dumps({"rows": [row.to_dict() for row in rows],
+                          "skipped": [{"problem": s.problem, "reason": s.reason} for s in skipped],
+                          "profile": profile.to_dict()}, default=str))
+    else:
+        for item in skipped:
+            print(f"skipped {item.problem}: {item.reason}")
+        if rows and not rows[0].times_are_gpu_performance:
+            print(f"(CPU times: measured in {choice.mode} mode, not GPU performance; the roofline uses the "
+                  f"{profile.name} profile)")
+    if not rows and skipped:
+        raise UsageError(f"no selected problem runs at world size {args.world_size}; pick one with --world-size")
+    return 1 if any(row.error for row in rows) else 0
+
+
+def _baseline_profile(name: str | None, mode):
+    from pkb.cli import UsageError
+    from pkb.hardware.detect import choose_profile, detect
+    from pkb.hardware.profiles import get_profile
+    from pkb.runtime.modes import Mode
+
+    if name:
+        try:
+            return get_profile(name)
+        except KeyError as exc:
+            raise UsageError(exc.args[0]) from None
+    return get_profile("cpu") if mode is Mode.CPU else choose_profile(detect())
+
+
+class _RowPrinter:
+    """Prints each row as it is measured, under one header."""
+
+    COLUMNS = (("problem", 28), ("case", 30), ("time us", 12), ("busbw GB/s", 11), ("% roofline", 11), ("bound", 8))
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.started = False
+
+    def row(self, row) -> None:
+        if not self.enabled:
+            return
+        if not self.started:
+            print("  ".join(name.ljust(width) for name, width in self.COLUMNS).rstrip())
+            print("  ".join("-" * width for _, width in self.COLUMNS))
+            self.started = True
+        if row.error:
+            cells = (row.problem, row.case, "error", "", "", row.error[:80])
+        else:
+            cells = (row.problem, row.case, f"{row.time_us:.1f}", f"{row.busbw:.3g}" if row.busbw else "-",
+                     f"{row.roofline_fraction * 100:.1f}%", row.bound_by)
+        print("  ".join(str(c).ljust(w) for c, (_, w) in zip(cells, self.COLUMNS)).rstrip(), flush=True)

@@ -1,0 +1,404 @@
+"""The HTML report: one static file, plots drawn as inline SVG, no script and nothing fetched to view it.
+
+Sections: leaderboard (table and bars), fast_p curves, verdicts stacked by group, speedup against % of
+roofline, % of roofline histogram, per-category table, and one section per problem (anchor
+``#problem-<slug>``) with every result, its verdict details and the candidate's code.
+
+Every number cell carries ``data-group``, ``data-metric`` and ``data-value`` (the unrounded value), and
+every plotted mark is an SVG element of class ``mark``, so a test (or a script) can read the page back.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import time
+from pathlib import Path
+
+from pkb.problem import Status
+from pkb.report.metrics import FAST_P_THRESHOLDS, Report
+from pkb.report.records import Record
+from pkb.report.tables import percent, times
+
+PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
+           "#bab0ac")
+STATUS_COLORS = {
+    Status.OK: "#59a14f", Status.MISMATCH: "#e15759", Status.COMPILE_ERROR: "#9c755f",
+    Status.IMPORT_ERROR: "#b07aa1", Status.SIGNATURE_ERROR: "#ff9da7", Status.RUNTIME_ERROR: "#f28e2b",
+    Status.TIMEOUT: "#edc948", Status.CRASH: "#76b7b2", Status.TAMPERED: "#000000", Status.FORBIDDEN: "#555555",
+    Status.SKIPPED: "#bab0ac",
+}
+WIDTH, HEIGHT = 620, 300
+MARGIN = {"left": 56, "right": 150, "top": 16, "bottom": 40}
+
+CSS = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1300px; }
+h1 { margin: 0 0 4px; } h2 { margin-top: 28px; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 8px 0; } th, td { padding: 3px 8px; border-bottom: 1px solid #eee; }
+th { text-align: left; background: #f6f6f6; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.plots { display: flex; flex-wrap: wrap; gap: 16px; } figure { margin: 0; } figcaption { color: #555; }
+svg.plot { background: #fff; border: 1px solid #ddd; } svg text { font: 11px system-ui, sans-serif; fill: #333; }
+.status { padding: 1px 6px; border-radius: 3px; color: #fff; } .note { color: #666; }
+pre { background: #f6f8fa; padding: 8px; overflow-x: auto; max-height: 480px; font-size: 12px; }
+section.problem { margin-bottom: 24px; }
+"""
+
+
+def render(report: Report, title: str = "pkb report", source: str = "") -> str:
+    """The whole report as one HTML document."""
+    colors = {group: PALETTE[i % len(PALETTE)] for i, group in enumerate(report.groups)}
+    parts = [
+        _header(report, title, source),
+        _section("leaderboard", "Leaderboard", _leaderboard_table(report) + _figure(
+            _leaderboard_bars(report, colors), "pass@1 and fast_1 (correct and faster than the reference) per group")),
+        _section("plots", "Speed", '<div class="plots">' + "".join([
+            _figure(_fast_p_curves(report, colors), "fast_p@1: share of problems solved correctly with speedup > p"),
+            _figure(_verdict_stacks(report), "verdicts per group (latest result of each sample)"),
+            _figure(_scatter(report, colors), "correct results: speedup over the reference (log) against % of roofline"),
+            _figure(_roofline_histogram(report, colors), "correct results per 10 % bin of roofline"),
+        ]) + "</div>"),
+        _section("categories", "Per category", _category_table(report)),
+        _section("problems", "Problems", _problem_index(report) + "".join(_problem_section(report, p)
+                                                                           for p in _problems_with_results(report))),
+    ]
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+            f"<style>{CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
+
+
+def write(report: Report, path: str | Path, source: str = "") -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(report, source=source), encoding="utf-8")
+    return path
+
+
+# -- page parts ------------------------------------------------------------------------------------
+
+
+def _header(report: Report, title: str, source: str) -> str:
+    counted = sum(1 for r in report.records if not r.is_reference)
+    notes = "".join(f'<p class="note">{_e(n)}</p>' for n in report.notes)
+    return (f"<header><h1>{_e(title)}</h1><p>{_e(source)} · {len(report.problems)} problems selected · "
+            f'<span data-metric="num_results" data-value="{counted}">{counted}</span> candidate results '
+            f"(latest per sample) · grouped by {_e(report.group_by)} · generated "
+            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime())}</p>"
+            '<p class="note">pass@k and fast_p are averaged over the selected problems: a problem without a result '
+            "counts as failed; a skipped sample (it needs what the mode lacks) is neither a pass nor a failure, and "
+            f"a problem whose every sample was skipped leaves the denominator.</p>{notes}"
+            '<nav><a href="#leaderboard">leaderboard</a> · <a href="#plots">plots</a> · '
+            '<a href="#categories">categories</a> · <a href="#problems">problems</a></nav></header>')
+
+
+def _section(anchor: str, title: str, body: str) -> str:
+    return f'<section id="{anchor}"><h2>{_e(title)}</h2>{body}</section>'
+
+
+def _figure(svg: str, caption: str) -> str:
+    return f"<figure>{svg}<figcaption>{_e(caption)}</figcaption></figure>"
+
+
+def _leaderboard_table(report: Report) -> str:
+    if not report.groups:
+        return '<p class="note">No candidate results in this selection (reference self-checks do not count).</p>'
+    head = ("<tr><th>#</th><th>group</th><th>problems</th><th>attempted</th><th>pass@1</th><th>fast_1</th>"
+            "<th>fast_2</th><th>geomean speedup</th><th>median % roofline</th><th>moves data itself</th>"
+            "<th>failures</th></tr>")
+    rows = []
+    for rank, (group, m) in enumerate(report.overall.items(), 1):
+        fast = m.fast_p.get(1, {})
+        rows.append(
+            f"<tr><td>{rank}</td><td>{_e(group)}</td>"
+            + _num(group, "problems", m.denominator, str(m.denominator))
+            + _num(group, "attempted", m.num_attempted, str(m.num_attempted))
+            + _num(group, "pass@1", m.pass_at_k.get(1), percent(m.pass_at_k.get(1)))
+            + _num(group, "fast_1", fast.get(1.0), percent(fast.get(1.0)))
+            + _num(group, "fast_2", fast.get(2.0), percent(fast.get(2.0)))
+            + _num(group, "geomean_speedup", m.geomean_speedup, times(m.geomean_speedup))
+            + _num(group, "median_roofline", m.roofline.quantiles.get("median"),
+                   percent(m.roofline.quantiles.get("median")))
+            + _num(group, "moves_data_itself", m.moves_data_itself, percent(m.moves_data_itself))
+            + "<td>" + (", ".join(f'<span data-group="{_e(group)}" data-metric="failures.{s}" data-value="{n}">'
+                                  f"{n} {_e(s)}</span>" for s, n in m.failures.items()) or "-") + "</td></tr>")
+    more = _pass_at_k_table(report)
+    return f"<table>{head}{''.join(rows)}</table>{more}"
+
+
+def _pass_at_k_table(report: Report) -> str:
+    ks = sorted({k for m in report.overall.values() for k in m.pass_at_k if k > 1})
+    if not ks:
+        return ""
+    head = "<tr><th>group</th>" + "".join(f"<th>pass@{k}</th><th>fast_1@{k}</th>" for k in ks) + "</tr>"
+    rows = "".join(
+        f"<tr><td>{_e(g)}</td>" + "".join(
+            _num(g, f"pass@{k}", m.pass_at_k.get(k), percent(m.pass_at_k.get(k)))
+            + _num(g, f"fast_1@{k}", m.fast_p.get(k, {}).get(1.0), percent(m.fast_p.get(k, {}).get(1.0))) for k in ks)
+        + "</tr>" for g, m in report.overall.items())
+    return f"<table>{head}{rows}</table>"
+
+
+def _category_table(report: Report) -> str:
+    if not report.groups:
+        return '<p class="note">No candidate results.</p>'
+    head = ("<tr><th>category</th><th>group</th><th>problems</th><th>attempted</th><th>pass@1</th><th>fast_1</th>"
+            "<th>geomean speedup</th><th>median % roofline</th><th>failures</th></tr>")
+    rows = []
+    for category in report.categories:
+        for group in report.groups:
+            m = report.by_category[group][category]
+            key = f"{category}."
+            rows.append(
+                f"<tr><td>{_e(category)}</td><td>{_e(group)}</td>"
+                + _num(group, key + "problems", m.denominator, str(m.denominator))
+                + _num(group, key + "attempted", m.num_attempted, str(m.num_attempted))
+                + _num(group, key + "pass@1", m.pass_at_k.get(1), percent(m.pass_at_k.get(1)))
+                + _num(group, key + "fast_1", m.fast_p.get(1, {}).get(1.0), percent(m.fast_p.get(1, {}).get(1.0)))
+                + _num(group, key + "geomean_speedup", m.geomean_speedup, times(m.geomean_speedup))
+                + _num(group, key + "median_roofline", m.roofline.quantiles.get("median"),
+                       percent(m.roofline.quantiles.get("median")))
+                + f"<td>{_e(', '.join(f'{n} {s}' for s, n in m.failures.items()) or '-')}</td></tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _problems_with_results(report: Report) -> list[str]:
+    present = {r.problem for r in report.records}
+    return [p for p in report.problems if p in present]
+
+
+def _problem_index(report: Report) -> str:
+    rows = []
+    for problem in _problems_with_results(report):
+        records = [r for r in report.records if r.problem == problem and not r.is_reference]
+        ok = sum(1 for r in records if r.status is Status.OK)
+        rows.append(f'<tr><td><a href="#problem-{_e(problem)}">{_e(problem)}</a></td>'
+                    f"<td>{_e(report.problems[problem])}</td><td class=num>{len(records)}</td><td class=num>{ok}</td></tr>")
+    if not rows:
+        return '<p class="note">No results for the selected problems.</p>'
+    return ("<table><tr><th>problem</th><th>category</th><th>candidate results</th><th>ok</th></tr>"
+            + "".join(rows) + "</table>")
+
+
+def _problem_section(report: Report, problem: str) -> str:
+    records = [r for r in report.records if r.problem == problem]
+    head = ("<tr><th>group</th><th>solution</th><th>verdict</th><th>speedup</th><th>% roofline</th>"
+            "<th>busbw</th><th>mode</th><th>ranks</th><th>message</th></tr>")
+    rows = "".join(
+        f'<tr><td>{_e(r.group)}</td><td><a href="#result-{r.key}">{_e(r.result.solution)}</a></td>'
+        f"<td>{_status(r.status)}</td><td class=num>{times(r.result.speedup)}</td>"
+        f"<td class=num>{percent(r.result.roofline_fraction)}</td>"
+        f"<td class=num>{'-' if r.result.busbw_gbps is None else f'{r.result.busbw_gbps:.1f} GB/s'}</td>"
+        f"<td>{_e(r.result.mode)}</td><td class=num>{r.result.world_size}</td><td>{_e(r.result.message[:160])}</td></tr>"
+        for r in records)
+    return (f'<section class="problem" id="problem-{_e(problem)}"><h3>{_e(problem)} '
+            f'<small class="note">({_e(report.problems[problem])})</small></h3><table>{head}{rows}</table>'
+            + "".join(_result_details(r) for r in records if not r.is_reference) + "</section>")
+
+
+def _result_details(record: Record) -> str:
+    result = record.result
+    timings = ""
+    if result.timings:
+        timings = ("<table><tr><th>case</th><th>reference</th><th>candidate</th><th>speedup</th><th>busbw</th></tr>"
+                   + "".join(f"<tr><td>{_e(t.case)}</td><td class=num>{t.reference_s * 1e6:.1f} us</td>"
+                             f"<td class=num>{t.candidate_s * 1e6:.1f} us</td><td class=num>{t.speedup:.2f}x</td>"
+                             f"<td class=num>{'-' if t.busbw_gbps is None else f'{t.busbw_gbps:.1f} GB/s'}</td></tr>"
+                             for t in result.timings) + "</table>")
+    details = (f"<pre>{_e(json.dumps(result.details, indent=1, default=str))}</pre>" if result.details else "")
+    code = (f'<p class="note">code from {_e(record.code.origin)}</p><pre><code>{_e(record.code.text)}</code></pre>'
+            if record.code.text is not None else f'<p class="note">code {_e(record.code.origin)}</p>')
+    gpu_note = "" if result.times_are_gpu_performance or not result.timings else \
+        f'<p class="note">times measured in {_e(result.mode)} mode: not GPU performance</p>'
+    return (f'<details id="result-{record.key}"><summary>{_e(record.group)} / {_e(result.solution)}'
+            + ("" if record.sample == result.solution else f" ({_e(record.sample)})")
+            + f": {_status(record.status)} {_e(result.message[:200])}</summary>"
+            f"<p>{_e(result.message)}</p>{gpu_note}{timings}{details}{code}</details>")
+
+
+# -- plots -------------------------------------------------------------------------------------------
+
+
+def _svg(name: str, body: str, title: str) -> str:
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" data-plot="{name}" width="{WIDTH}" '
+            f'height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img"><title>{_e(title)}</title>{body}</svg>')
+
+
+def _empty(name: str, why: str) -> str:
+    return _svg(name, f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle">{_e(why)}</text>', why)
+
+
+class _Frame:
+    """The plotting area: maps data to pixels (y grows upward) and draws axes."""
+
+    def __init__(self, x_range: tuple[float, float], y_range: tuple[float, float], log_x: bool = False):
+        self.log_x = log_x
+        self.x0, self.x1 = (math.log10(v) for v in x_range) if log_x else x_range
+        self.y0, self.y1 = y_range
+        self.left, self.right = MARGIN["left"], WIDTH - MARGIN["right"]
+        self.top, self.bottom = MARGIN["top"], HEIGHT - MARGIN["bottom"]
+
+    def x(self, value: float) -> float:
+        value = math.log10(value) if self.log_x else value
+        return self.left + (value - self.x0) / ((self.x1 - self.x0) or 1) * (self.right - self.left)
+
+    def y(self, value: float) -> float:
+        return self.bottom - (value - self.y0) / ((self.y1 - self.y0) or 1) * (self.bottom - self.top)
+
+    def axes(self, x_ticks: list[tuple[float, str]], y_ticks: list[tuple[float, str]], x_label: str,
+             y_label: str) -> str:
+        out = [f'<line x1="{self.left}" y1="{self.bottom}" x2="{self.right}" y2="{self.bottom}" stroke="#888"/>',
+               f'<line x1="{self.left}" y1="{self.top}" x2="{self.left}" y2="{self.bottom}" stroke="#888"/>']
+        for value, label in x_ticks:
+            x = self.x(value)
+            out.append(f'<text x="{x:.1f}" y="{self.bottom + 14}" text-anchor="middle">{_e(label)}</text>')
+        for value, label in y_ticks:
+            y = self.y(value)
+            out.append(f'<line x1="{self.left}" y1="{y:.1f}" x2="{self.right}" y2="{y:.1f}" stroke="#eee"/>'
+                       f'<text x="{self.left - 6}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>')
+        out.append(f'<text x="{(self.left + self.right) / 2}" y="{HEIGHT - 6}" text-anchor="middle">{_e(x_label)}</text>')
+        out.append(f'<text transform="translate(12 {(self.top + self.bottom) / 2}) rotate(-90)" '
+                   f'text-anchor="middle">{_e(y_label)}</text>')
+        return "".join(out)
+
+
+def _legend(entries: list[tuple[str, str]]) -> str:
+    x = WIDTH - MARGIN["right"] + 12
+    return "".join(f'<rect x="{x}" y="{MARGIN["top"] + 16 * i}" width="10" height="10" fill="{color}"/>'
+                   f'<text x="{x + 14}" y="{MARGIN["top"] + 16 * i + 9}">{_e(label[:20])}</text>'
+                   for i, (label, color) in enumerate(entries))
+
+
+_PERCENT_TICKS = [(v / 100, f"{v}%") for v in (0, 25, 50, 75, 100)]
+
+
+def _leaderboard_bars(report: Report, colors: dict[str, str]) -> str:
+    if not report.groups:
+        return _empty("leaderboard", "no candidate results")
+    frame = _Frame((0, len(report.groups)), (0, 1))
+    band = (frame.right - frame.left) / len(report.groups)
+    bars = []
+    for i, (group, m) in enumerate(report.overall.items()):
+        for j, (metric, value, opacity) in enumerate((("pass@1", m.pass_at_k.get(1, 0.0), 1.0),
+                                                      ("fast_1", m.fast_p.get(1, {}).get(1.0, 0.0), 0.5))):
+            x = frame.left + band * i + band * (0.15 + 0.35 * j)
+            bars.append(f'<rect class="mark" data-group="{_e(group)}" data-metric="{metric}" data-value="{value}" '
+                        f'x="{x:.1f}" y="{frame.y(value):.1f}" width="{band * 0.33:.1f}" '
+                        f'height="{frame.bottom - frame.y(value):.1f}" fill="{colors[group]}" fill-opacity="{opacity}">'
+                        f"<title>{_e(group)} {metric} {percent(value)}</title></rect>")
+    labels = [(i + 0.5, g[:14]) for i, g in enumerate(report.groups)]
+    legend = _legend([("pass@1 (solid)", "#555"), ("fast_1 (light)", "#bbb")])
+    return _svg("leaderboard", frame.axes(labels, _PERCENT_TICKS, "group", "share of problems") + "".join(bars)
+                + legend, "pass@1 and fast_1 per group")
+
+
+def _fast_p_curves(report: Report, colors: dict[str, str]) -> str:
+    if not report.groups:
+        return _empty("fast-p", "no candidate results")
+    frame = _Frame((FAST_P_THRESHOLDS[0], FAST_P_THRESHOLDS[-1]), (0, 1))
+    out = []
+    for group, m in report.overall.items():
+        values = m.fast_p.get(1)
+        if not values:
+            continue
+        points = [(frame.x(p), frame.y(values[p])) for p in FAST_P_THRESHOLDS]
+        out.append(f'<polyline fill="none" stroke="{colors[group]}" stroke-width="2" '
+                   f'points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in points)}"/>')
+        out += [f'<circle class="mark" data-group="{_e(group)}" data-p="{p}" data-value="{values[p]}" cx="{x:.1f}" '
+                f'cy="{y:.1f}" r="4" fill="{colors[group]}"><title>{_e(group)} fast_{p:g} {percent(values[p])}</title>'
+                f"</circle>" for p, (x, y) in zip(FAST_P_THRESHOLDS, points)]
+    x_ticks = [(p, f"{p:g}") for p in FAST_P_THRESHOLDS]
+    return _svg("fast-p", frame.axes(x_ticks, _PERCENT_TICKS, "speedup threshold p", "fast_p@1") + "".join(out)
+                + _legend([(g, colors[g]) for g in report.groups]), "fast_p curves")
+
+
+def _verdict_stacks(report: Report) -> str:
+    if not report.groups:
+        return _empty("verdicts", "no candidate results")
+    statuses = [s for s in Status if any(s.value in m.verdicts for m in report.overall.values())]
+    most = max(sum(m.verdicts.values()) for m in report.overall.values()) or 1
+    frame = _Frame((0, len(report.groups)), (0, most))
+    band = (frame.right - frame.left) / len(report.groups)
+    out = []
+    for i, (group, m) in enumerate(report.overall.items()):
+        stacked = 0
+        for status in statuses:
+            count = m.verdicts.get(status.value, 0)
+            if not count:
+                continue
+            top = frame.y(stacked + count)
+            out.append(f'<rect class="mark" data-group="{_e(group)}" data-status="{status.value}" data-value="{count}" '
+                       f'x="{frame.left + band * (i + 0.2):.1f}" y="{top:.1f}" width="{band * 0.6:.1f}" '
+                       f'height="{frame.y(stacked) - top:.1f}" fill="{STATUS_COLORS[status]}">'
+                       f"<title>{_e(group)}: {count} {status.value}</title></rect>")
+            stacked += count
+    step = max(1, math.ceil(most / 5))
+    y_ticks = [(v, str(v)) for v in range(0, most + 1, step)]
+    labels = [(i + 0.5, g[:14]) for i, g in enumerate(report.groups)]
+    return _svg("verdicts", frame.axes(labels, y_ticks, "group", "results") + "".join(out)
+                + _legend([(s.value, STATUS_COLORS[s]) for s in statuses]), "verdicts by group")
+
+
+def _scatter(report: Report, colors: dict[str, str]) -> str:
+    points = [r for r in report.records if not r.is_reference and r.group in colors and r.status is Status.OK
+              and r.result.speedup and r.result.roofline_fraction is not None]
+    if not points:
+        return _empty("scatter", "no correct result has both a speedup and a % of roofline")
+    speedups = [r.result.speedup for r in points]
+    low = 10 ** math.floor(math.log10(min(min(speedups), 1.0)))
+    high = 10 ** math.ceil(math.log10(max(max(speedups), 1.0) * 1.0001))
+    top = max(1.0, max(r.result.roofline_fraction for r in points))
+    frame = _Frame((low, high), (0, top), log_x=True)
+    x_ticks, tick = [], low
+    while tick <= high * 1.0001:
+        x_ticks.append((tick, f"{tick:g}x"))
+        tick *= 10
+    marks = [f'<line x1="{frame.x(1.0):.1f}" y1="{frame.top}" x2="{frame.x(1.0):.1f}" y2="{frame.bottom}" '
+             f'stroke="#aaa" stroke-dasharray="4 3"/>']
+    marks += [f'<circle class="mark" data-group="{_e(r.group)}" data-problem="{_e(r.problem)}" '
+              f'data-speedup="{r.result.speedup}" data-roofline="{r.result.roofline_fraction}" '
+              f'cx="{frame.x(r.result.speedup):.1f}" cy="{frame.y(r.result.roofline_fraction):.1f}" r="5" '
+              f'fill="{colors[r.group]}" fill-opacity="0.8"><title>{_e(r.group)} {_e(r.problem)}: '
+              f"{times(r.result.speedup)}, {percent(r.result.roofline_fraction)} of roofline</title></circle>"
+              for r in points]
+    return _svg("scatter", frame.axes(x_ticks, _PERCENT_TICKS, "speedup over the reference", "% of roofline")
+                + "".join(marks) + _legend([(g, colors[g]) for g in report.groups]), "speedup vs % of roofline")
+
+
+def _roofline_histogram(report: Report, colors: dict[str, str]) -> str:
+    summaries = {g: m.roofline for g, m in report.overall.items() if m.roofline.count}
+    if not summaries:
+        return _empty("roofline", "no correct result has a % of roofline")
+    labels = [label for label, _ in next(iter(summaries.values())).histogram]
+    most = max(n for s in summaries.values() for _, n in s.histogram) or 1
+    frame = _Frame((0, len(labels)), (0, most))
+    band = (frame.right - frame.left) / len(labels)
+    width = band * 0.8 / len(summaries)
+    out = []
+    for j, (group, summary) in enumerate(summaries.items()):
+        for i, (label, count) in enumerate(summary.histogram):
+            if count:
+                x = frame.left + band * (i + 0.1) + width * j
+                out.append(f'<rect class="mark" data-group="{_e(group)}" data-bin="{label}" data-value="{count}" '
+                           f'x="{x:.1f}" y="{frame.y(count):.1f}" width="{width:.1f}" '
+                           f'height="{frame.bottom - frame.y(count):.1f}" fill="{colors[group]}">'
+                           f"<title>{_e(group)} {label}: {count}</title></rect>")
+    step = max(1, math.ceil(most / 5))
+    x_ticks = [(i + 0.5, label.split("-")[0].rstrip("%")) for i, label in enumerate(labels)]
+    return _svg("roofline", frame.axes(x_ticks, [(v, str(v)) for v in range(0, most + 1, step)],
+                                       "% of roofline (bin start)", "correct results")
+                + "".join(out) + _legend([(g, colors[g]) for g in summaries]), "% of roofline histogram")
+
+
+# -- small helpers -------------------------------------------------------------------------------------
+
+
+def _e(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _num(group: str, metric: str, value, text: str) -> str:
+    data = "" if value is None else f' data-value="{value}"'
+    return f'<td class="num" data-group="{_e(group)}" data-metric="{_e(metric)}"{data}>{_e(text)}</td>'
+
+
+def _status(status: Status) -> str:
+    return f'<span class="status" style="background:{STATUS_COLORS[status]}">{status.value}</span>'
