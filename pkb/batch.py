@@ -79,6 +79,7 @@ def run_jobs(jobs: list[Job], config: EvalConfig, store: ResultStore,
     with Session(config.mode, config.world_size) as session:
         for job in jobs:
             timing = ("perf+graph" if config.cuda_graph else "perf") if config.perf else ""
+            timing += "|" + config.policy
             key = run_key(job.problem.name, job.problem.version, job.candidate.sha256, config.mode.value,
                           config.world_size, config.num_trials, timing)
             previous = store.latest(key)

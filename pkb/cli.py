@@ -119,7 +119,7 @@ def make_config(args, world_size: int):
     if not args.json:
         print(f"mode: {choice.mode} ({choice.reason})", file=sys.stderr)
     return EvalConfig(world_size=world_size, mode=choice.mode, num_trials=args.trials, timeout_s=args.timeout,
-                      perf=args.perf, cuda_graph=args.cuda_graph)
+                      perf=args.perf, cuda_graph=args.cuda_graph, policy=args.policy)
 
 
 def cmd_eval(args) -> int:
@@ -257,6 +257,9 @@ def add_eval_options(p, world_size_default):
     p.add_argument("--perf", action="store_true", help="also time reference and candidate (speedup)")
     p.add_argument("--cuda-graph", action="store_true",
                    help="with --perf in cuda mode: time CUDA-graph replays (for microsecond-scale problems)")
+    p.add_argument("--policy", default="report", choices=["report", "forbid-collectives"],
+                   help="forbid-collectives: a solution that calls torch.distributed, functional collectives, "
+                        "symm_mem fused ops or the reference on the hot path is `forbidden`")
     p.add_argument("--json", action="store_true")
 
 
@@ -316,7 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\npkb: interrupted; finished results are in the database, rerun to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `pkb list | head`: the reader has gone, nothing to report
+        sys.stderr.close()
+        return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m pkb.cli`: run the imported module's main, so its exception classes are the ones raised
+    from pkb.cli import main as _main
+
+    sys.exit(_main())

@@ -86,9 +86,9 @@ def add_generation(path: Path, **values) -> None:
     conn.close()
 
 
-def build(path: Path, group_by: str = "auto", ks=(1,)) -> metrics.Report:
-    loaded = records.load(path, group_by, records.Filter(problems=frozenset(SELECTION)), SELECTION)
-    return metrics.build_report(loaded.records, SELECTION, loaded.group_by, ks, loaded.notes)
+def build(path: Path, group_by: str = "auto", ks=(1,), selection: dict[str, str] = SELECTION) -> metrics.Report:
+    loaded = records.load(path, group_by, records.Filter(problems=frozenset(selection)), selection)
+    return metrics.build_report(loaded.records, selection, loaded.group_by, ks, loaded.notes)
 
 
 # -- the estimator -------------------------------------------------------------------------------------
@@ -220,8 +220,10 @@ def test_code_is_read_from_a_stored_path_only_while_the_file_is_unchanged(tmp_pa
 
 
 def pkb(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pkb.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+    # as the `pkb` script runs it: under `python -m pkb.cli` the module is __main__, and pkb.cli.UsageError
+    # raised by a subcommand module would be a different class from the one main() catches
+    command = [sys.executable, "-c", "import sys; from pkb.cli import main; sys.exit(main())", *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
 def test_report_json_has_the_documented_keys_and_the_database_numbers(tmp_path):

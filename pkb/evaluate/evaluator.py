@@ -19,9 +19,14 @@ from dataclasses import dataclass
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.compare import Mismatch, compare
 from pkb.evaluate.result import CaseTiming, EvalResult
+from pkb.evaluate.tripwire import scan
 from pkb.problem import Case, Problem, Status, Tolerance
 from pkb.runtime.group import GroupFailure, RankCrashed, RankGroup, RankTimeout
+from pkb.runtime.guards import SYNC_ONLY
 from pkb.runtime.modes import Mode
+
+
+POLICIES = ("report", "forbid-collectives")
 
 
 class HarnessError(RuntimeError):
@@ -66,6 +71,11 @@ class EvalConfig:
     load_timeout_s: float = 900.0  # a first CUDA build can take minutes
     perf: bool = False
     cuda_graph: bool = False
+    policy: str = "report"  # or "forbid-collectives": stock collectives on the hot path are `forbidden`
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
 
     @property
     def timing(self) -> TimingProtocol:
@@ -132,6 +142,8 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
                         solution_sha256=candidate.sha256, status=Status.OK, mode=config.mode.value,
                         world_size=config.world_size, num_trials=config.num_trials,
                         times_are_gpu_performance=config.mode.times_are_gpu_performance)
+    result.details["tripwire"] = [str(label) for label in scan(candidate.source)] if not candidate.is_reference else []
+    result.details["solution_path"] = str(candidate.path) if candidate.path else None
     try:
         _check_statically(problem, candidate, config)
         cases = problem.cases("tests", config.world_size)
@@ -144,24 +156,36 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
             for trial in range(1, config.num_trials):
                 for case in cases:
                     _check_case(session, reference, group, problem, case, trial, config)
-            _check_repeatable(first[0], _check_case(session, reference, group, problem, cases[0], 0, config),
-                              problem, cases[0], config)
+            last = _check_case(session, reference, group, problem, cases[0], 0, config)
+            _check_repeatable(first[0], last, problem, cases[0], config)
+            result.collectives_used = _used(last)  # each reply carries everything recorded so far
             if config.perf:
                 timed = _perf_cases(problem, config)
                 result.timings = [_time_case(session, reference, group, problem, case, config) for case in timed]
                 for case in timed:  # fresh inputs after timing, in the same processes: no cache survives
-                    _check_case(session, reference, group, problem, case, "after-timing", config)
+                    last = _check_case(session, reference, group, problem, case, "after-timing", config)
+                result.collectives_used = _used(last)
                 _summarise_timings(result)
+            _apply_policy(result, config)
             result.message = f"all outputs match on {config.world_size} ranks, {len(cases)} cases x {config.num_trials} trials"
         finally:
             group.kill()  # a candidate's processes are never reused: no need to let them wind down
     except Verdict as verdict:
-        result.status, result.message, result.details = verdict.status, verdict.message, verdict.details
+        result.status, result.message = verdict.status, verdict.message
+        result.details.update(verdict.details)
     finally:
         result.wall_s = time.monotonic() - started
         if own_session:
             session.close()
     return result
+
+
+def _apply_policy(result: EvalResult, config: EvalConfig) -> None:
+    """Under ``forbid-collectives``, a solution that moved data through the stock stack is ``forbidden``."""
+    moved = [label for label in result.collectives_used if label not in SYNC_ONLY]
+    if config.policy == "forbid-collectives" and moved:
+        raise Verdict(Status.FORBIDDEN, f"the solution called the stock stack on the hot path: {', '.join(moved)} "
+                                        "(--policy forbid-collectives)", collectives_used=result.collectives_used)
 
 
 def _check_statically(problem: Problem, candidate: Candidate, config: EvalConfig) -> None:
@@ -245,11 +269,13 @@ def _input_mismatch(mismatch: Mismatch, problem: Problem) -> Mismatch:
 
 
 def _raise_candidate_error(replies: list[dict], rank: int, where: dict) -> None:
-    # Report the rank that failed first, not one stuck waiting for it.
+    # Report the rank that failed first, not one stuck waiting for it; tampering before anything else.
     real = [r for r, reply in enumerate(replies) if reply.get("error") and not reply.get("stuck")]
-    rank = real[0] if real else rank
+    tampering = [r for r in real if replies[r].get("status") == Status.TAMPERED.value]
+    rank = (tampering or real or [rank])[0]
     reply = replies[rank]
-    raise Verdict(Status.RUNTIME_ERROR, f"rank {rank}, case {where['case']}, trial {where['trial']}: {reply['error']}",
+    status = Status.TAMPERED if reply.get("status") == Status.TAMPERED.value else Status.RUNTIME_ERROR
+    raise Verdict(status, f"rank {rank}, case {where['case']}, trial {where['trial']}: {reply['error']}",
                   rank=rank, **where, error=reply["error"], traceback=reply.get("traceback", ""))
 
 
@@ -300,6 +326,7 @@ class GroupTiming:
     outputs: list  # per rank: the last output computed on each input copy
     threads_left_running: int
     num_iters: int  # calls per repeat
+    collectives_used: list[str]  # stock calls the group's code made (candidate groups only)
 
     @property
     def timer_disagreement(self) -> bool:
@@ -342,7 +369,12 @@ def _time_group(group: RankGroup, session: Session, problem: Problem, case: Case
                        event_s=statistics.median(event_s) if None not in event_s else None,
                        outputs=[reply["outputs"] for reply in outputs],
                        threads_left_running=max(reply["threads_left_running"] for reply in finished),
-                       num_iters=num_iters)
+                       num_iters=num_iters, collectives_used=_used(outputs))
+
+
+def _used(replies: list[dict]) -> list[str]:
+    """The union over ranks of the stock calls each reply says its rank's solution made."""
+    return sorted({label for reply in replies for label in reply.get("collectives_used", [])})
 
 
 def _checked(replies: list[dict]) -> list[dict]:
@@ -378,7 +410,8 @@ def _time_case(session: Session, reference: RankGroup, group: RankGroup, problem
         try:
             got = _time_group(group, session, problem, case, config)
         except RankError as exc:
-            raise Verdict(Status.RUNTIME_ERROR, f"{what}: {exc}", rank=exc.rank, case=case.name, trial="timing",
+            status = Status.TAMPERED if exc.reply.get("status") == Status.TAMPERED.value else Status.RUNTIME_ERROR
+            raise Verdict(status, f"{what}: {exc}", rank=exc.rank, case=case.name, trial="timing",
                           error=exc.reply["error"], traceback=exc.reply.get("traceback", "")) from None
     _check_rank_clock(got, case)
     _check_timed_outputs(expected, got, problem, case, config)

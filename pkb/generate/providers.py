@@ -200,8 +200,8 @@ def connect(spec: ModelSpec | str, settings: ProviderSettings = ProviderSettings
     preset = PRESETS[spec.provider]
     key = os.environ.get(preset.key_env)
     if preset.key_required and not key:
-        raise SetupError(f"{spec}: no API key; set {preset.key_env}"
-                         + (f" (or point {preset.base_url_env} at another endpoint)" if preset.protocol == "openai" else ""))
+        raise SetupError(f"{spec}: no API key; set {preset.key_env} (a local server without keys: vllm:MODEL or "
+                         "sglang:MODEL, with VLLM_BASE_URL / SGLANG_BASE_URL)")
     base_url = settings.base_url or os.environ.get(preset.base_url_env) or preset.base_url
     if preset.protocol == "anthropic":
         send, classify = _anthropic(spec, key, base_url, settings)

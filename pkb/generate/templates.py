@@ -40,7 +40,8 @@ ROOFLINE = """
 On this hardware that is at least {bound_us:.3g} us per call ({bound_by}-bound: link {link_us:.3g} us, \
 latency {latency_us:.3g} us, compute {compute_us:.3g} us, HBM {memory_us:.3g} us)."""
 
-NVLS_YES = "available"
+NVLS_YES = ("in the hardware, but hosts often run with it switched off (NCCL_NVLS_ENABLE=0, "
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST=1): use it only with a fallback that works without it")
 NVLS_NO = "not available here: do not use multicast objects or multimem instructions"
 
 REFERENCE = """\

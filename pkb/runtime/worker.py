@@ -12,6 +12,7 @@ what happened, and the parent compares and judges.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
 import os
@@ -24,8 +25,10 @@ from multiprocessing.connection import Connection
 import torch
 import torch.distributed as dist
 
+from pkb.evaluate.timing import TimedLoop
 from pkb.problem import make_generator
 from pkb.runtime.channel import recv_job, send_reply, to_plain
+from pkb.runtime.guards import HarnessImportBlocker, StockCallRecorder, snapshot_harness, tampered
 from pkb.runtime.modes import Mode
 
 
@@ -39,6 +42,9 @@ class Worker:
         self.problem = None
         self.solution = None
         self.timed = None  # the TimedLoop of the case being timed
+        self.recorder = StockCallRecorder()
+        self.import_blocker = HarnessImportBlocker()
+        self.snapshot = None  # the harness's objects before the candidate was imported
 
     def _pick_device(self) -> torch.device:
         if self.mode is Mode.CPU:
@@ -57,24 +63,47 @@ class Worker:
     # -- jobs ---------------------------------------------------------------------------------------
 
     def load(self, job: dict) -> dict:
-        """Import the problem (``module`` or ``module:ATTR``, default attribute PROBLEM) and the candidate."""
+        """Import the problem (``module`` or ``module:ATTR``, default attribute PROBLEM) and the candidate.
+
+        In a candidate group, the stock collectives are wrapped first (to record which ones the
+        solution calls), the harness's objects are snapshotted, and the harness's modules are made
+        unimportable; then the candidate file is imported.
+        """
         self.problem = load_problem(job["problem"])
         self.solution = None
+        if self.role != "candidate":
+            return {"status": "ok"}
+        problem_module = sys.modules[self.problem.reference.__module__]
+        self.recorder.install(problem_module if job.get("candidate") else None)
+        self.snapshot = snapshot_harness()
+        self.import_blocker.install()
         if job.get("candidate") is None:  # the reference, run as a candidate (self-check)
             return {"status": "ok"}
         try:
             self.solution = _import_candidate(job["candidate"], self.problem.argument_names)
         except CandidateError as exc:
-            return {"status": exc.status, "error": str(exc)}
-        return {"status": "ok"}
+            return self.guarded({"status": exc.status, "error": str(exc)})
+        return self.guarded({"status": "ok"})
+
+    def guarded(self, reply: dict) -> dict:
+        """``reply``, unless the candidate has tampered with the harness since it was loaded."""
+        if self.snapshot is None:
+            return reply
+        changed = tampered(self.snapshot) + [f"import {name}" for name in self.import_blocker.attempts]
+        if changed:
+            return {"status": "tampered", "error": "the candidate changed or reached into the harness: "
+                                                   + ", ".join(changed)}
+        return {**reply, "collectives_used": sorted(self.recorder.used)}
 
     def call(self, inputs: tuple) -> tuple:
-        """(outputs, the inputs as called): the candidate's, or the reference's on CPU copies in
-        shared-gpu mode, where gloo cannot send or receive CUDA tensors."""
+        """(outputs, the inputs as called): the candidate's (recorded), or the reference's, on CPU
+        copies in shared-gpu mode, where gloo cannot send or receive CUDA tensors."""
         if self.solution is not None:
-            return self.solution(*inputs), inputs
+            return self.recorder.run(self.solution, *inputs), inputs
         if self.mode is Mode.SHARED_GPU:
             inputs = tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs)
+        if self.role == "candidate":
+            return self.recorder.run(self.problem.reference, *inputs), inputs
         return self.problem.reference(*inputs), inputs
 
     def make_inputs(self, case_name: str, seeds: tuple[int, int]) -> tuple:
@@ -89,14 +118,12 @@ class Worker:
             torch.cuda.synchronize(self.device)
         dist.barrier()
         sample_seed = job.get("sample_seed")
-        return {"status": "ok", "outputs": to_plain(outputs, sample_seed=sample_seed),
-                "inputs_after": to_plain(list(inputs), sample_seed=sample_seed)}
+        return self.guarded({"status": "ok", "outputs": to_plain(outputs, sample_seed=sample_seed),
+                             "inputs_after": to_plain(list(inputs), sample_seed=sample_seed)})
 
     def time_prepare(self, job: dict) -> dict:
-        from pkb.evaluate.timing import TimedLoop
-
         case = self.problem.find_case(job["case"])
-        fn = self.solution or (lambda *inputs: self.call(inputs)[0])
+        fn = (lambda *inputs: self.call(inputs)[0])
         self.timed = TimedLoop(fn, lambda seeds: self.make_inputs(case.name, seeds), job["seeds"], self.device)
         return {"status": "ok", **self.timed.prepare(**job["protocol"])}
 
@@ -104,19 +131,17 @@ class Worker:
         return {"status": "ok", **self.timed.repeat()}
 
     def time_finish(self, job: dict) -> dict:
-        return {"status": "ok", **self.timed.finish()}
+        return self.guarded({"status": "ok", **self.timed.finish()})
 
     def time_outputs(self, job: dict) -> dict:
         """The last output computed on each input copy, for the parent to check against the reference."""
         timed, self.timed = self.timed, None
         outputs = [timed.last_outputs.get(k) for k in range(len(timed.copies))]
-        return {"status": "ok", "outputs": to_plain(outputs, sample_seed=job["sample_seed"])}
+        return self.guarded({"status": "ok", "outputs": to_plain(outputs, sample_seed=job["sample_seed"])})
 
 
 def load_problem(ref: str):
     """A Problem from ``package.module`` (its PROBLEM) or ``package.module:NAME``."""
-    import importlib
-
     module_name, _, attr = ref.partition(":")
     return getattr(importlib.import_module(module_name), attr or "PROBLEM")
 

@@ -1,0 +1,190 @@
+"""Inside a candidate's rank process: record the stock collectives it calls, and notice tampering.
+
+``StockCallRecorder`` wraps the data-moving entry points of the stock stack before the candidate is
+imported — ``torch.distributed`` collectives (module functions and ProcessGroup methods), the
+functional collectives, ``torch.ops.symm_mem`` fused operators, and the problem's own reference —
+and records which ones run *while the candidate's solution runs*. The harness's own barriers and
+reductions are bound before this and are not recorded.
+
+``tampered()`` compares the harness's clocks, synchronisation, channel and worker entry points
+with the objects they were at start: a candidate that patched any of them is reported.
+
+Both are in-process checks, so a determined candidate can defeat them; the verdict does not depend
+on them alone: times come from the parent's clock and outputs are compared in the parent
+(docs/threat-model.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+# Entry points that move data (recorded and, under --policy forbid-collectives, forbidden).
+DIST_FUNCTIONS = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_object",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single",
+    "broadcast", "broadcast_object_list", "reduce", "scatter", "gather", "send", "recv", "isend", "irecv",
+    "batch_isend_irecv", "all_reduce_coalesced", "all_gather_coalesced",
+)
+PROCESS_GROUP_METHODS = (
+    "allreduce", "allreduce_coalesced", "allgather", "_allgather_base", "allgather_into_tensor_coalesced",
+    "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base",
+    "broadcast", "reduce", "scatter", "gather", "send", "recv",
+)
+FUNCTIONAL_FUNCTIONS = (
+    "all_reduce", "all_gather_tensor", "all_gather_into_tensor_coalesced", "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced", "all_to_all_single", "broadcast", "all_reduce_coalesced",
+    "permute_tensor",
+)
+SYMM_MEM_FUSED_OPS = (
+    "one_shot_all_reduce", "one_shot_all_reduce_out", "two_shot_all_reduce_", "two_shot_all_reduce_out",
+    "multimem_all_reduce_", "multimem_one_shot_all_reduce", "multimem_all_gather_out", "fused_all_gather_matmul",
+    "fused_all_gather_scaled_matmul", "fused_matmul_reduce_scatter", "fused_scaled_matmul_reduce_scatter",
+    "reduce_scatter_out", "all_to_all_vdev", "all_to_all_vdev_2d", "memset32_", "stream_write_value32_",
+)
+# Synchronisation only: recorded, never forbidden.
+SYNC_ONLY = frozenset({"dist.barrier", "dist.monitored_barrier"})
+
+
+class StockCallRecorder:
+    def __init__(self):
+        self.active = False
+        self.used: set[str] = set()
+
+    def _wrap(self, original: Callable, label: str) -> Callable:
+        recorder = self
+
+        @functools.wraps(original)
+        def recorded(*args, **kwargs):
+            if recorder.active:
+                recorder.used.add(label)
+            return original(*args, **kwargs)
+
+        recorded.__pkb_original__ = original
+        return recorded
+
+    def _patch(self, owner: Any, name: str, label: str) -> None:
+        original = getattr(owner, name, None)
+        if original is None or getattr(original, "__pkb_original__", None) is not None:
+            return
+        try:
+            setattr(owner, name, self._wrap(original, label))
+        except (AttributeError, TypeError):  # a read-only binding: nothing to record there
+            pass
+
+    def install(self, problem_module: Any = None) -> None:
+        import torch.distributed.distributed_c10d as c10d
+
+        for name in (*DIST_FUNCTIONS, "barrier", "monitored_barrier"):
+            for owner in (dist, c10d):
+                self._patch(owner, name, f"dist.{name}")
+        for name in PROCESS_GROUP_METHODS:
+            self._patch(dist.ProcessGroup, name, f"ProcessGroup.{name}")
+        try:
+            import torch.distributed._functional_collectives as functional
+        except ImportError:
+            functional = None
+        for name in FUNCTIONAL_FUNCTIONS if functional else ():
+            self._patch(functional, name, f"functional.{name}")
+        try:
+            namespace = torch.ops.symm_mem
+            for name in SYMM_MEM_FUSED_OPS:
+                if hasattr(namespace, name):
+                    self._patch(namespace, name, f"symm_mem.{name}")
+        except (AttributeError, RuntimeError):
+            pass
+        if problem_module is not None:
+            self._patch(problem_module, "reference", "reference")
+
+    def run(self, fn: Callable, *args):
+        """Call ``fn`` with recording on."""
+        self.active = True
+        try:
+            return fn(*args)
+        finally:
+            self.active = False
+
+    @property
+    def data_moving(self) -> list[str]:
+        return sorted(label for label in self.used if label not in SYNC_ONLY)
+
+
+def _watched(modules: dict[str, Any]) -> dict[str, Any]:
+    timing, channel, worker = modules["timing"], modules["channel"], modules["worker"]
+    import torch.distributed.distributed_c10d as c10d
+
+    watched = {
+        "time.perf_counter": time.perf_counter, "time.monotonic": time.monotonic, "time.time": time.time,
+        "torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
+        "torch.cuda.Event.record": torch.cuda.Event.record,
+        "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
+        "channel.send_reply": channel.send_reply, "channel.to_plain": channel.to_plain,
+        "channel.recv_job": channel.recv_job, "worker.to_plain": worker.to_plain,
+        "worker.send_reply": worker.send_reply, "worker.recv_job": worker.recv_job,
+    }
+    for name in ("run", "call", "guarded", "make_inputs", "time_prepare", "time_repeat", "time_finish", "time_outputs"):
+        watched[f"Worker.{name}"] = getattr(worker.Worker, name)
+    for name in ("prepare", "repeat", "finish", "call_next"):
+        watched[f"TimedLoop.{name}"] = getattr(timing.TimedLoop, name)
+    for name in ("sync", "aligned_start", "slowest"):
+        watched[f"timing.{name}"] = getattr(timing, name)
+    for name in (*DIST_FUNCTIONS, "barrier"):  # the recorder's wrappers, once installed
+        watched[f"dist.{name}"] = getattr(dist, name, None)
+        watched[f"c10d.{name}"] = getattr(c10d, name, None)
+    return watched
+
+
+def snapshot_harness() -> dict[str, Any]:
+    """The objects the harness relies on, as they are now (call after the recorder is installed and
+    before the candidate is imported). Keeps the modules, so later checks need no import."""
+    import pkb.evaluate.timing as timing
+    import pkb.runtime.channel as channel
+    import pkb.runtime.worker as worker
+
+    modules = {"timing": timing, "channel": channel, "worker": worker}
+    return {"__modules__": modules, **_watched(modules)}
+
+
+def tampered(snapshot: dict[str, Any]) -> list[str]:
+    """Names of the watched objects that are no longer what they were at ``snapshot`` time."""
+    now = _watched(snapshot["__modules__"])
+    return sorted(name for name, original in snapshot.items() if name != "__modules__" and now.get(name) is not original)
+
+
+BLOCKED_PACKAGES = ("pkb.evaluate", "pkb.runtime", "pkb.store", "pkb.batch", "pkb.cli", "pkb.registry",
+                    "pkb.generate", "pkb.report", "pkb.hardware")
+
+
+def _blocked(name: str) -> bool:
+    return any(name == package or name.startswith(package + ".") for package in BLOCKED_PACKAGES)
+
+
+class HarnessImportBlocker(importlib.abc.MetaPathFinder):
+    """Makes pkb's harness modules unimportable for the candidate and remembers who tried.
+
+    The worker has bound everything it needs already; the modules leave ``sys.modules`` (so
+    ``sys.modules["pkb.runtime.worker"]`` finds nothing either) and an import of one fails.
+    The problem's reference module and ``pkb.kernels`` stay importable.
+    """
+
+    def __init__(self):
+        self.attempts: list[str] = []
+        self.hidden: dict[str, Any] = {}
+
+    def install(self) -> None:
+        for name in [n for n in sys.modules if _blocked(n)]:
+            self.hidden[name] = sys.modules.pop(name)
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if _blocked(fullname):
+            self.attempts.append(fullname)
+            raise ImportError(f"{fullname} is pkb's harness: a candidate may not import it")
+        return None
