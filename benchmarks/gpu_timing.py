@@ -43,7 +43,7 @@ def fidelity(session: Session, config: EvalConfig) -> None:
     for problem in (GEMM, COPY):
         case = problem.benchmarks[0]
         runs = [time_reference(session, problem, case, config) for _ in range(5)]
-        medians = [r.per_call_s for r in runs]
+        medians = [r.per_call_s() for r in runs]
         median = statistics.median(medians)
         spread = (max(medians) - min(medians)) / median
         reference = independent[problem.name]

@@ -315,7 +315,7 @@ def test_multi_gpu_sweeps_measure_every_pair_and_both_collectives():
     measured = measure_multi_gpu(2, print)
     assert not measured.get("errors"), measured.get("errors")
     for kind in ("copy_engine", "sm_peer"):
-        pairs = {(row["src"], row["dst"]) for row in measured[kind] if row["bytes"] == PAIR_BYTES}
+        pairs = {(row["src"], row["dst"]) for row in measured[kind] if row["bytes"] >= PAIR_BYTES}
         assert pairs == {(0, 1), (1, 0)}
     assert len(measured["all_reduce"]) == len(get_problem("allreduce").cases("benchmarks", 2))
     assert max(row["busbw_gbps"] for row in measured["all_reduce"]) > 10

@@ -317,16 +317,41 @@ def _perf_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
 
 @dataclass
 class GroupTiming:
-    """One group's timing of one case. ``per_call_s`` is from the parent's own clock (authoritative)."""
+    """One group's timing of one case, from the parent's own clock unless said otherwise."""
 
-    per_call_s: float
-    spread: float  # (max - min) / median of the parent-clock repeats
+    repeat_s: list[float]  # seconds per call in each repeat
+    refresh_s: list[float]  # seconds each untimed refresh of the input values took
+    finish_s: float  # seconds the final synchronize (and joining leftover threads) took
+    num_iters: int  # calls per repeat
     rank_clock_s: float  # median of the slowest rank's own wall clock, per call (a cross-check)
     event_s: float | None  # median of the slowest rank's CUDA-event time, per call
     outputs: list  # per rank: the last output computed on each input copy
     threads_left_running: int
-    num_iters: int  # calls per repeat
     collectives_used: list[str]  # stock calls the group's code made (candidate groups only)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.repeat_s)
+
+    @property
+    def spread(self) -> float:
+        return (max(self.repeat_s) - min(self.repeat_s)) / self.median_s
+
+    def per_call_s(self, refresh_allowance_s: float | None = None) -> float:
+        """The median repeat, or, if larger, all the time the group took divided by its timed calls.
+
+        Everything from the first repeat to the end of ``finish`` counts, refreshes included beyond
+        ``refresh_allowance_s`` each (what the same refresh took the reference): work a rank defers
+        past a repeat's reply (threads, unsynchronised streams) lands in a later phase and still counts.
+        """
+        allowance = self.refresh_allowance() if refresh_allowance_s is None else refresh_allowance_s
+        deferred = sum(max(0.0, r - allowance) for r in self.refresh_s) + self.finish_s
+        total = (sum(self.repeat_s) * self.num_iters + deferred) / (self.num_iters * len(self.repeat_s))
+        return max(self.median_s, total)
+
+    def refresh_allowance(self) -> float:
+        """Time an honest refresh may take: 1.5x this group's median refresh plus 5 ms (for the reference)."""
+        return 1.5 * statistics.median(self.refresh_s) + 0.005 if self.refresh_s else 0.0
 
     @property
     def timer_disagreement(self) -> bool:
@@ -334,12 +359,10 @@ class GroupTiming:
 
 
 def _time_group(group: RankGroup, session: Session, problem: Problem, case: Case, config: EvalConfig) -> GroupTiming:
-    """Drive the timing phases (pkb.evaluate.timing.TimedLoop) and time each with the parent's clock.
+    """Drive the timing phases (pkb.evaluate.timing.TimedLoop), each timed with the parent's clock.
 
     Inputs come from the same secret seeds for reference and candidate (different from every
-    correctness trial's). The time per call is the median repeat, or, if larger, everything from the
-    first repeat to the end of ``finish`` divided by the calls made: work a rank defers past a
-    repeat's reply (threads, unsynchronised streams) lands in later phases and is still counted.
+    correctness trial's); before every repeat but the first, the copies get new values in place.
     """
     W, timeout = config.world_size, config.timeout_s + 60
     seeds = [[(session.seed(problem.name, case.name, "time", rank, k), session.seed(problem.name, case.name, "time", k))
@@ -349,27 +372,29 @@ def _time_group(group: RankGroup, session: Session, problem: Problem, case: Case
     num_iters = prepared[0]["num_iters"]
     if any(reply["num_iters"] != num_iters for reply in prepared):
         raise GroupFailure(f"ranks disagree on the number of timed calls: {[r['num_iters'] for r in prepared]}")
-    parent_s, rank_s, event_s = [], [], []
-    for _ in range(config.timing.num_repeats):
+    repeat_s, refresh_s, rank_s, event_s = [], [], [], []
+    for round_index in range(config.timing.num_repeats):
+        if round_index:
+            began = time.monotonic()
+            _checked(group.request([{"op": "time_refresh", "round": round_index}] * W, timeout))
+            refresh_s.append(time.monotonic() - began)
         began = time.monotonic()
         replies = _checked(group.request([{"op": "time_repeat"}] * W, timeout))
-        parent_s.append((time.monotonic() - began) / num_iters)
+        repeat_s.append((time.monotonic() - began) / num_iters)
         rank_s.append(max(reply["wall_s"] for reply in replies))
         events = [reply["event_s"] for reply in replies]
         event_s.append(max(events) if None not in events else None)
     began = time.monotonic()
     finished = _checked(group.request([{"op": "time_finish"}] * W, timeout))
     finish_s = time.monotonic() - began
-    outputs = _checked(group.request([{"op": "time_outputs", "sample_seed": session.seed(problem.name, case.name, "sample")}] * W,
-                                     timeout))
-    median = statistics.median(parent_s)
-    total = (sum(parent_s) * num_iters + finish_s) / (num_iters * len(parent_s))
-    return GroupTiming(per_call_s=max(median, total), spread=(max(parent_s) - min(parent_s)) / median,
+    sample_seed = session.seed(problem.name, case.name, "sample")
+    outputs = _checked(group.request([{"op": "time_outputs", "sample_seed": sample_seed}] * W, timeout))
+    return GroupTiming(repeat_s=repeat_s, refresh_s=refresh_s, finish_s=finish_s, num_iters=num_iters,
                        rank_clock_s=statistics.median(rank_s),
                        event_s=statistics.median(event_s) if None not in event_s else None,
                        outputs=[reply["outputs"] for reply in outputs],
                        threads_left_running=max(reply["threads_left_running"] for reply in finished),
-                       num_iters=num_iters, collectives_used=_used(outputs))
+                       collectives_used=_used(outputs))
 
 
 def _used(replies: list[dict]) -> list[str]:
@@ -392,7 +417,7 @@ class RankError(GroupFailure):
 
 
 def time_reference(session: Session, problem: Problem, case: Case, config: EvalConfig) -> GroupTiming:
-    """The reference's timing on ``case`` (``per_call_s``: seconds per call, from the parent's clock)."""
+    """The reference's timing on ``case`` (``per_call_s()``: seconds per call, from the parent's clock)."""
     reference = session.reference_group(problem, config.load_timeout_s)
     try:
         return _time_group(reference, session, problem, case, config)
@@ -413,24 +438,26 @@ def _time_case(session: Session, reference: RankGroup, group: RankGroup, problem
             status = Status.TAMPERED if exc.reply.get("status") == Status.TAMPERED.value else Status.RUNTIME_ERROR
             raise Verdict(status, f"{what}: {exc}", rank=exc.rank, case=case.name, trial="timing",
                           error=exc.reply["error"], traceback=exc.reply.get("traceback", "")) from None
-    _check_rank_clock(got, case)
+    reference_s = expected.per_call_s()
+    candidate_s = got.per_call_s(expected.refresh_allowance())
+    _check_rank_clock(got, candidate_s, case)
     _check_timed_outputs(expected, got, problem, case, config)
     cost = problem.cost(case, config.world_size)
-    return CaseTiming(case=case.name, reference_s=expected.per_call_s, candidate_s=got.per_call_s,
+    return CaseTiming(case=case.name, reference_s=reference_s, candidate_s=candidate_s,
                       reference_spread=expected.spread, candidate_spread=got.spread,
-                      speedup=expected.per_call_s / got.per_call_s if got.per_call_s > 0 else math.inf,
-                      busbw_gbps=cost.link_bytes / got.per_call_s / 1e9 if cost.link_bytes and got.per_call_s > 0 else None,
+                      speedup=reference_s / candidate_s if candidate_s > 0 else math.inf,
+                      busbw_gbps=cost.link_bytes / candidate_s / 1e9 if cost.link_bytes and candidate_s > 0 else None,
                       timer_disagreement=got.timer_disagreement)
 
 
-def _check_rank_clock(got: GroupTiming, case: Case) -> None:
+def _check_rank_clock(got: GroupTiming, parent: float, case: Case) -> None:
     """A rank clock that reports far less time than the parent saw pass has been tampered with.
 
     The parent's clock also holds a message round trip, a barrier and a synchronize per repeat
     (well under a millisecond on an idle machine): a claim under half the parent's time with over
     50 ms per repeat unaccounted for is no such overhead. The parent's time counts either way.
     """
-    parent, claimed = got.per_call_s, got.rank_clock_s
+    claimed = got.rank_clock_s
     if claimed < 0.5 * parent and (parent - claimed) * got.num_iters > 0.05:
         raise Verdict(Status.TAMPERED, f"timing case {case.name}: the ranks' own clock reported {claimed * 1e6:.1f} us "
                                        f"per call while the parent observed {parent * 1e6:.1f} us",

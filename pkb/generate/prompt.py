@@ -17,9 +17,12 @@ import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pkb.generate import templates
-from pkb.problem import Case, Problem
+
+if TYPE_CHECKING:  # importing pkb.problem means torch: not needed to build the CLI's parser
+    from pkb.problem import Case, Problem
 
 BACKENDS = tuple(templates.BACKEND_GOALS)
 DEFAULT_HARDWARE = "h200_sxm_x8"

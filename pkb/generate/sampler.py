@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import re
+import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -121,18 +122,22 @@ def generate(problems: list[Problem], provider: Provider, settings: GenerateSett
 
 def _call_all(calls: list, provider: Provider, settings: GenerateSettings, handle: Callable) -> None:
     """Call the model for every (problem, prompt, sample), up to ``concurrency`` at once, and hand each
-    answer (a Completion or a ProviderError) to ``handle`` in this thread, as it arrives."""
+    answer (a Completion or a ProviderError) to ``handle`` in this thread, as it arrives. After a fatal
+    error no new call starts."""
     pool = ThreadPoolExecutor(max_workers=max(1, settings.concurrency), thread_name_prefix="pkb-model")
+    stop = threading.Event()
     pending: dict[Future, tuple] = {}
     try:
         for problem, prompt, sample in calls:
-            future = pool.submit(_ask, provider, prompt, settings)
+            future = pool.submit(_ask, provider, prompt, settings, stop)
             pending[future] = (problem, prompt, sample)
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in sorted(done, key=lambda f: pending[f][2]):
                 problem, prompt, sample = pending.pop(future)
                 answer = future.result()
+                if answer is None:  # not asked: a fatal error came first
+                    continue
                 handle(problem, prompt, sample, answer)
                 if isinstance(answer, ProviderError) and answer.fatal:
                     raise answer
@@ -140,11 +145,16 @@ def _call_all(calls: list, provider: Provider, settings: GenerateSettings, handl
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _ask(provider: Provider, prompt: Prompt, settings: GenerateSettings) -> Completion | ProviderError:
+def _ask(provider: Provider, prompt: Prompt, settings: GenerateSettings,
+         stop: threading.Event) -> Completion | ProviderError | None:
+    if stop.is_set():
+        return None
     try:
         return provider.complete(prompt.system, [Message("user", prompt.user)], settings.max_tokens,
                                  settings.temperature)
     except ProviderError as exc:
+        if exc.fatal:
+            stop.set()
         return exc
 
 

@@ -77,12 +77,16 @@ def run_baseline(problems: Iterable, world_size: int, mode, profile: HardwarePro
 
 
 def timing_numbers(timing) -> tuple[float, float, bool]:
-    """(seconds per call, spread, timer disagreement) from what ``time_reference`` returns: a
-    ``GroupTiming`` (``per_call_s``, ``spread``, ``timer_disagreement``) or, from older harness
-    versions, the tuple ``(median_s, spread, timer_disagreement)``."""
+    """(seconds per call, spread, timer disagreement) from what ``time_reference`` returns.
+
+    The harness's timing result is being reworked; this accepts each shape it has had: the tuple
+    ``(median_s, spread, timer_disagreement)``, or a ``GroupTiming`` whose ``per_call_s`` is a
+    value or a method. The one place to change when that API settles.
+    """
     if isinstance(timing, tuple):
         return timing[0], timing[1], bool(timing[2])
-    return timing.per_call_s, timing.spread, bool(timing.timer_disagreement)
+    per_call = timing.per_call_s() if callable(timing.per_call_s) else timing.per_call_s
+    return per_call, timing.spread, bool(timing.timer_disagreement)
 
 
 def make_row(problem, case, config, profile: HardwareProfile, datasheet: HardwareProfile | None,

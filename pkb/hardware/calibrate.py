@@ -258,7 +258,7 @@ def measure_multi_gpu(num_gpus: int, log: Callable[[str], None]) -> dict[str, An
         log(f"symmetric-memory barrier: {result['barrier_us']:.1f} us")
     for name in ("copy_engine", "sm_peer"):
         best = max((row["gbps"] for row in result[name] if row["bytes"] >= PAIR_BYTES), default=0.0)
-        log(f"{name.replace('_', ' ')} peer bandwidth: best pair {best:.0f} GB/s over {len(result[name])} measurements")
+        log(f"{name.replace('_', ' ').replace('sm', 'SM-driven')} peer bandwidth: best pair {best:.0f} GB/s over {len(result[name])} measurements")
     if errors:
         result["errors"] = errors
     return result
@@ -302,6 +302,7 @@ def _sweep_worker(rank: int, world_size: int, folder: str, plan: dict) -> None:
     for name, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                         ("NVSHMEM_DISABLE_NVLS", "1")):
         os.environ.setdefault(name, value)
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch's notes on deprecated symm-mem calls
     import datetime
 
     import torch

@@ -135,7 +135,7 @@ def cmd_baseline(args) -> int:
     if not args.json:
         print(f"mode: {choice.mode} ({choice.reason}); profile: {profile.name}"
               + (" (calibrated)" if profile.calibrated else ""), file=sys.stderr)
-    printer = _RowPrinter(enabled=not args.json)
+    printer = _RowPrinter(sys.stderr if args.json else sys.stdout)  # with --json: progress on stderr
     rows, skipped = run_baseline(problems, args.world_size, choice.mode, profile, timeout_s=args.timeout,
                                  cuda_graph=args.cuda_graph, on_row=printer.row)
     if args.json:
@@ -172,20 +172,21 @@ class _RowPrinter:
 
     COLUMNS = (("problem", 28), ("case", 30), ("time us", 12), ("busbw GB/s", 11), ("% roofline", 11), ("bound", 8))
 
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
+    def __init__(self, stream):
+        self.stream = stream
         self.started = False
 
     def row(self, row) -> None:
-        if not self.enabled:
-            return
         if not self.started:
-            print("  ".join(name.ljust(width) for name, width in self.COLUMNS).rstrip())
-            print("  ".join("-" * width for _, width in self.COLUMNS))
+            self._print("  ".join(name.ljust(width) for name, width in self.COLUMNS))
+            self._print("  ".join("-" * width for _, width in self.COLUMNS))
             self.started = True
         if row.error:
             cells = (row.problem, row.case, "error", "", "", row.error[:80])
         else:
             cells = (row.problem, row.case, f"{row.time_us:.1f}", f"{row.busbw:.3g}" if row.busbw else "-",
                      f"{row.roofline_fraction * 100:.1f}%", row.bound_by)
-        print("  ".join(str(c).ljust(w) for c, (_, w) in zip(cells, self.COLUMNS)).rstrip(), flush=True)
+        self._print("  ".join(str(c).ljust(w) for c, (_, w) in zip(cells, self.COLUMNS)))
+
+    def _print(self, line: str) -> None:
+        print(line.rstrip(), file=self.stream, flush=True)

@@ -143,6 +143,8 @@ def _links_from_nvml(num_gpus: int) -> LinkMatrix | None:
         if len(cuda_ids) != num_gpus or any(key not in handles for key in cuda_ids):
             return None  # cannot tell which NVML device is which CUDA device
         max_links = getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)
+        remote_pci = (getattr(pynvml, "nvmlDeviceGetNvLinkRemotePciInfo_v2", None)
+                      or pynvml.nvmlDeviceGetNvLinkRemotePciInfo)  # nvidia-ml-py has only the latter
         rows = []
         for i, key in enumerate(cuda_ids):
             to_gpu = [0] * num_gpus
@@ -151,7 +153,7 @@ def _links_from_nvml(num_gpus: int) -> LinkMatrix | None:
                 try:
                     if pynvml.nvmlDeviceGetNvLinkState(handles[key], link) != pynvml.NVML_FEATURE_ENABLED:
                         continue
-                    remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo_v2(handles[key], link)
+                    remote = remote_pci(handles[key], link)
                 except pynvml.NVMLError:
                     continue
                 peer = (remote.domain, remote.bus, remote.device)

@@ -128,9 +128,10 @@ def _watched(modules: dict[str, Any]) -> dict[str, Any]:
         "channel.recv_job": channel.recv_job, "worker.to_plain": worker.to_plain,
         "worker.send_reply": worker.send_reply, "worker.recv_job": worker.recv_job,
     }
-    for name in ("run", "call", "guarded", "make_inputs", "time_prepare", "time_repeat", "time_finish", "time_outputs"):
+    for name in ("run", "call", "guarded", "make_inputs", "time_prepare", "time_refresh", "time_repeat", "time_finish",
+                 "time_outputs"):
         watched[f"Worker.{name}"] = getattr(worker.Worker, name)
-    for name in ("prepare", "repeat", "finish", "call_next"):
+    for name in ("prepare", "refresh", "repeat", "finish", "outputs", "call_next"):
         watched[f"TimedLoop.{name}"] = getattr(timing.TimedLoop, name)
     for name in ("sync", "aligned_start", "slowest"):
         watched[f"timing.{name}"] = getattr(timing, name)

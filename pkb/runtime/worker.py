@@ -3,7 +3,7 @@
 Jobs (dicts from the parent):
   {"op": "load", "problem": module ref, "candidate": path | None}   import the problem, and the candidate
   {"op": "run", "case": name, "seeds": (rank seed, shared seed)}   build inputs, call, return outputs
-  {"op": "time_prepare" | "time_repeat" | "time_finish" | "time_outputs", ...}  the timing protocol
+  {"op": "time_prepare" | "time_refresh" | "time_repeat" | "time_finish" | "time_outputs", ...}  timing
                                                               (pkb.evaluate.timing.TimedLoop)
   {"op": "exit"}
 Replies carry plain data only (pkb.runtime.channel). The worker never decides a verdict: it reports
@@ -127,6 +127,11 @@ class Worker:
         self.timed = TimedLoop(fn, lambda seeds: self.make_inputs(case.name, seeds), job["seeds"], self.device)
         return {"status": "ok", **self.timed.prepare(**job["protocol"])}
 
+    def time_refresh(self, job: dict) -> dict:
+        if self.timed.graph is None:  # a captured graph keeps its inputs
+            self.timed.refresh(job["round"])
+        return {"status": "ok"}
+
     def time_repeat(self, job: dict) -> dict:
         return {"status": "ok", **self.timed.repeat()}
 
@@ -136,7 +141,7 @@ class Worker:
     def time_outputs(self, job: dict) -> dict:
         """The last output computed on each input copy, for the parent to check against the reference."""
         timed, self.timed = self.timed, None
-        outputs = [timed.last_outputs.get(k) for k in range(len(timed.copies))]
+        outputs = timed.outputs()
         return self.guarded({"status": "ok", "outputs": to_plain(outputs, sample_seed=job["sample_seed"])})
 
 
@@ -216,7 +221,7 @@ def worker_main(conn: Connection, rank: int, world_size: int, mode: str, store_p
         return
     send_reply(conn, {"ready": True, "device": str(worker.device), "pid": os.getpid()})
     handlers = {"load": worker.load, "run": worker.run, "time_prepare": worker.time_prepare,
-                "time_repeat": worker.time_repeat, "time_finish": worker.time_finish,
+                "time_refresh": worker.time_refresh, "time_repeat": worker.time_repeat, "time_finish": worker.time_finish,
                 "time_outputs": worker.time_outputs}
     while True:
         try:

@@ -314,9 +314,3 @@ def softplus(x: torch.Tensor) -> torch.Tensor:
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def bytes_of(dtype_name: str) -> int:
-    return getattr(torch, dtype_name).itemsize
-
-

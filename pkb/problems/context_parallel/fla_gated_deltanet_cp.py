@@ -23,7 +23,7 @@ values 128, one value head per key head) at 64k tokens.
 
 import torch
 
-from pkb.problem import Case, Cost, Problem
+from pkb.problem import Case, Cost, Problem, Tolerance
 from pkb.problems.context_parallel._common import (all_to_all, ceil_div, delta_rule_chunked, delta_rule_flops,
                                                    dtype_of, l2_normalize, rand_normal, softplus)
 
@@ -81,6 +81,9 @@ BENCHMARKS = (
 PROBLEM = Problem(
     name="fla_gated_deltanet_cp", version=1, upstream_id=75, category="context_parallel",
     source="flash-linear-attention GatedDeltaNet (chunk_gated_delta_rule) with Ulysses all-to-all CP",
-    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, tolerance=None,
+    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS,
+    # Outputs are small (l2-normalised q, k and a K^-1/2 scale: |o| ~ 0.01-0.1), so the bf16 default atol
+    # of 1.6e-2 would accept nearly anything; honest bf16 chunk kernels stay well inside 4e-3 + 1.6e-2|o|.
+    tolerance=Tolerance(atol=4e-3, rtol=1.6e-2),
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -28,7 +28,7 @@ per tp rank, at 32k and 64k tokens in total.
 import torch
 import torch.distributed as dist
 
-from pkb.problem import Case, Cost, Problem
+from pkb.problem import Case, Cost, Problem, Tolerance
 from pkb.problems.context_parallel._common import (all_gather, delta_rule_chunked, delta_rule_flops, dtype_of,
                                                    l2_normalize, mesh, rand_normal, replica_generator, softplus)
 
@@ -102,6 +102,9 @@ BENCHMARKS = (
 PROBLEM = Problem(
     name="fla_kimi_delta_attention_cp_tp", version=1, upstream_id=74, category="context_parallel",
     source="flash-linear-attention chunk_kda / fused_kda_gate (Kimi Delta Attention), all-gather CP + TP",
-    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, tolerance=None,
+    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS,
+    # Outputs are small (l2-normalised q, k and a K^-1/2 scale: |o| ~ 0.01-0.1), so the bf16 default atol
+    # of 1.6e-2 would accept nearly anything; honest bf16 chunk kernels stay well inside 4e-3 + 1.6e-2|o|.
+    tolerance=Tolerance(atol=4e-3, rtol=1.6e-2),
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

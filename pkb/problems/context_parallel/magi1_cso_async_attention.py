@@ -55,8 +55,9 @@ def make_inputs(case, rank, world_size, gen):
     key_value[:, padding] = 0
     k_ranges = torch.tensor(ranges_for(case, gen), dtype=torch.int32, device=gen.device)
     clip = c if case.get("pass_clip", True) else None
-    return (query.reshape(N * p, case["q_heads"], D).to(dtype), key_value.reshape(N * p, case["kv_heads"], 2 * D).to(dtype),
-            k_ranges, N, clip, None)
+    query = query.reshape(N * p, case["q_heads"], D).to(dtype)
+    key_value = key_value.reshape(N * p, case["kv_heads"], 2 * D).to(dtype)
+    return query, key_value, k_ranges, N, clip, None
 
 
 def reference(query, key_value, k_ranges, cp_shuffle_num, clip_token_nums=None, group=None):

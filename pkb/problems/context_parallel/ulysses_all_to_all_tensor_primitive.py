@@ -19,8 +19,6 @@ heads) at 64k tokens, sequences as in Llama 3's long-context stage (config.json 
 
 import math
 
-import torch
-
 from pkb.problem import Case, Cost, Problem, Tolerance
 from pkb.problems.context_parallel._common import all_to_all, dtype_of, rand_normal
 
