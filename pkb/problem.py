@@ -163,6 +163,9 @@ class Problem:
     ``(case, world_size, dtype) -> Tolerance``, or ``None`` for the default of each output's dtype
     (``DEFAULT_TOLERANCES``).
     ``deterministic``: a second run on the same inputs must give bit-identical outputs.
+    ``replicated_inputs``: every rank receives the same inputs because the workload replicates them
+    (e.g. each rank decodes its own tiles of one latent); the suite then checks only that they are
+    random, and that a local-only answer still fails.
     """
 
     name: str
@@ -178,6 +181,7 @@ class Problem:
     cost: Callable[[Case, int], Cost]
     tolerance: ToleranceSpec = None
     deterministic: bool = False
+    replicated_inputs: bool = False
     module: str = ""  # filled in by discovery: the dotted module name
 
     def __post_init__(self):

@@ -9,6 +9,7 @@ comparison and the judgement happen here, in the parent.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import secrets
@@ -20,6 +21,7 @@ from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.compare import Mismatch, compare
 from pkb.evaluate.result import CaseTiming, EvalResult
 from pkb.evaluate.tripwire import scan
+from pkb.hardware.roofline import busbw_gbps, roofline, roofline_fraction
 from pkb.problem import Case, Problem, Status, Tolerance
 from pkb.runtime.group import GroupFailure, RankCrashed, RankGroup, RankTimeout
 from pkb.runtime.guards import SYNC_ONLY
@@ -114,6 +116,20 @@ class Session:
             self._reference_problem = problem.module
         return self._reference
 
+    @functools.cached_property
+    def profiles(self) -> tuple:
+        """(datasheet profile, calibrated profile or None) for this machine and mode."""
+        from pkb.hardware.detect import choose_profile, detect
+
+        machine = detect()
+        if self.mode is Mode.CPU:
+            from pkb.hardware.profiles import get_profile
+
+            return get_profile("cpu"), None
+        datasheet = choose_profile(machine, calibrated=False)
+        calibrated = choose_profile(machine, calibrated=True)
+        return datasheet, (calibrated if calibrated is not datasheet and calibrated.calibrated else None)
+
     def candidate_group(self) -> RankGroup:
         group = self._spare if self._spare is not None and not self._spare.closed else None
         group = group or RankGroup(self.mode, self.world_size, "candidate").spawn()
@@ -174,6 +190,7 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
         result.status, result.message = verdict.status, verdict.message
         result.details.update(verdict.details)
     finally:
+        result.hardware = session.profiles[0].name
         result.wall_s = time.monotonic() - started
         if own_session:
             session.close()
@@ -443,11 +460,16 @@ def _time_case(session: Session, reference: RankGroup, group: RankGroup, problem
     _check_rank_clock(got, candidate_s, case)
     _check_timed_outputs(expected, got, problem, case, config)
     cost = problem.cost(case, config.world_size)
+    datasheet, calibrated = session.profiles
+    bound = roofline(cost, datasheet, config.world_size)
     return CaseTiming(case=case.name, reference_s=reference_s, candidate_s=candidate_s,
                       reference_spread=expected.spread, candidate_spread=got.spread,
                       speedup=reference_s / candidate_s if candidate_s > 0 else math.inf,
-                      busbw_gbps=cost.link_bytes / candidate_s / 1e9 if cost.link_bytes and candidate_s > 0 else None,
-                      timer_disagreement=got.timer_disagreement)
+                      busbw_gbps=busbw_gbps(cost, candidate_s), timer_disagreement=got.timer_disagreement,
+                      roofline_fraction=roofline_fraction(bound.bound_s, candidate_s) if candidate_s > 0 else None,
+                      roofline_fraction_calibrated=(roofline_fraction(roofline(cost, calibrated, config.world_size).bound_s,
+                                                                      candidate_s) if calibrated else None),
+                      bound_by=bound.bound_by)
 
 
 def _check_rank_clock(got: GroupTiming, parent: float, case: Case) -> None:
@@ -482,3 +504,10 @@ def _summarise_timings(result: EvalResult) -> None:
         result.speedup = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
     largest = max(result.timings, key=lambda t: t.reference_s, default=None)
     result.busbw_gbps = largest.busbw_gbps if largest else None
+    result.roofline_fraction = largest.roofline_fraction if largest else None
+    # Faster than the machine allows: the cost model or the profile is wrong, or the result is not
+    # honest (a content cache, inputs regenerated instead of moved). A label for review.
+    beyond = [t.case for t in result.timings if result.times_are_gpu_performance
+              and (t.roofline_fraction_calibrated or t.roofline_fraction or 0) > 1.05]
+    if beyond:
+        result.details["faster_than_roofline"] = beyond

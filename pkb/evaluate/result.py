@@ -24,6 +24,9 @@ class CaseTiming:
     speedup: float
     busbw_gbps: float | None = None  # the candidate's bus bandwidth, when the case moves link bytes
     timer_disagreement: bool = False  # CUDA events and the wall clock differ by more than 10 %
+    roofline_fraction: float | None = None  # the profile's lower bound / the candidate's time
+    roofline_fraction_calibrated: float | None = None  # the same against this machine's calibrated profile
+    bound_by: str | None = None  # link, compute, memory or latency
 
 
 @dataclass

@@ -20,7 +20,7 @@ def add_commands(subparsers, add_eval_options) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_calibrate)
 
-    p = subparsers.add_parser("baseline", help="time every selected reference: busbw, % of roofline, bound")
+    p = subparsers.add_parser("baseline", help="time every selected reference: busbw, %% of roofline, bound")
     p.add_argument("--problems", help="e.g. 1-8,12,allgather_gemm or a category; default: all")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--mode", default="auto", choices=["auto", "cpu", "cuda", "shared-gpu"])

@@ -158,4 +158,5 @@ PROBLEM = Problem(
         _case("catalog_720x720_chunk", (1, 16, 6, 90, 90), (3, 32, 32), 0.25, 0.0, 8, 4),
     ],
     reference=reference, make_inputs=make_inputs, cost=cost,
+    replicated_inputs=True,  # every rank decodes its tiles of the same latent
 )
