@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig, Session, evaluate
+from pkb.evaluate.evaluator import EvalConfig, evaluate
 from pkb.problem import Status
 from pkb.registry import get_problem
 from pkb.runtime.modes import Mode
@@ -224,20 +224,6 @@ def solution(x, psi, weight, groups, nlon_out, nlon_in, azimuth_group=None, pola
     return mixed[:, :, p * lat:(p + 1) * lat, a * lon:(a + 1) * lon].contiguous()
 ''',
 }
-
-
-@pytest.fixture(scope="module")
-def sessions():
-    opened: dict[int, Session] = {}
-
-    def get(world_size: int) -> Session:
-        if world_size not in opened:
-            opened[world_size] = Session(Mode.CPU, world_size)
-        return opened[world_size]
-
-    yield get
-    for session in opened.values():
-        session.close()
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

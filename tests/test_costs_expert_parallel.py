@@ -4,7 +4,6 @@ implementation run through the evaluator on CPU ranks."""
 
 from __future__ import annotations
 
-import math
 import textwrap
 
 import pytest

@@ -7,14 +7,13 @@ and cuda modes, and a racy solution caught. Marked ``gpu``; skipped cleanly with
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
 from pkb.batch import SHIPPED_SOLUTIONS, problem_for_file
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig, Session, evaluate
+from pkb.evaluate.evaluator import EvalConfig, evaluate
 from pkb.problem import Status
 from pkb.registry import all_problems, select
 from pkb.runtime.modes import Mode
@@ -31,27 +30,12 @@ def _skip_unless_runnable(mode: Mode, world_size: int) -> None:
         pytest.skip(f"cuda mode at W={world_size} needs {world_size} GPUs, this machine has {NUM_GPUS}")
 
 
-@pytest.fixture(scope="module")
-def sessions():
-    opened: dict = {}
-
-    def get(mode: Mode, world_size: int) -> Session:
-        key = (mode, world_size)
-        if key not in opened:
-            opened[key] = Session(mode, world_size)
-        return opened[key]
-
-    yield get
-    for session in opened.values():
-        session.close()
-
-
 @pytest.mark.parametrize(("mode", "world_size"), SETTINGS, ids=lambda v: str(v))
 @pytest.mark.parametrize("problem", select("collectives"), ids=lambda p: p.name)
 def test_collective_references_pass_on_gpu(problem, mode, world_size, sessions):
     _skip_unless_runnable(mode, world_size)
     config = EvalConfig(world_size=world_size, mode=mode, num_trials=2)
-    result = evaluate(problem, Candidate.reference_of(problem), config, sessions(mode, world_size))
+    result = evaluate(problem, Candidate.reference_of(problem), config, sessions(world_size, mode))
     assert result.status is Status.OK, result.message
 
 
@@ -61,7 +45,7 @@ def test_shipped_solutions_pass_on_gpu(path, mode, world_size, sessions):
     _skip_unless_runnable(mode, world_size)
     problem = problem_for_file(path, all_problems())
     config = EvalConfig(world_size=world_size, mode=mode, num_trials=3)
-    result = evaluate(problem, Candidate.from_file(path), config, sessions(mode, world_size))
+    result = evaluate(problem, Candidate.from_file(path), config, sessions(world_size, mode))
     assert result.status is Status.OK, result.message + "\n" + result.details.get("traceback", "")
 
 
@@ -77,7 +61,7 @@ def test_racy_allreduce_without_barriers_is_caught(sessions, tmp_path):
     attempts = 5
     for _ in range(attempts):
         result = evaluate(problem, Candidate.from_file(racy), EvalConfig(world_size=2, mode=Mode.SHARED_GPU,
-                                                                         num_trials=3), sessions(Mode.SHARED_GPU, 2))
+                                                                         num_trials=3), sessions(2, Mode.SHARED_GPU))
         caught += result.status is Status.MISMATCH
     print(f"racy all-reduce caught as mismatch in {caught} of {attempts} evaluations (3 trials x 4 cases each)")
     assert caught == attempts
@@ -91,6 +75,6 @@ def test_a_build_error_is_a_compile_error_with_the_compiler_output(tmp_path, ses
         " functions=['f'])\n"
         "def solution(tensor):\n    return tensor\n")
     result = evaluate(all_problems()["allreduce"], Candidate.from_file(broken),
-                      EvalConfig(world_size=2, mode=Mode.SHARED_GPU, num_trials=1), sessions(Mode.SHARED_GPU, 2))
+                      EvalConfig(world_size=2, mode=Mode.SHARED_GPU, num_trials=1), sessions(2, Mode.SHARED_GPU))
     assert result.status is Status.COMPILE_ERROR, result.message
     assert "error" in result.details["error"].lower()

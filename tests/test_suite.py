@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig, Session, evaluate
+from pkb.evaluate.evaluator import EvalConfig, evaluate
 from pkb.problem import Status, make_generator
 from pkb.registry import all_problems
 from pkb.runtime.modes import Mode
@@ -25,20 +25,6 @@ from pkb.runtime.modes import Mode
 TEMPLATES = Path(__file__).parent / "candidates"
 PROBLEMS = list(all_problems().values())
 WORLD_SIZES = [2, 4, pytest.param(8, marks=pytest.mark.slow)]
-
-
-@pytest.fixture(scope="module")
-def sessions():
-    opened: dict[int, Session] = {}
-
-    def get(world_size: int) -> Session:
-        if world_size not in opened:
-            opened[world_size] = Session(Mode.CPU, world_size)
-        return opened[world_size]
-
-    yield get
-    for session in opened.values():
-        session.close()
 
 
 def candidate_from(template: str, problem, tmp_path: Path) -> Candidate:

@@ -176,7 +176,7 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
             _check_repeatable(first[0], last, problem, cases[0], config)
             result.collectives_used = _used(last)  # each reply carries everything recorded so far
             if config.perf:
-                timed = _perf_cases(problem, config)
+                timed = perf_cases(problem, config)
                 result.timings = [_time_case(session, reference, group, problem, case, config) for case in timed]
                 for case in timed:  # fresh inputs after timing, in the same processes: no cache survives
                     last = _check_case(session, reference, group, problem, case, "after-timing", config)
@@ -325,7 +325,7 @@ def _candidate_failures(what: str):
 # -- timing -------------------------------------------------------------------------------------------
 
 
-def _perf_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
+def perf_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
     """Benchmarks on real GPUs; the small test cases where times are not GPU performance anyway."""
     if config.mode is Mode.CUDA and problem.cases("benchmarks", config.world_size):
         return problem.cases("benchmarks", config.world_size)

@@ -49,7 +49,7 @@ def run_baseline(problems: Iterable, world_size: int, mode, profile: HardwarePro
                  cuda_graph: bool = False,
                  on_row: Callable[[BaselineRow], None] = lambda row: None) -> tuple[list[BaselineRow], list[Skipped]]:
     """Time each problem's reference at ``world_size`` in ``mode``; rows in suite order, and what was skipped."""
-    from pkb.evaluate.evaluator import EvalConfig, HarnessError, Session, _perf_cases, time_reference
+    from pkb.evaluate.evaluator import EvalConfig, HarnessError, Session, perf_cases, time_reference
     from pkb.runtime.group import GroupFailure
 
     config = EvalConfig(world_size=world_size, mode=mode, perf=True, timeout_s=timeout_s, cuda_graph=cuda_graph)
@@ -58,7 +58,7 @@ def run_baseline(problems: Iterable, world_size: int, mode, profile: HardwarePro
     skipped: list[Skipped] = []
     with Session(mode, world_size) as session:
         for problem in problems:
-            cases = _perf_cases(problem, config) if world_size in problem.world_sizes else ()
+            cases = perf_cases(problem, config) if world_size in problem.world_sizes else ()
             if not cases:
                 skipped.append(Skipped(problem.name, f"runs at world sizes {list(problem.world_sizes)}"
                                        if world_size not in problem.world_sizes else
@@ -66,7 +66,8 @@ def run_baseline(problems: Iterable, world_size: int, mode, profile: HardwarePro
                 continue
             for case in cases:
                 try:
-                    seconds, spread, disagreement = timing_numbers(time_reference(session, problem, case, config))
+                    timing = time_reference(session, problem, case, config)
+                    seconds, spread, disagreement = timing.per_call_s(), timing.spread, timing.timer_disagreement
                     error = ""
                 except (HarnessError, GroupFailure) as exc:
                     seconds, spread, disagreement, error = None, None, False, str(exc).strip().splitlines()[0]
@@ -74,19 +75,6 @@ def run_baseline(problems: Iterable, world_size: int, mode, profile: HardwarePro
                 rows.append(row)
                 on_row(row)
     return rows, skipped
-
-
-def timing_numbers(timing) -> tuple[float, float, bool]:
-    """(seconds per call, spread, timer disagreement) from what ``time_reference`` returns.
-
-    The harness's timing result is being reworked; this accepts each shape it has had: the tuple
-    ``(median_s, spread, timer_disagreement)``, or a ``GroupTiming`` whose ``per_call_s`` is a
-    value or a method. The one place to change when that API settles.
-    """
-    if isinstance(timing, tuple):
-        return timing[0], timing[1], bool(timing[2])
-    per_call = timing.per_call_s() if callable(timing.per_call_s) else timing.per_call_s
-    return per_call, timing.spread, bool(timing.timer_disagreement)
 
 
 def make_row(problem, case, config, profile: HardwareProfile, datasheet: HardwareProfile | None,

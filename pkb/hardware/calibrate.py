@@ -204,7 +204,6 @@ def measure_single_gpu(log: Callable[[str], None]) -> dict[str, Any]:
     import torch
 
     from pkb.evaluate.evaluator import EvalConfig, Session, time_reference
-    from pkb.hardware.baseline import timing_numbers
     from pkb.hardware.probes import COPY, GEMM
     from pkb.runtime.modes import Mode
 
@@ -214,7 +213,8 @@ def measure_single_gpu(log: Callable[[str], None]) -> dict[str, Any]:
     with Session(Mode.CUDA, 1) as session:
         for problem, key in ((COPY, "hbm"), (GEMM, "gemm")):
             case = problem.benchmarks[0]
-            seconds, spread, disagreement = timing_numbers(time_reference(session, problem, case, config))
+            timing = time_reference(session, problem, case, config)
+            seconds, spread, disagreement = timing.per_call_s(), timing.spread, timing.timer_disagreement
             cost = problem.cost(case, 1)
             row = {"probe": problem.name, "case": case.name, "seconds": seconds, "spread": spread,
                    "timer_disagreement": disagreement}
