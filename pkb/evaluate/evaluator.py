@@ -469,7 +469,7 @@ def _time_case(session: Session, reference: RankGroup, group: RankGroup, problem
                       roofline_fraction=roofline_fraction(bound.bound_s, candidate_s) if candidate_s > 0 else None,
                       roofline_fraction_calibrated=(roofline_fraction(roofline(cost, calibrated, config.world_size).bound_s,
                                                                       candidate_s) if calibrated else None),
-                      bound_by=bound.bound_by)
+                      bound_by=bound.bound_by, candidate_rank_clock_s=got.rank_clock_s)
 
 
 def _check_rank_clock(got: GroupTiming, parent: float, case: Case) -> None:

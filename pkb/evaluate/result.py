@@ -27,6 +27,7 @@ class CaseTiming:
     roofline_fraction: float | None = None  # the profile's lower bound / the candidate's time
     roofline_fraction_calibrated: float | None = None  # the same against this machine's calibrated profile
     bound_by: str | None = None  # link, compute, memory or latency
+    candidate_rank_clock_s: float | None = None  # the candidate ranks' own clock (a cross-check of candidate_s)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from pkb.runtime.zygote import Zygote
 
 # After one rank reports an error, how long the others get to report theirs before the group is
 # torn down (they are usually stuck in a collective that the failed rank will never join).
-ERROR_GRACE_S = 3.0
+ERROR_GRACE_S = 1.0
 STARTUP_TIMEOUT_S = 120.0
 
 
