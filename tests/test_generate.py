@@ -409,3 +409,11 @@ def test_a_refused_key_stops_the_run_with_a_usage_error(capsys, keys, tmp_path):
                                "--db", str(tmp_path / "k.sqlite"), "--out", str(tmp_path))
         assert code == 2 and "API key was refused" in err and "invalid x-api-key" in err
         assert len(server.requests) == 1  # stopped at the first refusal, not once per sample
+
+
+def test_a_local_server_preset_needs_its_address(monkeypatch):
+    from pkb.generate.providers import SetupError
+
+    monkeypatch.delenv("VLLM_BASE_URL", raising=False)
+    with pytest.raises(SetupError, match="set VLLM_BASE_URL"):
+        connect("vllm:my-model")

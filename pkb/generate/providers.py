@@ -51,15 +51,16 @@ class Preset:
     key_env: str
     key_required: bool = True
     max_tokens_field: str = "max_tokens"  # OpenAI's own API wants max_completion_tokens
+    base_url_required: bool = False  # a local server: no default address to fall back on
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("openai", "openai", None, "OPENAI_BASE_URL", "OPENAI_API_KEY", max_tokens_field="max_completion_tokens"),
     Preset("together", "openai", "https://api.together.xyz/v1", "TOGETHER_BASE_URL", "TOGETHER_API_KEY"),
     Preset("openrouter", "openai", "https://openrouter.ai/api/v1", "OPENROUTER_BASE_URL", "OPENROUTER_API_KEY"),
-    # Local servers: the addresses `vllm serve` and `sglang.launch_server` listen on unless told otherwise.
-    Preset("vllm", "openai", "http://localhost:8000/v1", "VLLM_BASE_URL", "VLLM_API_KEY", key_required=False),
-    Preset("sglang", "openai", "http://localhost:30000/v1", "SGLANG_BASE_URL", "SGLANG_API_KEY", key_required=False),
+    # Local servers: where they listen is the user's to say (VLLM_BASE_URL / SGLANG_BASE_URL or --base-url).
+    Preset("vllm", "openai", None, "VLLM_BASE_URL", "VLLM_API_KEY", key_required=False, base_url_required=True),
+    Preset("sglang", "openai", None, "SGLANG_BASE_URL", "SGLANG_API_KEY", key_required=False, base_url_required=True),
     Preset("anthropic", "anthropic", None, "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"),
 )}
 
@@ -203,6 +204,9 @@ def connect(spec: ModelSpec | str, settings: ProviderSettings = ProviderSettings
         raise SetupError(f"{spec}: no API key; set {preset.key_env} (a local server without keys: vllm:MODEL or "
                          "sglang:MODEL, with VLLM_BASE_URL / SGLANG_BASE_URL)")
     base_url = settings.base_url or os.environ.get(preset.base_url_env) or preset.base_url
+    if preset.base_url_required and not base_url:
+        raise SetupError(f"{spec}: where does the server listen? set {preset.base_url_env} (e.g. the address "
+                         f"`{spec.provider}` printed when it started, ending in /v1) or pass --base-url")
     if preset.protocol == "anthropic":
         send, classify = _anthropic(spec, key, base_url, settings)
     else:
