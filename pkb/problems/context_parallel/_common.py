@@ -196,9 +196,10 @@ def attention_flops(pairs: float, num_heads: int, head_dim: int, value_dim=None)
 def project_qkv(hidden, w_qkv, num_heads: int):
     """q, k, v [B, S, num_heads, D] from hidden [B, S, E] @ w_qkv^T ([3*num_heads*D, E], rows q | k | v).
 
-    fp32 accumulation, rounded to the input dtype as the source's bf16 linear layer returns it.
+    A GEMM in the input dtype, as the source's bf16 linear layer runs it (fp32 accumulation inside
+    the GEMM library, rounded once).
     """
-    qkv = torch.matmul(hidden.float(), w_qkv.float().t()).to(hidden.dtype)
+    qkv = torch.matmul(hidden, w_qkv.t())
     B, S, _ = qkv.shape
     return qkv.view(B, S, 3, num_heads, -1).unbind(2)
 

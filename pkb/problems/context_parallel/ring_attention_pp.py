@@ -56,7 +56,7 @@ def attention_stage(x, w_qkv, w_o, num_heads, softmax_scale, causal, cp_group):
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     out, _ = ring_attention_fp32(q, k, v, scale, causal, cp_group)
     B, S_local = out.shape[:2]
-    return torch.matmul(out.to(x.dtype).reshape(B, S_local, -1).float(), w_o.float().t()).to(x.dtype)
+    return torch.matmul(out.to(x.dtype).reshape(B, S_local, -1), w_o.t())  # input dtype, fp32 accumulation
 
 
 def reference(hidden_states, w_qkv, w_o, num_heads, softmax_scale=None, causal=False, cp_group=None,

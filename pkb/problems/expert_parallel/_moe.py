@@ -127,15 +127,17 @@ def layer_inputs(case, rank: int, world_size: int, gen, num_experts: int, top_k:
 
 
 def _linear(x, weight):
-    return x @ weight.float().T
+    return x @ weight.to(x.dtype).T
 
 
 def _experts(tokens, tokens_per_expert, gate_proj, up_proj, down_proj, lora):
-    """fp32 SwiGLU of each local expert over its contiguous block of ``tokens``."""
-    out = torch.empty(tokens.shape[0], down_proj.shape[1], dtype=torch.float32, device=tokens.device)
+    """SwiGLU of each local expert over its contiguous block of ``tokens``, in the tokens' dtype as
+    grouped-GEMM MoE kernels run it (fp32 accumulation inside the GEMM library); the combine that
+    follows weights and sums in fp32."""
+    out = torch.empty(tokens.shape[0], down_proj.shape[1], dtype=tokens.dtype, device=tokens.device)
     start = 0
     for expert, count in enumerate(int(c) for c in tokens_per_expert.tolist()):
-        x = tokens[start:start + count].float()
+        x = tokens[start:start + count]
         gate, up = _linear(x, gate_proj[expert]), _linear(x, up_proj[expert])
         if lora is not None:
             gate_A, gate_B, up_A, up_B, down_A, down_B = lora

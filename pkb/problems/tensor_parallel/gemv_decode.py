@@ -16,6 +16,8 @@ Benchmarks: Llama-3 8B (H 4096, vocab 128256) decoding one sequence and a batch 
 
 import math
 
+import torch
+
 from pkb.problem import Case, Cost, Problem, randn
 from pkb.problems.tensor_parallel._common import all_gather_cat, divides_all, dtype_of, itemsize
 
@@ -28,8 +30,8 @@ def make_inputs(case, rank, world_size, gen):
 
 
 def reference(hidden_states, weight_shard, bias_shard):
-    logits = hidden_states.float() @ weight_shard.float().t() + bias_shard.float()
-    return all_gather_cat(logits.to(hidden_states.dtype), dim=1)
+    logits = torch.nn.functional.linear(hidden_states, weight_shard, bias_shard)  # input dtype, fp32 accumulation
+    return all_gather_cat(logits, dim=1)
 
 
 def cost(case, world_size):
