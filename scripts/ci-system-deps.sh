@@ -17,5 +17,6 @@ if [ "$(id -u)" -ne 0 ]; then
     fi
 fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends chromium
+if ! { $SUDO apt-get update -q && $SUDO apt-get install -y -q --no-install-recommends chromium; }; then
+    echo "ci-system-deps: could not install chromium; the HTML screenshot test will skip" >&2
+fi
