@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from pkb.hardware.profiles import HardwareProfile, get_profile
+from pkb.hardware.profiles import HardwareProfile
 
 FORMAT_VERSION = 1
 SWEEP_TIMEOUT_S = 600.0

@@ -67,7 +67,7 @@ def _to_split(y, group, zigzag):
 
 
 def reference(x1_seq, x2_seq, v_seq, h, conv_bias, num_groups, group_dim, group=None, with_zigzag_splitting=True):
-    world, me = group_size(group), group_rank(group)
+    me = group_rank(group)
     x1, x2, v = (_to_full(t, group, with_zigzag_splitting).float() for t in (x1_seq, x2_seq, v_seq))
     D_local, L = x1.shape[1], x1.shape[2]
     channels = torch.arange(me * D_local, (me + 1) * D_local, device=x1.device)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from pkb.problem import Cost, randn
