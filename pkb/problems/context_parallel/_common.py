@@ -120,14 +120,42 @@ def ring_shift(x: torch.Tensor, group=None) -> torch.Tensor:
 # -- attention --------------------------------------------------------------------------------------
 
 
-def attention_fp32(q, k, v, scale: float, causal: bool = False, q_start: int = 0, k_start: int = 0):
-    """Softmax attention of one (query block, key block) pair in fp32, with its log-sum-exp.
+def block_attention(q, k, v, scale: float, causal: bool = False, q_start: int = 0, k_start: int = 0):
+    """Softmax attention of one (query block, key block) pair, with its log-sum-exp.
 
     q [B, Sq, Hq, D]; k, v [B, Sk, Hkv, D] with Hq % Hkv == 0 (GQA: query head h reads kv head
     h // (Hq / Hkv)). ``causal``: the query at global position q_start + i sees keys at
-    k_start + j <= q_start + i. Returns out [B, Sq, Hq, Dv] fp32 and lse [B, Hq, Sq] fp32; a query
+    k_start + j <= q_start + i. Returns out [B, Sq, Hq, Dv] and lse [B, Hq, Sq], both fp32; a query
     that sees no key gets out 0 and lse -inf.
+
+    Where the mask is none or the plain causal one (the blocks ring attention and Ulysses use), this
+    is torch's flash attention in the input dtype with fp32 softmax statistics, as the sources run
+    it (flash-attn); other masks take the exact fp32 path (``attention_fp32``).
     """
+    Sq, Sk = q.shape[1], k.shape[1]
+    sees_all = not causal or k_start + Sk - 1 <= q_start
+    plain_causal = causal and q_start == k_start and Sq == Sk
+    if Sq and Sk and (sees_all or plain_causal) and q.dtype == k.dtype == v.dtype and q.shape[-1] == v.shape[-1]:
+        return _flash_attention(q, k, v, scale, causal=plain_causal and not sees_all)
+    return attention_fp32(q, k, v, scale, causal, q_start, k_start)
+
+
+def _flash_attention(q, k, v, scale: float, causal: bool):
+    group = q.shape[2] // k.shape[2]
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, D]
+    if group > 1:
+        kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(qh, kh, vh, 0.0, causal, False, scale=scale)[:2]
+    elif not q.is_cuda:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kh, vh, 0.0, causal, scale=scale)
+    else:
+        return attention_fp32(q, k, v, scale, causal)
+    return out.transpose(1, 2).float(), lse.float()
+
+
+def attention_fp32(q, k, v, scale: float, causal: bool = False, q_start: int = 0, k_start: int = 0):
+    """``block_attention`` computed exactly in fp32 (any mask offsets), chunked over queries."""
     B, Sq, Hq, _ = q.shape
     Sk, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
     group = Hq // Hkv
@@ -179,7 +207,7 @@ def ring_attention_fp32(q, k, v, scale: float, causal: bool, group=None):
     for step in range(world):
         source = (me - step) % world
         if not causal or source <= me:
-            block_out, block_lse = attention_fp32(q, kv[..., :head_dim], kv[..., head_dim:], scale, causal=causal,
+            block_out, block_lse = block_attention(q, kv[..., :head_dim], kv[..., head_dim:], scale, causal=causal,
                                                   q_start=me * S, k_start=source * S)
             out, lse = (block_out, block_lse) if out is None else merge_attention(out, lse, block_out, block_lse)
         if step + 1 < world:

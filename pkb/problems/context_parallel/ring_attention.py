@@ -7,8 +7,8 @@ later rank is skipped and the diagonal block is causal (query i sees keys <= i g
 
 Per rank: q [B, S_local, Hq, D], k, v [B, S_local, Hkv, D] (GQA: Hq % Hkv == 0), bf16
   ->  (out [B, S_local, Hq, D] bf16, softmax_lse [B, Hq, S_local] fp32, natural log).
-Attention and merge in fp32 (ring-flash-attn keeps out and lse in fp32 across steps); out is rounded
-once at the end. softmax_scale=None means D^-1/2. pkb also returns softmax_lse (ring_flash_attn_forward
+Each block is flash attention in the input dtype with fp32 softmax statistics, and the blocks merge in
+fp32 (ring-flash-attn keeps out and lse in fp32 across steps); out is rounded once at the end. softmax_scale=None means D^-1/2. pkb also returns softmax_lse (ring_flash_attn_forward
 produces it for the backward pass); upstream checked only out.
 
 Cost per rank: W-1 ring steps each bring one k+v block: link (W-1) * 2*B*S_local*Hkv*D*2 bytes.

@@ -22,7 +22,7 @@ layer (Llama-2-70B width without GQA) at 16k tokens.
 import torch
 
 from pkb.problem import Case, Cost, Problem
-from pkb.problems.context_parallel._common import (all_to_all, attention_flops, attention_fp32, causal_pairs,
+from pkb.problems.context_parallel._common import (all_to_all, attention_flops, block_attention, causal_pairs,
                                                    dtype_of, project_qkv, rand_normal)
 
 LOGIT_STD = 2.0  # q and k weights are scaled so that attention logits have about this std (a peaked softmax)
@@ -43,7 +43,7 @@ def reference(hidden_states, w_qkv, w_o, group=None, num_heads=8, causal=False):
     q, k, v = project_qkv(hidden_states, w_qkv, num_heads)
     qkv = all_to_all(torch.stack([q, k, v], dim=2), scatter_dim=3, gather_dim=1, group=group)  # [B, S, 3, h, D]
     q, k, v = qkv.unbind(2)
-    out, _ = attention_fp32(q, k, v, q.shape[-1] ** -0.5, causal=causal)
+    out, _ = block_attention(q, k, v, q.shape[-1] ** -0.5, causal=causal)
     out = all_to_all(out.to(hidden_states.dtype), scatter_dim=1, gather_dim=2, group=group)  # [B, S_local, H, D]
     B, S_local = out.shape[:2]
     return torch.matmul(out.reshape(B, S_local, -1), w_o.t())  # input dtype, fp32 accumulation
