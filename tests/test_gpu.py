@@ -78,3 +78,54 @@ def test_a_build_error_is_a_compile_error_with_the_compiler_output(tmp_path, ses
                       EvalConfig(world_size=2, mode=Mode.SHARED_GPU, num_trials=1), sessions(2, Mode.SHARED_GPU))
     assert result.status is Status.COMPILE_ERROR, result.message
     assert "error" in result.details["error"].lower()
+
+
+SIDE_STREAM_ALLREDUCE = """
+REQUIRES = ("cuda",)
+import torch
+import torch.distributed as dist
+
+_side = []
+
+def solution(tensor):
+    if not _side:
+        _side.append(torch.cuda.Stream())
+    out = tensor.clone()
+    dist.all_reduce(out)
+    {extra}
+    return out
+"""
+
+
+def _timed_in_shared_gpu(path, sessions):
+    problem = all_problems()["allreduce"]
+    config = EvalConfig(world_size=2, mode=Mode.SHARED_GPU, num_trials=1, perf=True)
+    return evaluate(problem, Candidate.from_file(path), config, sessions(2, Mode.SHARED_GPU))
+
+
+def test_work_left_on_a_side_stream_is_timed(tmp_path, sessions):
+    """Milliseconds of GPU work queued on a side stream and never waited for count in the candidate's time."""
+    busy = tmp_path / "1_allreduce_side_stream.py"
+    busy.write_text(SIDE_STREAM_ALLREDUCE.replace("{extra}", "with torch.cuda.stream(_side[0]):\n"
+                                                             "        torch.cuda._sleep(20_000_000)"))
+    result = _timed_in_shared_gpu(busy, sessions)
+    assert result.status is Status.OK, result.message
+    print("side stream:", [(t.case, round(t.reference_s * 1e3, 2), round(t.candidate_s * 1e3, 2),
+                            t.timer_disagreement) for t in result.timings])
+    assert all(t.candidate_s > t.reference_s + 0.002 for t in result.timings)
+
+
+def test_an_output_finished_on_an_unsynchronised_stream_is_complete_when_read(tmp_path, sessions):
+    """The output is written on a side stream the caller never waits for: the harness synchronises the
+    whole device before reading outputs, so the answer is complete (and correct), and the time counts."""
+    lazy = tmp_path / "1_allreduce_unsynchronised.py"
+    lazy.write_text(SIDE_STREAM_ALLREDUCE.replace("{extra}", "late = torch.empty_like(out)\n"
+                                                             "    _side[0].wait_stream(torch.cuda.current_stream())\n"
+                                                             "    with torch.cuda.stream(_side[0]):\n"
+                                                             "        torch.cuda._sleep(20_000_000)\n"
+                                                             "        late.copy_(out)\n"
+                                                             "    late.record_stream(_side[0])\n"
+                                                             "    out = late"))
+    result = _timed_in_shared_gpu(lazy, sessions)
+    assert result.status is Status.OK, result.message
+    assert all(t.candidate_s > t.reference_s + 0.002 for t in result.timings)

@@ -328,3 +328,17 @@ def test_the_commands_are_listed_in_pkb_help():
 
     text = build_parser().format_help()  # expands every subcommand's help (a stray '%' would raise here)
     assert all(name in text for name in ("hardware", "calibrate", "baseline"))
+
+
+def test_baseline_at_one_device_times_the_machine_probes():
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pkb", "baseline", "--world-size", "1", "--problems", "1", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert {row["problem"] for row in report["rows"]} == {"probe_gemm", "probe_copy"}
+    assert all(row["time_us"] > 0 and row["bound_by"] in ("compute", "memory") for row in report["rows"])
+    assert [item["problem"] for item in report["skipped"]] == ["allreduce"]

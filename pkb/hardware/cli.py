@@ -127,6 +127,10 @@ def cmd_baseline(args) -> int:
     if args.world_size < 1:
         raise UsageError("--world-size must be >= 1")
     problems = select(args.problems)
+    if args.world_size == 1:  # no suite problem runs on one device; the machine probes do
+        from pkb.hardware.probes import COPY, GEMM
+
+        problems = [*problems, GEMM, COPY]
     try:
         choice = choose_mode(args.mode, args.world_size)
     except ModeUnavailable as exc:
