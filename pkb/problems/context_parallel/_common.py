@@ -119,6 +119,15 @@ def ring_shift(x: torch.Tensor, group=None) -> torch.Tensor:
 
 # -- attention --------------------------------------------------------------------------------------
 
+# Whole attention layers (projections + attention) at long context, shared by the layer problems.
+ATTENTION_LAYER_BENCHMARKS = (
+    Case("llama2_7b_32k_causal", {"batch": 1, "seq": 32768, "hidden": 4096, "heads": 32, "causal": True,
+                                  "dtype": "bfloat16"}, note="Llama-2-7B layer, 32k tokens"),
+    Case("h64_e8192_16k_causal", {"batch": 1, "seq": 16384, "hidden": 8192, "heads": 64, "causal": True,
+                                  "dtype": "bfloat16"}, note="64 heads x 128, 16k tokens"),
+)
+
+
 
 def block_attention(q, k, v, scale: float, causal: bool = False, q_start: int = 0, k_start: int = 0):
     """Softmax attention of one (query block, key block) pair, with its log-sum-exp.

@@ -25,8 +25,9 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem
-from pkb.problems.context_parallel._common import (attention_flops, dtype_of, mesh, project_qkv, rand_normal,
-                                                   replica_generator, ring_attention_fp32)
+from pkb.problems.context_parallel._common import (ATTENTION_LAYER_BENCHMARKS, attention_flops, dtype_of, mesh,
+                                                   project_qkv, rand_normal, replica_generator,
+                                                   ring_attention_fp32)
 from pkb.problems.context_parallel.ring_attention import busiest_rank_pairs
 
 TP = 2
@@ -78,12 +79,7 @@ TESTS = (
                            "dtype": "bfloat16"}),
 )
 
-BENCHMARKS = (
-    Case("llama2_7b_32k_causal", {"batch": 1, "seq": 32768, "hidden": 4096, "heads": 32, "causal": True,
-                                  "dtype": "bfloat16"}, note="Llama-2-7B layer, 32k tokens"),
-    Case("h64_e8192_16k_causal", {"batch": 1, "seq": 16384, "hidden": 8192, "heads": 64, "causal": True,
-                                  "dtype": "bfloat16"}, note="64 heads x 128, 16k tokens"),
-)
+BENCHMARKS = ATTENTION_LAYER_BENCHMARKS
 
 PROBLEM = Problem(
     name="ring_attention_tp", version=1, upstream_id=55, category="context_parallel",

@@ -22,8 +22,9 @@ layer (Llama-2-70B width without GQA) at 16k tokens.
 import torch
 
 from pkb.problem import Case, Cost, Problem
-from pkb.problems.context_parallel._common import (all_to_all, attention_flops, block_attention, causal_pairs,
-                                                   dtype_of, project_qkv, rand_normal)
+from pkb.problems.context_parallel._common import (ATTENTION_LAYER_BENCHMARKS, all_to_all, attention_flops,
+                                                   block_attention, causal_pairs, dtype_of, project_qkv,
+                                                   rand_normal)
 
 LOGIT_STD = 2.0  # q and k weights are scaled so that attention logits have about this std (a peaked softmax)
 
@@ -65,12 +66,7 @@ TESTS = (
     Case("full_h16_d4", {"batch": 1, "seq": 40, "hidden": 64, "heads": 16, "causal": False, "dtype": "bfloat16"}),
 )
 
-BENCHMARKS = (
-    Case("llama2_7b_32k_causal", {"batch": 1, "seq": 32768, "hidden": 4096, "heads": 32, "causal": True,
-                                  "dtype": "bfloat16"}, note="Llama-2-7B layer, 32k tokens"),
-    Case("h64_e8192_16k_causal", {"batch": 1, "seq": 16384, "hidden": 8192, "heads": 64, "causal": True,
-                                  "dtype": "bfloat16"}, note="64 heads x 128, 16k tokens"),
-)
+BENCHMARKS = ATTENTION_LAYER_BENCHMARKS
 
 PROBLEM = Problem(
     name="ulysses_attention_e2e", version=1, upstream_id=39, category="context_parallel",
