@@ -72,16 +72,20 @@ def plan(problems: Iterable[Problem], solutions_dir: Path | None, include_refere
     return jobs
 
 
+def evaluation_key(problem: Problem, candidate: Candidate, config: EvalConfig) -> str:
+    """The store's key for evaluating ``candidate`` on ``problem`` with ``config`` (equal keys: same job)."""
+    timing = ("perf+graph" if config.cuda_graph else "perf") if config.perf else ""
+    return run_key(problem.name, problem.version, candidate.sha256, config.mode.value, config.world_size,
+                   config.num_trials, f"{timing}|{config.policy}")
+
+
 def run_jobs(jobs: list[Job], config: EvalConfig, store: ResultStore,
              on_result: Callable[[Job, EvalResult, bool], None] = lambda job, result, resumed: None) -> list[EvalResult]:
     """Evaluate every job not already in ``store``; ``on_result(job, result, resumed)`` after each."""
     results = []
     with Session(config.mode, config.world_size) as session:
         for job in jobs:
-            timing = ("perf+graph" if config.cuda_graph else "perf") if config.perf else ""
-            timing += "|" + config.policy
-            key = run_key(job.problem.name, job.problem.version, job.candidate.sha256, config.mode.value,
-                          config.world_size, config.num_trials, timing)
+            key = evaluation_key(job.problem, job.candidate, config)
             previous = store.latest(key)
             if previous is not None:
                 results.append(previous)

@@ -251,7 +251,7 @@ def _check_case(session: Session, reference: RankGroup, group: RankGroup, proble
         if got[rank].get("error"):
             _raise_candidate_error(got, rank, where)
     for rank in range(W):
-        tolerance_for = lambda dtype: problem.tolerance_for(case, W, dtype)  # noqa: E731
+        tolerance_for = functools.partial(problem.tolerance_for, case, W)
         mismatch = compare(expected[rank]["outputs"], got[rank].get("outputs"), tolerance_for, "out")
         if mismatch is None:
             mismatch = compare(expected[rank]["inputs_after"], got[rank].get("inputs_after"), tolerance_for, "input")
@@ -268,7 +268,8 @@ def _check_repeatable(first: list[dict], again: list[dict], problem: Problem, ca
     within its tolerance otherwise. Catches reads of uninitialised or stale memory that passed once."""
     for rank in range(config.world_size):
         exact = lambda dtype: Tolerance.exact()  # noqa: E731
-        tolerance_for = exact if problem.deterministic else (lambda dtype: problem.tolerance_for(case, config.world_size, dtype))
+        tolerance_for = exact if problem.deterministic else functools.partial(problem.tolerance_for, case,
+                                                                             config.world_size)
         mismatch = compare(first[rank]["outputs"], again[rank]["outputs"], tolerance_for, "out")
         if mismatch is not None:
             raise Verdict(Status.MISMATCH, f"rank {rank}, case {case.name}: a second run on the same inputs gave another "
@@ -420,17 +421,17 @@ def _used(replies: list[dict]) -> list[str]:
 
 
 def _checked(replies: list[dict]) -> list[dict]:
-    """Replies with an error become a GroupFailure carrying the first failing rank's message."""
-    for rank, reply in enumerate(replies):
-        if reply.get("error") and not reply.get("stuck"):
-            raise RankError(rank, reply)
+    """The replies, or a RankError carrying all of them if a rank reported an error."""
+    failed = [rank for rank, reply in enumerate(replies) if reply.get("error") and not reply.get("stuck")]
+    if failed:
+        raise RankError(failed[0], replies)
     return replies
 
 
 class RankError(GroupFailure):
-    def __init__(self, rank: int, reply: dict):
-        super().__init__(f"rank {rank}: {reply['error']}", rank)
-        self.reply = reply
+    def __init__(self, rank: int, replies: list[dict]):
+        super().__init__(f"rank {rank}: {replies[rank]['error']}", rank)
+        self.replies = replies
 
 
 def time_reference(session: Session, problem: Problem, case: Case, config: EvalConfig) -> GroupTiming:
@@ -440,7 +441,7 @@ def time_reference(session: Session, problem: Problem, case: Case, config: EvalC
         return _time_group(reference, session, problem, case, config)
     except RankError as exc:
         raise HarnessError(f"the reference of {problem.name} failed while timed: {exc}\n"
-                           f"{exc.reply.get('traceback', '')}") from None
+                           f"{exc.replies[exc.rank].get('traceback', '')}") from None
 
 
 def _time_case(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, case: Case,
@@ -452,9 +453,7 @@ def _time_case(session: Session, reference: RankGroup, group: RankGroup, problem
         try:
             got = _time_group(group, session, problem, case, config)
         except RankError as exc:
-            status = Status.TAMPERED if exc.reply.get("status") == Status.TAMPERED.value else Status.RUNTIME_ERROR
-            raise Verdict(status, f"{what}: {exc}", rank=exc.rank, case=case.name, trial="timing",
-                          error=exc.reply["error"], traceback=exc.reply.get("traceback", "")) from None
+            _raise_candidate_error(exc.replies, exc.rank, {"case": case.name, "trial": "timing"})
     reference_s = expected.per_call_s()
     candidate_s = got.per_call_s(expected.refresh_allowance())
     _check_rank_clock(got, candidate_s, case)
@@ -489,7 +488,7 @@ def _check_rank_clock(got: GroupTiming, parent: float, case: Case) -> None:
 def _check_timed_outputs(expected: GroupTiming, got: GroupTiming, problem: Problem, case: Case, config: EvalConfig) -> None:
     """The outputs of the timed calls must be right too: no replayed or unfinished results while timed."""
     for rank in range(config.world_size):
-        tolerance_for = lambda dtype: problem.tolerance_for(case, config.world_size, dtype)  # noqa: E731
+        tolerance_for = functools.partial(problem.tolerance_for, case, config.world_size)
         mismatch = compare(expected.outputs[rank], got.outputs[rank], tolerance_for, "timed_out")
         if mismatch is not None:
             copy_index = mismatch.path.split("[")[1].split("]")[0] if "[" in mismatch.path else "?"

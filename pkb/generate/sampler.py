@@ -235,15 +235,13 @@ class Evaluator:
         """(EvalResult, results row id, run key) for the file at ``path``."""
         from pkb.evaluate.candidate import Candidate
         from pkb.evaluate.evaluator import Session, evaluate
-        from pkb.store.db import run_key
+        from pkb.batch import evaluation_key
 
         config = self.config
         if config.world_size not in problem.world_sizes:
             config = replace(config, world_size=min(problem.world_sizes))
         candidate = Candidate.from_file(path, name=name)
-        timing = ("perf+graph" if config.cuda_graph else "perf") if config.perf else ""  # as pkb.batch keys runs
-        key = run_key(problem.name, problem.version, candidate.sha256, config.mode.value, config.world_size,
-                      config.num_trials, timing)
+        key = evaluation_key(problem, candidate, config)
         previous_id = self.store.latest_id(key)
         if previous_id is not None:
             return self.store.result_by_id(previous_id), previous_id, key
