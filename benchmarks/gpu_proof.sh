@@ -1,19 +1,38 @@
 #!/usr/bin/env bash
-# Everything the GPU issue asks to prove, in one go on a device machine; output under ${OUT:-.}/.
+# What the GPU, roofline and multi-GPU issues ask to prove, on a device machine, by stage:
+#   bash benchmarks/gpu_proof.sh env tests timing calibrate fidelity solutions baseline1 baseline2
+# Each stage writes $OUT/<stage>.txt (OUT defaults to .); a stage cut by its time limit keeps what it printed.
 # Multicast stays off: these variables are set for every process started here.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PKB_CACHE_DIR="${PKB_CACHE_DIR:-$PWD/.pkb-cache}"  # calibrations, kept between calls on a warm machine
 OUT="${OUT:-.}"
-{
-  echo "== $(date -u +%Y-%m-%dT%H:%MZ)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'nccl', torch.cuda.nccl.version())"
-  nvidia-smi topo -m 2>/dev/null | head -5
-} 2>&1 | tee "$OUT/gpu_env.txt"
-python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt"
-python3 benchmarks/gpu_timing.py 2>&1 | tee "$OUT/gpu_timing.txt"
-if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
-  python3 -m pkb.cli run --problems collectives --mode cuda --world-size 2 --perf --trials 3 \
-      --db "$OUT/cuda_w2.sqlite" 2>&1 | tee "$OUT/cuda_w2_run.txt"
-fi
+LIMIT="${STAGE_LIMIT_S:-560}"
+NUM_GPUS="$(python3 -c 'import torch; print(torch.cuda.device_count())')"
+
+stage() {
+  local name="$1"; shift
+  echo "== $name: $* ($(date -u +%H:%M:%SZ))"
+  local began=$SECONDS
+  timeout -k 10 "$LIMIT" "$@" 2>&1 | tee -a "$OUT/$name.txt"
+  echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - began)) s" | tee -a "$OUT/$name.txt"
+}
+
+for name in "$@"; do
+  case "$name" in
+    env) stage env bash -c 'date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+           python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"triton\", triton.__version__, \"nccl\", torch.cuda.nccl.version())"
+           nvidia-smi topo -m; python3 -m pkb.cli hardware' ;;
+    tests) stage tests python3 -m pytest -m gpu -q -s -p no:cacheprovider tests ;;
+    timing) stage timing python3 benchmarks/gpu_timing.py ;;
+    calibrate) stage calibrate python3 -m pkb.cli calibrate --out "$OUT/calibrate.json" ;;
+    fidelity) [ "$NUM_GPUS" -ge 2 ] && stage fidelity python3 benchmarks/nccl_fidelity.py --world-size "$NUM_GPUS" ;;
+    solutions) [ "$NUM_GPUS" -ge 2 ] && {
+        stage solutions python3 -m pkb.cli run --problems collectives --mode cuda --world-size 2 --perf --trials 3 --db /tmp/pkb-cuda.sqlite
+        stage solutions python3 -m pkb.cli run --problems collectives --mode shared-gpu --world-size 2 --trials 3 --db /tmp/pkb-shared.sqlite; } ;;
+    baseline1) stage baseline1 python3 -m pkb.cli baseline --world-size 1 --mode cuda ;;
+    baseline2) [ "$NUM_GPUS" -ge 2 ] && stage baseline2 python3 -m pkb.cli baseline --world-size "$NUM_GPUS" --mode cuda ${BASELINE_PROBLEMS:+--problems "$BASELINE_PROBLEMS"} ;;
+    *) echo "unknown stage $name" >&2; exit 2 ;;
+  esac
+done

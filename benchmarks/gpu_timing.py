@@ -4,7 +4,9 @@
    measured five times, against ``triton.testing.do_bench`` on the same op (agreement and spread).
 2. The fixed overhead of one evaluation in cuda mode (a tiny case, one trial, no timed iterations),
    in a warm session.
-3. With two or more GPUs: a whole 5-trial evaluation of the all-reduce reference at W=2 (with and
+3. ``pkb.kernels.load_cuda`` of one small kernel in fresh processes: a first build into an empty
+   extension cache, then three loads of the same source from the cache.
+4. With two or more GPUs: a whole 5-trial evaluation of the all-reduce reference at W=2 (with and
    without --perf), wall time including process start-up.
 
     python benchmarks/gpu_timing.py
@@ -12,9 +14,11 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -70,6 +74,32 @@ def overhead(session: Session, config: EvalConfig) -> None:
           f"median {statistics.median(walls) * 1e3:.0f} ms of 5 [{', '.join(f'{w * 1e3:.0f}' for w in walls)}]")
 
 
+BUILD_ONE = """
+import time
+import torch, torch.utils.cpp_extension
+began = time.perf_counter()
+from pkb.kernels import load_cuda
+ext = load_cuda("pkb_cache_probe", "__global__ void twice(float* x) { x[threadIdx.x] *= 2; }\\n"
+                "void run(long p) { twice<<<1, 32>>>((float*) p); }", cpp_sources="void run(long p);", functions=["run"])
+print(time.perf_counter() - began)
+"""
+
+
+def build_cache() -> None:
+    with tempfile.TemporaryDirectory(prefix="pkb-ext-") as folder:
+        env = {**os.environ, "TORCH_EXTENSIONS_DIR": folder}
+        times = []
+        for _ in range(4):
+            out = subprocess.run([sys.executable, "-c", BUILD_ONE], capture_output=True, text=True, env=env)
+            if out.returncode:
+                print(f"load_cuda failed: {out.stderr.strip()[-2000:]}")
+                return
+            times.append(float(out.stdout.split()[-1]))
+    print(f"load_cuda of one kernel in a fresh process (import of pkb.kernels and torch's loader included, "
+          f"python start-up and `import torch` excluded): first build {times[0]:.2f} s; "
+          f"from the cache: {', '.join(f'{t:.3f}' for t in times[1:])} s")
+
+
 def whole_evaluation() -> None:
     for extra in ([], ["--perf"]):
         command = [sys.executable, "-m", "pkb.cli", "eval", "allreduce", "reference", "--mode", "cuda",
@@ -89,6 +119,7 @@ def main() -> None:
     with Session(Mode.CUDA, 1) as session:
         fidelity(session, config)
         overhead(session, config)
+    build_cache()
     if torch.cuda.device_count() >= 2:
         whole_evaluation()
 

@@ -129,3 +129,24 @@ def test_an_output_finished_on_an_unsynchronised_stream_is_complete_when_read(tm
     result = _timed_in_shared_gpu(lazy, sessions)
     assert result.status is Status.OK, result.message
     assert all(t.candidate_s > t.reference_s + 0.002 for t in result.timings)
+
+
+def test_honest_overlap_on_a_second_stream_passes(tmp_path, sessions):
+    """Streams are legitimate: half the sum on a side stream, joined back before returning, is `ok`."""
+    overlap = tmp_path / "1_allreduce_overlap.py"
+    overlap.write_text(SIDE_STREAM_ALLREDUCE.replace("out = tensor.clone()\n    dist.all_reduce(out)\n    {extra}", """\
+flat = tensor.reshape(-1).clone()
+    half = flat.numel() // 2
+    _side[0].wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(_side[0]):
+        tail = flat[half:] * 1
+    if half:
+        dist.all_reduce(flat[:half])
+    torch.cuda.current_stream().wait_stream(_side[0])
+    tail.record_stream(torch.cuda.current_stream())
+    dist.all_reduce(tail)
+    flat[half:] = tail
+    out = flat.view(tensor.shape)"""))
+    assert "_side[0]" in overlap.read_text() and "{extra}" not in overlap.read_text()
+    result = _timed_in_shared_gpu(overlap, sessions)
+    assert result.status is Status.OK, result.message

@@ -8,8 +8,9 @@ What is measured, and how (docs/roofline.md has the reasoning):
 - With two or more GPUs, in a group of one spawned process per GPU (``_sweep_worker``):
   copy-engine peer bandwidth (``dst.copy_(src)`` across devices in one process) for every ordered
   pair, SM-driven peer bandwidth (an elementwise kernel reading a peer's symmetric-memory buffer)
-  for every ordered pair, NCCL all-reduce and all-gather over the size sweep of the allreduce and
-  allgather problems (busbw from those problems' own ``cost()``), and the latency of a small
+  for every ordered pair, NCCL all-reduce and all-gather (the calls of the NCCL probes of
+  ``pkb.hardware.probes``) over the size sweep of the allreduce and allgather problems in a plain
+  CUDA-event loop (busbw from those problems' own ``cost()``), and the latency of a small
   collective (a device-side symmetric-memory barrier and the smallest NCCL all-reduce).
 
 NVLink multicast stays off: the workers inherit the environment and default NCCL_NVLS_ENABLE=0,
@@ -314,14 +315,15 @@ def _sweep_worker(rank: int, world_size: int, folder: str, plan: dict) -> None:
                             timeout=datetime.timedelta(seconds=SWEEP_TIMEOUT_S), device_id=torch.device("cuda", rank))
     host_group = dist.new_group(backend="gloo")  # waits that keep no GPU busy while one rank measures
     reply: dict[str, Any] = {"errors": {}}
-    if rank == 0:
-        reply["copy_engine"] = _copy_engine_pairs(world_size, plan)
-    dist.barrier(group=host_group)
-    try:
-        reply["sm_peer"], reply["barrier_s"] = _symmetric_memory_sweeps(rank, world_size, plan, host_group)
-    except Exception as exc:  # symmetric memory unavailable: the NCCL sweeps still run
-        reply["errors"]["sm_peer"] = f"{type(exc).__name__}: {exc}"
+    if plan.get("peer", True):
+        if rank == 0:
+            reply["copy_engine"] = _copy_engine_pairs(world_size, plan)
         dist.barrier(group=host_group)
+        try:
+            reply["sm_peer"], reply["barrier_s"] = _symmetric_memory_sweeps(rank, world_size, plan, host_group)
+        except Exception as exc:  # symmetric memory unavailable: the NCCL sweeps still run
+            reply["errors"]["sm_peer"] = f"{type(exc).__name__}: {exc}"
+            dist.barrier(group=host_group)
     reply["collectives"] = {f"{kind}/{case}": _time_collective(kind, numel, world_size, plan["num_repeats"])
                             for kind, case, numel in plan["collectives"]}
     Path(folder, f"rank{rank}.json").write_text(json.dumps(reply))
@@ -426,19 +428,25 @@ def _symmetric_memory_sweeps(rank: int, world_size: int, plan: dict, host_group)
 
 
 def _time_collective(kind: str, numel: int, world_size: int, num_repeats: int) -> list[float]:
+    """A plain CUDA-event loop over the NCCL probe's call (``pkb.hardware.probes``) on one bf16 buffer."""
     import torch
-    import torch.distributed as dist
 
-    tensor = torch.zeros(numel, dtype=torch.bfloat16, device="cuda")
-    if kind == "all_reduce":
-        call = lambda: dist.all_reduce(tensor)  # noqa: E731
-    else:
-        gathered = torch.empty(world_size * numel, dtype=torch.bfloat16, device="cuda")
-        call = lambda: dist.all_gather_into_tensor(gathered, tensor)  # noqa: E731
-    times = _event_per_call(call, _iterations(numel * 2), num_repeats)
+    from pkb.hardware.probes import ALL_GATHER, ALL_REDUCE
+
+    call = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER}[kind].reference
+    tensor = torch.randn(numel, device="cuda").to(torch.bfloat16)
+    times = _event_per_call(lambda: call(tensor), _iterations(numel * 2), num_repeats)
     del tensor
     torch.cuda.empty_cache()
     return times
+
+
+def time_collectives_plainly(num_gpus: int, sizes: list[tuple[str, str, int]], num_repeats: int) -> dict[str, list[float]]:
+    """Seconds per call of each ``(kind, label, numel)`` by the plain loop of ``_time_collective`` in a
+    spawned group of ``num_gpus`` processes: per repeat the slowest rank, as the harness counts."""
+    per_rank = _run_group(num_gpus, {"peer": False, "num_repeats": num_repeats, "collectives": sizes})
+    return {key: [max(reply["collectives"][key][i] for reply in per_rank) for i in range(num_repeats)]
+            for key in per_rank[0]["collectives"]}
 
 
 def print_summary(calibration: Calibration, file=sys.stdout) -> None:

@@ -1,16 +1,25 @@
-"""Single-device probes timed by the harness itself: a bf16 GEMM and a device-to-device copy.
+"""Probes timed by the harness itself: a bf16 GEMM, a device-to-device copy, and the bare NCCL
+all-reduce and all-gather.
 
 They measure the machine (and check the timing protocol against an independent timer) rather than
-test a kernel, so they live outside the suite. Each is a Problem, run at any world size with no
-communication, so the same rank groups, input rotation and timers as real problems time them.
+test a kernel, so they live outside the suite. Each is a Problem, so the same rank groups, input
+rotation and timers as real problems time them.
 
 GEMM: a [M, K] @ b [K, N] in bf16 with fp32 accumulation; 2*M*N*K flops, reads (M*K + K*N) and
 writes M*N elements. COPY: out = x.clone() of a bf16 buffer; reads and writes its bytes once each.
+Both run at any world size with no communication.
+
+ALL_REDUCE: ``dist.all_reduce(x)`` in place, nothing else (the suite's allreduce also clones its
+input, which it must leave unchanged); repeated calls keep summing into the same buffer, so its
+values grow, and nothing checks them: a probe times calls, it grades nothing. ALL_GATHER:
+``dist.all_gather_into_tensor`` into a new buffer, as the suite's allgather does. Costs and busbw
+are the suite problems' (nccl-tests' factors); the plain CUDA-event loop of ``pkb calibrate``
+makes the same calls, which ``benchmarks/nccl_fidelity.py`` compares with the harness's time.
 """
 
 from __future__ import annotations
 
-from pkb.problem import Case, Cost, Problem, randn
+from pkb.problem import Case, Cost, Problem, Tolerance, randn
 
 
 def gemm_inputs(case, rank, world_size, gen):
@@ -57,4 +66,62 @@ COPY = Problem(
     world_sizes=(1, 2, 4, 8), tests=[Case("tiny", {"numel": 4099})],
     benchmarks=[Case("copy_1GiB", {"numel": 1 << 29}, note="1 GiB of bf16 read, 1 GiB written")],
     reference=copy, make_inputs=copy_inputs, cost=copy_cost, module="pkb.hardware.probes:COPY",
+)
+
+
+def collective_inputs(case, rank, world_size, gen):
+    from pkb.problems.collectives._common import buffer
+
+    return (buffer(case, gen),)
+
+
+def all_reduce(tensor):
+    import torch.distributed as dist
+
+    dist.all_reduce(tensor)
+    return tensor
+
+
+def all_gather(tensor):
+    from pkb.problems.collectives.allgather import reference
+
+    return reference(tensor)
+
+
+def all_reduce_cost(case, world_size):
+    from pkb.problems.collectives.allreduce import cost
+
+    return cost(case, world_size)
+
+
+def all_gather_cost(case, world_size):
+    from pkb.problems.collectives.allgather import cost
+
+    return cost(case, world_size)
+
+
+def _sum_tolerance(case, world_size):
+    from pkb.problems.collectives._common import sum_tolerance
+
+    return sum_tolerance(case, world_size)
+
+
+# 64 MiB to 1 GiB per rank, the sizes where busbw is compared with a plain loop; rows of 1024 elements.
+_COLLECTIVE_BENCHMARKS = [Case(f"bf16_{label}", {"shape": (size // 2048, 1024), "dtype": "bfloat16"},
+                               note=f"{label} per rank, bf16")
+                          for label, size in (("64MiB", 64 << 20), ("256MiB", 256 << 20), ("1GiB", 1 << 30))]
+_COLLECTIVE_TESTS = [Case("tiny", {"shape": (3, 683), "dtype": "bfloat16"})]
+
+ALL_REDUCE = Problem(
+    name="probe_all_reduce", version=1, upstream_id=None, category="calibration",
+    source="NCCL all_reduce (SUM), in place", world_sizes=(2, 4, 8), tests=_COLLECTIVE_TESTS,
+    benchmarks=_COLLECTIVE_BENCHMARKS, tolerance=_sum_tolerance,
+    reference=all_reduce, make_inputs=collective_inputs, cost=all_reduce_cost, module="pkb.hardware.probes:ALL_REDUCE",
+)
+
+ALL_GATHER = Problem(
+    name="probe_all_gather", version=1, upstream_id=None, category="calibration",
+    source="NCCL all_gather_into_tensor", world_sizes=(2, 4, 8), tests=_COLLECTIVE_TESTS,
+    benchmarks=_COLLECTIVE_BENCHMARKS, tolerance=Tolerance.exact(),
+    reference=all_gather, make_inputs=collective_inputs, cost=all_gather_cost, module="pkb.hardware.probes:ALL_GATHER",
 )
