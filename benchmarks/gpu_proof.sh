@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the GPU, roofline and multi-GPU issues ask to prove, on a device machine, by stage:
-#   bash benchmarks/gpu_proof.sh env tests timing calibrate fidelity solutions baseline1 baseline2
+#   bash benchmarks/gpu_proof.sh env tests timing calibrate fidelity solutions shipped baseline1 baseline2
+# (TESTS_K selects tests with -k, TIMING_PARTS the parts of gpu_timing.py, BASELINE_PROBLEMS the problems)
 # Each stage writes $OUT/<stage>.txt (OUT defaults to .); a stage cut by its time limit keeps what it printed.
 # Multicast stays off: these variables are set for every process started here.
 set -u
@@ -24,10 +25,12 @@ for name in "$@"; do
     env) stage env bash -c 'date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
            python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"triton\", triton.__version__, \"nccl\", torch.cuda.nccl.version())"
            nvidia-smi topo -m; python3 -m pkb.cli hardware' ;;
-    tests) stage tests python3 -m pytest -m gpu -q -s -p no:cacheprovider tests ;;
-    timing) stage timing python3 benchmarks/gpu_timing.py ;;
+    tests) stage tests python3 -m pytest -m gpu -q -s -p no:cacheprovider tests ${TESTS_K:+-k "$TESTS_K"} ;;
+    timing) stage timing python3 benchmarks/gpu_timing.py ${TIMING_PARTS:-} ;;
     calibrate) stage calibrate python3 -m pkb.cli calibrate --out "$OUT/calibrate.json" ;;
     fidelity) [ "$NUM_GPUS" -ge 2 ] && stage fidelity python3 benchmarks/nccl_fidelity.py --world-size "$NUM_GPUS" ;;
+    shipped) [ "$NUM_GPUS" -ge 2 ] &&  # the shipped solutions alone (each result times the reference beside it)
+        stage shipped python3 -m pkb.cli run --solutions pkb/solutions --problems collectives --mode cuda --world-size 2 --perf --trials 3 --db /tmp/pkb-shipped.sqlite ;;
     solutions) [ "$NUM_GPUS" -ge 2 ] && {
         stage solutions python3 -m pkb.cli run --problems collectives --mode cuda --world-size 2 --perf --trials 3 --db /tmp/pkb-cuda.sqlite
         stage solutions python3 -m pkb.cli run --problems collectives --mode shared-gpu --world-size 2 --trials 3 --db /tmp/pkb-shared.sqlite; } ;;

@@ -9,7 +9,7 @@
 4. With two or more GPUs: a whole 5-trial evaluation of the all-reduce reference at W=2 (with and
    without --perf), wall time including process start-up.
 
-    python benchmarks/gpu_timing.py
+    python benchmarks/gpu_timing.py [fidelity] [overhead] [build] [whole]   (default: all four)
 """
 
 from __future__ import annotations
@@ -113,14 +113,19 @@ def whole_evaluation() -> None:
 
 
 def main() -> None:
+    parts = sys.argv[1:] or ["fidelity", "overhead", "build", "whole"]
     print(f"GPU: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, torch {torch.__version__}, "
           f"CUDA {torch.version.cuda}")
     config = EvalConfig(world_size=1, mode=Mode.CUDA, num_trials=1)
-    with Session(Mode.CUDA, 1) as session:
-        fidelity(session, config)
-        overhead(session, config)
-    build_cache()
-    if torch.cuda.device_count() >= 2:
+    if "fidelity" in parts or "overhead" in parts:
+        with Session(Mode.CUDA, 1) as session:
+            if "fidelity" in parts:
+                fidelity(session, config)
+            if "overhead" in parts:
+                overhead(session, config)
+    if "build" in parts:
+        build_cache()
+    if "whole" in parts and torch.cuda.device_count() >= 2:
         whole_evaluation()
 
 

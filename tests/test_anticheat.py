@@ -303,3 +303,22 @@ def test_ranks_get_different_inputs_and_trials_get_fresh_ones(session):
     assert os.urandom(1) is not None  # the salt is per session: a second session draws other seeds
     with Session(Mode.CPU, 2) as other:
         assert other.seed(problem.name, "odd_bf16", 0, 0) != session.seed(problem.name, "odd_bf16", 0, 0)
+
+
+def test_a_load_failure_is_reported_from_the_rank_that_failed(session, tmp_path):
+    """One rank fails to load while another is still busy loading (a slow build, here a sleep): the
+    verdict carries the failure, not the busy rank that was stopped after it."""
+    result = run(session, tmp_path, """
+import time
+import torch.distributed as dist
+
+if dist.get_rank() == 0:
+    time.sleep(30)
+else:
+    raise RuntimeError("rank one cannot load")
+
+def solution(tensor):
+    return tensor
+""")
+    assert result.status is Status.IMPORT_ERROR, result.message
+    assert "rank one cannot load" in result.message and result.message.startswith("rank 1"), result.message

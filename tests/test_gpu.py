@@ -117,7 +117,9 @@ def test_work_left_on_a_side_stream_is_timed(tmp_path, sessions):
 
 def test_an_output_finished_on_an_unsynchronised_stream_is_complete_when_read(tmp_path, sessions):
     """The output is written on a side stream the caller never waits for: the harness synchronises the
-    whole device before reading outputs, so the answer is complete (and correct), and the time counts."""
+    whole device before reading outputs, so the answer is complete (and correct), and the time counts.
+    (Without ``out.record_stream`` the allocator hands ``out`` to the next call while the side stream
+    still has to read it: on an H200 the timed outputs were then wrong and the verdict `mismatch`.)"""
     lazy = tmp_path / "1_allreduce_unsynchronised.py"
     lazy.write_text(SIDE_STREAM_ALLREDUCE.replace("{extra}", "late = torch.empty_like(out)\n"
                                                              "    _side[0].wait_stream(torch.cuda.current_stream())\n"
@@ -125,6 +127,7 @@ def test_an_output_finished_on_an_unsynchronised_stream_is_complete_when_read(tm
                                                              "        torch.cuda._sleep(20_000_000)\n"
                                                              "        late.copy_(out)\n"
                                                              "    late.record_stream(_side[0])\n"
+                                                             "    out.record_stream(_side[0])\n"
                                                              "    out = late"))
     result = _timed_in_shared_gpu(lazy, sessions)
     assert result.status is Status.OK, result.message

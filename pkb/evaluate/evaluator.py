@@ -222,12 +222,14 @@ def _check_statically(problem: Problem, candidate: Candidate, config: EvalConfig
 def _load(group: RankGroup, problem: Problem, candidate: Candidate, config: EvalConfig) -> None:
     job = {"op": "load", "problem": problem.module, "candidate": None if candidate.is_reference else str(candidate.path)}
     replies = _candidate_request(group, [job] * config.world_size, config.load_timeout_s, "loading the candidate")
-    for rank, reply in enumerate(replies):
-        if reply.get("status") != "ok":
-            status = Status(reply["status"]) if reply.get("status") in Status._value2member_map_ else Status.RUNTIME_ERROR
-            first_line = (reply.get("error") or "").strip().splitlines()[-1:] or [""]
-            raise Verdict(status, f"rank {rank}: {first_line[0]}", rank=rank, error=reply.get("error", ""),
-                          traceback=reply.get("traceback", ""))
+    failed = [rank for rank, reply in enumerate(replies) if reply.get("status") != "ok"]
+    if failed:
+        rank = _first_real_failure(replies, failed[0])
+        reply = replies[rank]
+        status = Status(reply["status"]) if reply.get("status") in Status._value2member_map_ else Status.RUNTIME_ERROR
+        first_line = (reply.get("error") or "").strip().splitlines()[-1:] or [""]
+        raise Verdict(status, f"rank {rank}: {first_line[0]}", rank=rank, error=reply.get("error", ""),
+                      traceback=reply.get("traceback", ""))
 
 
 def _check_case(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, case: Case,
@@ -286,11 +288,16 @@ def _input_mismatch(mismatch: Mismatch, problem: Problem) -> Mismatch:
                        "reason": mismatch.reason + " (it must end as the reference leaves it)"})
 
 
-def _raise_candidate_error(replies: list[dict], rank: int, where: dict) -> None:
-    # Report the rank that failed first, not one stuck waiting for it; tampering before anything else.
+def _first_real_failure(replies: list[dict], default: int) -> int:
+    """The rank to report: one that failed itself, not one cut short while it waited for (or was still
+    busy beside) the rank that failed; tampering before anything else."""
     real = [r for r, reply in enumerate(replies) if reply.get("error") and not reply.get("stuck")]
     tampering = [r for r in real if replies[r].get("status") == Status.TAMPERED.value]
-    rank = (tampering or real or [rank])[0]
+    return (tampering or real or [default])[0]
+
+
+def _raise_candidate_error(replies: list[dict], rank: int, where: dict) -> None:
+    rank = _first_real_failure(replies, rank)
     reply = replies[rank]
     status = Status.TAMPERED if reply.get("status") == Status.TAMPERED.value else Status.RUNTIME_ERROR
     raise Verdict(status, f"rank {rank}, case {where['case']}, trial {where['trial']}: {reply['error']}",

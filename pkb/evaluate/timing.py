@@ -120,14 +120,21 @@ class TimedLoop:
                 cuda_graph: bool = False, **_) -> dict:
         """Warm up (at least ``num_warmup`` calls, one per input copy, and ``warmup_s`` seconds) and pick
         calls per repeat from the slowest rank's estimate, so every rank makes the same number of
-        (collective) calls. Every copy gets an output here, which the parent checks after timing."""
+        (collective) calls. Every copy gets an output here, which the parent checks after timing.
+
+        The estimate comes from a second batch of calls: the first pays one-off costs (lazy CUDA
+        module loading, cuBLAS heuristics, allocator growth), and an estimate that counted them was
+        up to 10x too slow, which cut the warm-up short (seen on an H200: the first GEMM measurement
+        of a fresh rank 5 % slower, before its clocks had risen) and made repeats too short."""
         aligned_start(self.device)
-        began = _perf_counter()
         num_warmup = max(num_warmup, len(self.copies))
         self.call_next(num_warmup)
         sync(self.device)
+        began = _perf_counter()
+        self.call_next(num_warmup)
+        sync(self.device)
         per_call = slowest(self.device, (_perf_counter() - began) / num_warmup)
-        self.call_next(max(0, math.ceil(warmup_s / per_call) - num_warmup))
+        self.call_next(max(0, math.ceil(warmup_s / per_call) - 2 * num_warmup))
         self.num_iters = int(min(max_iters, max(min_iters, math.ceil(min_repeat_s / per_call))))
         if cuda_graph and self.device.type == "cuda":
             self.graph = torch.cuda.CUDAGraph()
