@@ -82,10 +82,10 @@ def aligned_start(device: torch.device) -> None:
     sync(device)
 
 
-def slowest(device: torch.device, seconds: float) -> float:
-    """The largest of every rank's ``seconds`` (at least a nanosecond)."""
+def largest_over_ranks(device: torch.device, value: float) -> float:
+    """The largest of every rank's ``value`` (at least 1e-9); a collective call."""
     on = device if dist.get_backend() == "nccl" else "cpu"
-    value = torch.tensor([max(seconds, 1e-9)], dtype=torch.float64, device=on)
+    value = torch.tensor([max(value, 1e-9)], dtype=torch.float64, device=on)
     _all_reduce(value, op=dist.ReduceOp.MAX)
     return float(value)
 
@@ -95,7 +95,10 @@ class TimedLoop:
 
     def __init__(self, fn: Callable, make_inputs: Callable[[tuple], tuple], seeds: list[tuple], device: torch.device):
         first = make_inputs(seeds[0])
-        count = num_copies_for(input_bytes(first), device, len(seeds))
+        # Every rank keeps the same number of copies: warm-up makes one call per copy, and the calls
+        # are collective. Ranks' inputs can differ in size (a scatter's root holds W buffers), and
+        # differing counts left the ranks waiting on each other (seen on two H200s: scatter, 16 MiB).
+        count = int(largest_over_ranks(device, num_copies_for(input_bytes(first), device, len(seeds))))
         self.seeds = seeds[:count]
         self.make_inputs = make_inputs
         self.copies = [first] + [make_inputs(seed) for seed in self.seeds[1:]]
@@ -133,7 +136,7 @@ class TimedLoop:
         began = _perf_counter()
         self.call_next(num_warmup)
         sync(self.device)
-        per_call = slowest(self.device, (_perf_counter() - began) / num_warmup)
+        per_call = largest_over_ranks(self.device, (_perf_counter() - began) / num_warmup)
         self.call_next(max(0, math.ceil(warmup_s / per_call) - 2 * num_warmup))
         self.num_iters = int(min(max_iters, max(min_iters, math.ceil(min_repeat_s / per_call))))
         if cuda_graph and self.device.type == "cuda":
