@@ -133,7 +133,7 @@ def _watched(modules: dict[str, Any]) -> dict[str, Any]:
         watched[f"Worker.{name}"] = getattr(worker.Worker, name)
     for name in ("prepare", "refresh", "repeat", "finish", "outputs", "call_next"):
         watched[f"TimedLoop.{name}"] = getattr(timing.TimedLoop, name)
-    for name in ("sync", "aligned_start", "slowest"):
+    for name in ("sync", "aligned_start", "largest_over_ranks"):
         watched[f"timing.{name}"] = getattr(timing, name)
     for name in (*DIST_FUNCTIONS, "barrier"):  # the recorder's wrappers, once installed
         watched[f"dist.{name}"] = getattr(dist, name, None)
