@@ -24,7 +24,7 @@ import time
 import torch
 
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig, Session, evaluate, time_reference
+from pkb.evaluate.evaluator import EvalConfig, Session, evaluate, spread, time_reference
 from pkb.hardware.probes import COPY, GEMM
 from pkb.problem import Status
 from pkb.runtime.modes import Mode
@@ -49,12 +49,11 @@ def fidelity(session: Session, config: EvalConfig) -> None:
         runs = [time_reference(session, problem, case, config) for _ in range(5)]
         medians = [r.per_call_s() for r in runs]
         median = statistics.median(medians)
-        spread = (max(medians) - min(medians)) / median
         reference = independent[problem.name]
         cost = problem.cost(case, 1)
         rate = (f"{cost.flops / median / 1e12:.0f} TFLOP/s" if cost.flops else f"{cost.hbm_bytes / median / 1e9:.0f} GB/s")
         print(f"{problem.name} {case.name}: harness {median * 1e6:.1f} us ({rate}) over 5 measurements "
-              f"[{', '.join(f'{m * 1e6:.1f}' for m in medians)}], spread {spread * 100:.2f}%; "
+              f"[{', '.join(f'{m * 1e6:.1f}' for m in medians)}], spread {spread(medians) * 100:.2f}%; "
               f"do_bench {reference * 1e6:.1f} us; harness/do_bench = {median / reference:.4f}; "
               f"ranks' own clock {statistics.median(r.rank_clock_s for r in runs) * 1e6:.1f} us, CUDA events "
               f"{statistics.median(r.event_s for r in runs) * 1e6:.1f} us; "

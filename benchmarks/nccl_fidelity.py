@@ -17,20 +17,15 @@ into a new buffer) and each size from 64 MiB to 1 GiB per rank, in cuda mode on 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 
 import torch
 
-from pkb.evaluate.evaluator import EvalConfig, Session, time_reference
+from pkb.evaluate.evaluator import EvalConfig, Session, spread, time_reference
 from pkb.hardware.calibrate import time_collectives_plainly
-from pkb.hardware.probes import ALL_GATHER, ALL_REDUCE
+from pkb.hardware.probes import NCCL_PROBES
 from pkb.runtime.modes import Mode
-
-PROBES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER}
-
-
-def spread(values: list[float]) -> float:
-    return (max(values) - min(values)) / statistics.median(values)
 
 
 def main() -> None:
@@ -46,18 +41,18 @@ def main() -> None:
     harness: dict[str, list[float]] = {}
     with Session(Mode.CUDA, W) as session:
         for _ in range(args.measurements):  # interleaved, so a drift in the machine shows as spread
-            for kind, probe in PROBES.items():
+            for kind, probe in NCCL_PROBES.items():
                 for case in probe.benchmarks:
                     harness.setdefault(f"{kind}/{case.name}", []).append(
                         time_reference(session, probe, case, config).per_call_s())
-    sizes = [(kind, case.name, case["shape"][0] * case["shape"][1]) for kind, probe in PROBES.items()
+    sizes = [(kind, case.name, math.prod(case["shape"])) for kind, probe in NCCL_PROBES.items()
              for case in probe.benchmarks]
     # One spawned group; its repeats split into ``measurements`` runs of 7.
     repeats = time_collectives_plainly(W, sizes, num_repeats=7 * args.measurements)
     plain = {key: [statistics.median(times[i:i + 7]) for i in range(0, len(times), 7)] for key, times in repeats.items()}
     print(f"{'call':<26} {'harness us':>11} {'spread':>7} {'busbw':>7} {'plain us':>10} {'spread':>7} {'busbw':>7} "
           f"{'harness/plain busbw':>20}")
-    for kind, probe in PROBES.items():
+    for kind, probe in NCCL_PROBES.items():
         for case in probe.benchmarks:
             key = f"{kind}/{case.name}"
             link_bytes = probe.cost(case, W).link_bytes

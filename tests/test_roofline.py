@@ -342,3 +342,24 @@ def test_baseline_at_one_device_times_the_machine_probes():
     assert {row["problem"] for row in report["rows"]} == {"probe_gemm", "probe_copy"}
     assert all(row["time_us"] > 0 and row["bound_by"] in ("compute", "memory") for row in report["rows"])
     assert [item["problem"] for item in report["skipped"]] == ["allreduce"]
+
+
+def test_the_nccl_probes_pass_on_cpu_and_cost_what_the_suite_problems_cost():
+    """The probes behind `nccl_fidelity.py` and calibrate's plain loop: correct calls, the suite's costs."""
+    from pkb.evaluate.candidate import Candidate
+    from pkb.evaluate.evaluator import EvalConfig, Session, evaluate, time_reference
+    from pkb.hardware.probes import NCCL_PROBES
+    from pkb.problem import Status
+    from pkb.runtime.modes import Mode
+
+    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=2, perf=True)
+    with Session(Mode.CPU, 2) as session:
+        for kind, probe in NCCL_PROBES.items():
+            result = evaluate(probe, Candidate.reference_of(probe), config, session)
+            assert result.status is Status.OK, result.message
+            assert time_reference(session, probe, probe.tests[0], config).per_call_s() > 0
+    one_gib = NCCL_PROBES["all_reduce"].benchmarks[-1]
+    assert [case.name for case in NCCL_PROBES["all_reduce"].benchmarks] == ["bf16_64MiB", "bf16_256MiB", "bf16_1GiB"]
+    # nccl-tests' factors at W = 4 on 1 GiB per rank: all-reduce 2(W-1)/W of it, all-gather (W-1) times it
+    assert NCCL_PROBES["all_reduce"].cost(one_gib, 4).link_bytes == 1.5 * 2**30
+    assert NCCL_PROBES["all_gather"].cost(one_gib, 4).link_bytes == 3 * 2**30

@@ -340,6 +340,11 @@ def perf_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
     return problem.cases("tests", config.world_size)
 
 
+def spread(values: list[float]) -> float:
+    """(max - min) / median: how far repeated measurements of one thing fall apart."""
+    return (max(values) - min(values)) / statistics.median(values)
+
+
 @dataclass
 class GroupTiming:
     """One group's timing of one case, from the parent's own clock unless said otherwise."""
@@ -360,7 +365,7 @@ class GroupTiming:
 
     @property
     def spread(self) -> float:
-        return (max(self.repeat_s) - min(self.repeat_s)) / self.median_s
+        return spread(self.repeat_s)
 
     def per_call_s(self, refresh_allowance_s: float | None = None) -> float:
         """The median repeat, or, if larger, all the time the group took divided by its timed calls.

@@ -271,9 +271,14 @@ def _numel(case) -> int:
     return math.prod(case["shape"])
 
 
+def _slowest_per_repeat(per_rank_repeats: list[list[float]]) -> list[float]:
+    """Per repeat, the slowest rank's time (the harness counts a collective call that way)."""
+    return [max(repeats[i] for repeats in per_rank_repeats) for i in range(len(per_rank_repeats[0]))]
+
+
 def _slowest_rank_median(per_rank_repeats: list[list[float]]) -> float:
     """The harness's statistic: per repeat the slowest rank, then the median over repeats."""
-    return statistics.median(max(repeats[i] for repeats in per_rank_repeats) for i in range(len(per_rank_repeats[0])))
+    return statistics.median(_slowest_per_repeat(per_rank_repeats))
 
 
 def _run_group(num_gpus: int, plan: dict) -> list[dict]:
@@ -324,7 +329,7 @@ def _sweep_worker(rank: int, world_size: int, folder: str, plan: dict) -> None:
         except Exception as exc:  # symmetric memory unavailable: the NCCL sweeps still run
             reply["errors"]["sm_peer"] = f"{type(exc).__name__}: {exc}"
             dist.barrier(group=host_group)
-    reply["collectives"] = {f"{kind}/{case}": _time_collective(kind, numel, world_size, plan["num_repeats"])
+    reply["collectives"] = {f"{kind}/{case}": _time_collective(kind, numel, plan["num_repeats"])
                             for kind, case, numel in plan["collectives"]}
     Path(folder, f"rank{rank}.json").write_text(json.dumps(reply))
     dist.barrier(group=host_group)
@@ -427,13 +432,13 @@ def _symmetric_memory_sweeps(rank: int, world_size: int, plan: dict, host_group)
     return rows, barrier_s
 
 
-def _time_collective(kind: str, numel: int, world_size: int, num_repeats: int) -> list[float]:
+def _time_collective(kind: str, numel: int, num_repeats: int) -> list[float]:
     """A plain CUDA-event loop over the NCCL probe's call (``pkb.hardware.probes``) on one bf16 buffer."""
     import torch
 
-    from pkb.hardware.probes import ALL_GATHER, ALL_REDUCE
+    from pkb.hardware.probes import NCCL_PROBES
 
-    call = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER}[kind].reference
+    call = NCCL_PROBES[kind].reference
     tensor = torch.randn(numel, device="cuda").to(torch.bfloat16)
     times = _event_per_call(lambda: call(tensor), _iterations(numel * 2), num_repeats)
     del tensor
@@ -445,8 +450,7 @@ def time_collectives_plainly(num_gpus: int, sizes: list[tuple[str, str, int]], n
     """Seconds per call of each ``(kind, label, numel)`` by the plain loop of ``_time_collective`` in a
     spawned group of ``num_gpus`` processes: per repeat the slowest rank, as the harness counts."""
     per_rank = _run_group(num_gpus, {"peer": False, "num_repeats": num_repeats, "collectives": sizes})
-    return {key: [max(reply["collectives"][key][i] for reply in per_rank) for i in range(num_repeats)]
-            for key in per_rank[0]["collectives"]}
+    return {key: _slowest_per_repeat([reply["collectives"][key] for reply in per_rank]) for key in per_rank[0]["collectives"]}
 
 
 def print_summary(calibration: Calibration, file=sys.stdout) -> None:

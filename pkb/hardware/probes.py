@@ -11,15 +11,17 @@ Both run at any world size with no communication.
 
 ALL_REDUCE: ``dist.all_reduce(x)`` in place, nothing else (the suite's allreduce also clones its
 input, which it must leave unchanged); repeated calls keep summing into the same buffer, so its
-values grow, and nothing checks them: a probe times calls, it grades nothing. ALL_GATHER:
-``dist.all_gather_into_tensor`` into a new buffer, as the suite's allgather does. Costs and busbw
-are the suite problems' (nccl-tests' factors); the plain CUDA-event loop of ``pkb calibrate``
+values grow, and nothing checks them: a probe times calls, it grades nothing. ALL_GATHER: the
+suite's allgather reference (``dist.all_gather_into_tensor`` into a new buffer). Inputs, costs and
+busbw are the suite problems' (nccl-tests' factors); the plain CUDA-event loop of ``pkb calibrate``
 makes the same calls, which ``benchmarks/nccl_fidelity.py`` compares with the harness's time.
 """
 
 from __future__ import annotations
 
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
+from pkb.problems.collectives import allgather, allreduce
+from pkb.problems.collectives._common import sum_tolerance
 
 
 def gemm_inputs(case, rank, world_size, gen):
@@ -69,41 +71,11 @@ COPY = Problem(
 )
 
 
-def collective_inputs(case, rank, world_size, gen):
-    from pkb.problems.collectives._common import buffer
-
-    return (buffer(case, gen),)
-
-
 def all_reduce(tensor):
     import torch.distributed as dist
 
     dist.all_reduce(tensor)
     return tensor
-
-
-def all_gather(tensor):
-    from pkb.problems.collectives.allgather import reference
-
-    return reference(tensor)
-
-
-def all_reduce_cost(case, world_size):
-    from pkb.problems.collectives.allreduce import cost
-
-    return cost(case, world_size)
-
-
-def all_gather_cost(case, world_size):
-    from pkb.problems.collectives.allgather import cost
-
-    return cost(case, world_size)
-
-
-def _sum_tolerance(case, world_size):
-    from pkb.problems.collectives._common import sum_tolerance
-
-    return sum_tolerance(case, world_size)
 
 
 # 64 MiB to 1 GiB per rank, the sizes where busbw is compared with a plain loop; rows of 1024 elements.
@@ -115,13 +87,16 @@ _COLLECTIVE_TESTS = [Case("tiny", {"shape": (3, 683), "dtype": "bfloat16"})]
 ALL_REDUCE = Problem(
     name="probe_all_reduce", version=1, upstream_id=None, category="calibration",
     source="NCCL all_reduce (SUM), in place", world_sizes=(2, 4, 8), tests=_COLLECTIVE_TESTS,
-    benchmarks=_COLLECTIVE_BENCHMARKS, tolerance=_sum_tolerance,
-    reference=all_reduce, make_inputs=collective_inputs, cost=all_reduce_cost, module="pkb.hardware.probes:ALL_REDUCE",
+    benchmarks=_COLLECTIVE_BENCHMARKS, tolerance=sum_tolerance,
+    reference=all_reduce, make_inputs=allreduce.make_inputs, cost=allreduce.cost, module="pkb.hardware.probes:ALL_REDUCE",
 )
 
 ALL_GATHER = Problem(
     name="probe_all_gather", version=1, upstream_id=None, category="calibration",
     source="NCCL all_gather_into_tensor", world_sizes=(2, 4, 8), tests=_COLLECTIVE_TESTS,
     benchmarks=_COLLECTIVE_BENCHMARKS, tolerance=Tolerance.exact(),
-    reference=all_gather, make_inputs=collective_inputs, cost=all_gather_cost, module="pkb.hardware.probes:ALL_GATHER",
+    reference=allgather.reference, make_inputs=allgather.make_inputs, cost=allgather.cost,
+    module="pkb.hardware.probes:ALL_GATHER",
 )
+
+NCCL_PROBES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER}
