@@ -15,14 +15,12 @@ Cost per rank, P parameters (fp32), S = ceil(P/W): link bytes 2(W-1)/W * 4P (all
 Benchmarks: see ``_common.mlp_cases``.
 """
 
-import torch
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem
 from pkb.problems.data_parallel import _zero
-from pkb.problems.data_parallel._common import (ADAM_FLOPS_PER_ELEMENT, adam_step_, dims, flat_padded, mlp_cases,
-                                                mlp_flops, mlp_grads, mlp_num_params, mlp_step_hbm_bytes, shard_numel,
-                                                unflatten)
+from pkb.problems.data_parallel._common import (ADAM_FLOPS_PER_ELEMENT, dims, flat_padded, mlp_cases, mlp_flops,
+                                                mlp_grads, mlp_num_params, mlp_step_hbm_bytes, shard_numel)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -36,13 +34,8 @@ def reference(X_local, y_local, W1, b1, W2, b2, exp_avg_part, exp_avg_sq_part, l
     dist.all_reduce(flat_grad)
     flat_grad /= world_size
     part = exp_avg_part.numel()
-    param_part = flat_padded(params, world_size)[rank * part:(rank + 1) * part].clone()
-    adam_step_(param_part, flat_grad[rank * part:(rank + 1) * part], exp_avg_part, exp_avg_sq_part, lr, beta1, beta2,
-               eps, step)
-    gathered = torch.empty(world_size * part, dtype=param_part.dtype, device=param_part.device)
-    dist.all_gather_into_tensor(gathered, param_part)
-    for param, updated in zip(params, unflatten(gathered, [p.shape for p in params])):
-        param.copy_(updated)
+    _zero.update_partition_and_gather(params, flat_grad[rank * part:(rank + 1) * part], exp_avg_part, exp_avg_sq_part,
+                                      lr, beta1, beta2, eps, step)
     return W1, b1, W2, b2, exp_avg_part, exp_avg_sq_part
 
 

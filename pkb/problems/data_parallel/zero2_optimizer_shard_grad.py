@@ -20,9 +20,8 @@ import torch.distributed as dist
 
 from pkb.problem import Cost, Problem
 from pkb.problems.data_parallel import _zero
-from pkb.problems.data_parallel._common import (ADAM_FLOPS_PER_ELEMENT, adam_step_, dims, flat_padded, mlp_cases,
-                                                mlp_flops, mlp_grads, mlp_num_params, mlp_step_hbm_bytes, shard_numel,
-                                                unflatten)
+from pkb.problems.data_parallel._common import (ADAM_FLOPS_PER_ELEMENT, dims, flat_padded, mlp_cases, mlp_flops,
+                                                mlp_grads, mlp_num_params, mlp_step_hbm_bytes, shard_numel)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -30,19 +29,13 @@ def make_inputs(case, rank, world_size, gen):
 
 
 def reference(X_local, y_local, W1, b1, W2, b2, exp_avg_part, exp_avg_sq_part, lr, beta1, beta2, eps, step):
-    world_size, rank = dist.get_world_size(), dist.get_rank()
+    world_size = dist.get_world_size()
     params = [W1, b1, W2, b2]
     flat_grad = flat_padded(mlp_grads(X_local, y_local, *params), world_size)
-    part = exp_avg_part.numel()
-    grad_part = torch.empty(part, dtype=flat_grad.dtype, device=flat_grad.device)
+    grad_part = torch.empty(exp_avg_part.numel(), dtype=flat_grad.dtype, device=flat_grad.device)
     dist.reduce_scatter_tensor(grad_part, flat_grad)
     grad_part /= world_size
-    param_part = flat_padded(params, world_size)[rank * part:(rank + 1) * part].clone()
-    adam_step_(param_part, grad_part, exp_avg_part, exp_avg_sq_part, lr, beta1, beta2, eps, step)
-    gathered = torch.empty(world_size * part, dtype=param_part.dtype, device=param_part.device)
-    dist.all_gather_into_tensor(gathered, param_part)
-    for param, updated in zip(params, unflatten(gathered, [p.shape for p in params])):
-        param.copy_(updated)
+    _zero.update_partition_and_gather(params, grad_part, exp_avg_part, exp_avg_sq_part, lr, beta1, beta2, eps, step)
     return W1, b1, W2, b2, exp_avg_part, exp_avg_sq_part
 
 
