@@ -8,12 +8,21 @@ so every reference runs on gloo and NCCL alike; a point-to-point ring step is an
 
 from __future__ import annotations
 
+import math
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pkb.problem import Case
+from pkb.problem import Case, Cost
+
+# The sequence-gather / head-scatter re-shard of Ulysses attention, and its inverse, at long context.
+ULYSSES_RESHARD_BENCHMARKS = (
+    Case("llama3_8b_128k", {"batch": 1, "seq": 131072, "heads": 32, "head_dim": 128, "dtype": "bfloat16"},
+         note="Llama-3-8B, 32 heads, 128k tokens"),
+    Case("llama3_70b_64k", {"batch": 1, "seq": 65536, "heads": 64, "head_dim": 128, "dtype": "bfloat16"},
+         note="Llama-3-70B, 64 heads, 64k tokens"),
+)
 
 # Scores of one attention block are materialised at most this many fp32 elements at a time, so the
 # references fit in device memory at 128k-token shapes (queries are processed in slices).
@@ -91,6 +100,22 @@ def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group=None) -
     received = torch.empty_like(chunks)
     dist.all_to_all_single(received, chunks, group=group)
     return torch.cat(received.unbind(0), dim=gather_dim).contiguous()
+
+
+def all_to_all_cost(local_shape, dtype: torch.dtype, world_size: int) -> Cost:
+    """One all-to-all of a rank's local tensor (S bytes), nccl-tests' count: it keeps its own 1/W and
+    sends and receives the rest, link bytes (W-1)/W * S; HBM: read S, write S."""
+    size = math.prod(local_shape) * dtype.itemsize
+    return Cost(link_bytes=(world_size - 1) / world_size * size, hbm_bytes=2.0 * size, pattern="all_to_all")
+
+
+def cut_padding(out: torch.Tensor, seq_dim: int, local_seq: int, unpadded_dim_size) -> torch.Tensor:
+    """A gathered sequence (W local shards of ``local_seq``) cut back to ``unpadded_dim_size`` when that
+    is given and not a multiple of W, as VeOmni does: the padding sits at the end."""
+    world = out.shape[seq_dim] // local_seq
+    if unpadded_dim_size and unpadded_dim_size % world != 0:
+        out = out.narrow(seq_dim, 0, unpadded_dim_size).contiguous()
+    return out
 
 
 def all_gather(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:

@@ -17,10 +17,8 @@ gathered on sequence (dim 1): Llama-3-8B (32 query heads) at 128k tokens, Llama-
 heads) at 64k tokens, sequences as in Llama 3's long-context stage (config.json num_attention_heads).
 """
 
-import math
-
-from pkb.problem import Case, Cost, Problem, Tolerance
-from pkb.problems.context_parallel._common import all_to_all, dtype_of, rand_normal
+from pkb.problem import Case, Problem, Tolerance
+from pkb.problems.context_parallel._common import all_to_all, all_to_all_cost, dtype_of, rand_normal
 
 
 def local_shape(case, world_size):
@@ -39,8 +37,7 @@ def reference(x, scatter_dim, gather_dim, group=None):
 
 
 def cost(case, world_size):
-    size = math.prod(local_shape(case, world_size)) * dtype_of(case).itemsize
-    return Cost(link_bytes=(world_size - 1) / world_size * size, hbm_bytes=2.0 * size, pattern="all_to_all")
+    return all_to_all_cost(local_shape(case, world_size), dtype_of(case), world_size)
 
 
 TESTS = (

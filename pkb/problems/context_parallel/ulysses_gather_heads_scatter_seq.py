@@ -20,7 +20,8 @@ import math
 import torch.nn.functional as F
 
 from pkb.problem import Case, Cost, Problem, Tolerance
-from pkb.problems.context_parallel._common import all_to_all, ceil_div, dtype_of, group_size, rand_normal
+from pkb.problems.context_parallel._common import (ULYSSES_RESHARD_BENCHMARKS, all_to_all, ceil_div, dtype_of,
+                                                   group_size, rand_normal)
 
 
 def local_shape(case, world_size):
@@ -55,15 +56,8 @@ TESTS = (
     Case("shorter_than_world_bf16", {"batch": 3, "seq": 3, "heads": 8, "head_dim": 16, "dtype": "bfloat16"}),
 )
 
-BENCHMARKS = (
-    Case("llama3_8b_128k", {"batch": 1, "seq": 131072, "heads": 32, "head_dim": 128, "dtype": "bfloat16"},
-         note="Llama-3-8B, 32 heads, 128k tokens"),
-    Case("llama3_70b_64k", {"batch": 1, "seq": 65536, "heads": 64, "head_dim": 128, "dtype": "bfloat16"},
-         note="Llama-3-70B, 64 heads, 64k tokens"),
-)
-
 PROBLEM = Problem(
     name="ulysses_gather_heads_scatter_seq", version=1, upstream_id=37, category="context_parallel",
     source="VeOmni / verl Ulysses gather_heads_scatter_seq", world_sizes=(2, 4, 8), tests=TESTS,
-    benchmarks=BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    benchmarks=ULYSSES_RESHARD_BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
 )

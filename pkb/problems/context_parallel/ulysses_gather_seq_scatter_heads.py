@@ -16,10 +16,9 @@ Benchmarks: the query/key re-shard of Ulysses attention for Llama-3-8B (32 query
 128k tokens and Llama-3-70B (64 heads x 128) at 64k tokens, B=1.
 """
 
-import math
-
-from pkb.problem import Case, Cost, Problem, Tolerance
-from pkb.problems.context_parallel._common import all_to_all, ceil_div, dtype_of, rand_normal
+from pkb.problem import Case, Problem, Tolerance
+from pkb.problems.context_parallel._common import (ULYSSES_RESHARD_BENCHMARKS, all_to_all, all_to_all_cost, ceil_div,
+                                                   cut_padding, dtype_of, rand_normal)
 
 
 def local_shape(case, world_size):
@@ -33,16 +32,11 @@ def make_inputs(case, rank, world_size, gen):
 
 
 def reference(x, seq_dim, head_dim, group=None, unpadded_dim_size=0):
-    out = all_to_all(x, head_dim, seq_dim, group)
-    world = out.shape[seq_dim] // x.shape[seq_dim]
-    if unpadded_dim_size and unpadded_dim_size % world != 0:
-        out = out.narrow(seq_dim, 0, unpadded_dim_size).contiguous()
-    return out
+    return cut_padding(all_to_all(x, head_dim, seq_dim, group), seq_dim, x.shape[seq_dim], unpadded_dim_size)
 
 
 def cost(case, world_size):
-    size = math.prod(local_shape(case, world_size)) * dtype_of(case).itemsize
-    return Cost(link_bytes=(world_size - 1) / world_size * size, hbm_bytes=2.0 * size, pattern="all_to_all")
+    return all_to_all_cost(local_shape(case, world_size), dtype_of(case), world_size)
 
 
 TESTS = (
@@ -52,15 +46,8 @@ TESTS = (
     Case("one_token_per_rank_bf16", {"batch": 3, "seq": 7, "heads": 8, "head_dim": 16, "dtype": "bfloat16"}),
 )
 
-BENCHMARKS = (
-    Case("llama3_8b_128k", {"batch": 1, "seq": 131072, "heads": 32, "head_dim": 128, "dtype": "bfloat16"},
-         note="Llama-3-8B, 32 heads, 128k tokens"),
-    Case("llama3_70b_64k", {"batch": 1, "seq": 65536, "heads": 64, "head_dim": 128, "dtype": "bfloat16"},
-         note="Llama-3-70B, 64 heads, 64k tokens"),
-)
-
 PROBLEM = Problem(
     name="ulysses_gather_seq_scatter_heads", version=1, upstream_id=36, category="context_parallel",
     source="VeOmni / verl Ulysses gather_seq_scatter_heads", world_sizes=(2, 4, 8), tests=TESTS,
-    benchmarks=BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    benchmarks=ULYSSES_RESHARD_BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -15,10 +15,9 @@ Benchmarks: fused QKV of Llama-3-8B without GQA expansion (32 heads x 128: P = 3
 tokens, and of a 64-head x 128 model (P = 3*8192) at 64k tokens, B=1.
 """
 
-import math
-
-from pkb.problem import Case, Cost, Problem, Tolerance
-from pkb.problems.context_parallel._common import all_to_all, ceil_div, dtype_of, rand_normal
+from pkb.problem import Case, Problem, Tolerance
+from pkb.problems.context_parallel._common import (all_to_all, all_to_all_cost, ceil_div, cut_padding, dtype_of,
+                                                   rand_normal)
 
 
 def local_shape(case, world_size):
@@ -36,20 +35,17 @@ def reference(qkv_tensor, seq_dim, group=None, unpadded_dim_size=None, restore_s
     proj = shape[-1]
     split = qkv_tensor.view(*shape[:-1], 3, proj // 3)
     out = all_to_all(split, split.dim() - 1, seq_dim, group)
-    world = out.shape[seq_dim] // qkv_tensor.shape[seq_dim]
     if restore_shape:
+        world = out.shape[seq_dim] // qkv_tensor.shape[seq_dim]
         out_shape = list(shape)
         out_shape[seq_dim] *= world
         out_shape[-1] = proj // world
         out = out.view(out_shape)
-    if unpadded_dim_size and unpadded_dim_size % world != 0:
-        out = out.narrow(seq_dim, 0, unpadded_dim_size).contiguous()
-    return out
+    return cut_padding(out, seq_dim, qkv_tensor.shape[seq_dim], unpadded_dim_size)
 
 
 def cost(case, world_size):
-    size = math.prod(local_shape(case, world_size)) * dtype_of(case).itemsize
-    return Cost(link_bytes=(world_size - 1) / world_size * size, hbm_bytes=2.0 * size, pattern="all_to_all")
+    return all_to_all_cost(local_shape(case, world_size), dtype_of(case), world_size)
 
 
 TESTS = (
