@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What the GPU, roofline and multi-GPU issues ask to prove, on a device machine, by stage:
 #   bash benchmarks/gpu_proof.sh env tests timing calibrate fidelity solutions shipped baseline1 baseline2
-# (TESTS_K selects tests with -k, TIMING_PARTS the parts of gpu_timing.py, BASELINE_PROBLEMS the problems)
+# (TESTS_K selects tests with -k, TIMING_PARTS the parts of gpu_timing.py, BASELINE_PROBLEMS the problems,
+#  BASELINE_TIMEOUT the seconds one baseline case may take)
 # Each stage writes $OUT/<stage>.txt (OUT defaults to .); a stage cut by its time limit keeps what it printed.
 # Multicast stays off: these variables are set for every process started here.
 set -u
@@ -34,8 +35,9 @@ for name in "$@"; do
     solutions) [ "$NUM_GPUS" -ge 2 ] && {
         stage solutions python3 -m pkb.cli run --problems collectives --mode cuda --world-size 2 --perf --trials 3 --db /tmp/pkb-cuda.sqlite
         stage solutions python3 -m pkb.cli run --problems collectives --mode shared-gpu --world-size 2 --trials 3 --db /tmp/pkb-shared.sqlite; } ;;
-    baseline1) stage baseline1 python3 -m pkb.cli baseline --world-size 1 --mode cuda ;;
-    baseline2) [ "$NUM_GPUS" -ge 2 ] && stage baseline2 python3 -m pkb.cli baseline --world-size "$NUM_GPUS" --mode cuda ${BASELINE_PROBLEMS:+--problems "$BASELINE_PROBLEMS"} ;;
+    baseline1) stage baseline1 python3 -m pkb.cli baseline --world-size 1 --mode cuda --out "$OUT/baseline1.json" ;;
+    baseline2) [ "$NUM_GPUS" -ge 2 ] && stage baseline2 python3 -m pkb.cli baseline --world-size "$NUM_GPUS" --mode cuda \
+        --timeout "${BASELINE_TIMEOUT:-120}" --out "$OUT/baseline2.json" ${BASELINE_PROBLEMS:+--problems "$BASELINE_PROBLEMS"} ;;
     *) echo "unknown stage $name" >&2; exit 2 ;;
   esac
 done

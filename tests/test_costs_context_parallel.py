@@ -41,8 +41,9 @@ COSTS = [
     # cp=2: one k+v block [2,12,16] x2 bf16 = 1536 B; tp all-reduce 2*(1/2)*[2,12,32] bf16 = 1536 B
     # flops: qkv 2*24*32*48, attention 444 pairs * 2 heads * 32, out 2*24*16*32
     ("ring_attention_tp", "causal_h4", 4, 1536 + 1536, 73728 + 444 * 2 * 32 + 24576),
-    # per stage one k+v block (2*1536 B), two stages on the path, plus the 1536-B hand-off; flops of two stages
-    ("ring_attention_pp", "causal_h4", 4, 2 * 2 * 1536 + 1536, 2 * (147456 + 444 * 4 * 32 + 49152)),
+    # one stage per rank (back-to-back calls overlap the stages): its k+v block (2*1536 B) plus the 1536-B
+    # hand-off; one stage's flops
+    ("ring_attention_pp", "causal_h4", 4, 2 * 1536 + 1536, 147456 + 444 * 4 * 32 + 49152),
     # kv ring 768 el * 2 B, dkv ring 2 steps * 768 el * 4 B, dp all-reduce (768 + 768) el * 2 B;
     # 444 pairs * 4 heads * 5 matmuls * 2*8
     ("ring_attention_backward_dp", "causal_gqa", 4, 1536 + 6144 + 3072, 444 * 4 * 5 * 16),

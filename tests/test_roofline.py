@@ -263,9 +263,12 @@ def test_calibrate_without_gpus_is_a_usage_error(tmp_path):
 
 
 def test_baseline_json_rows_for_two_collectives_at_two_ranks(tmp_path):
-    out = pkb("baseline", "--problems", "1-2", "--world-size", "2", "--json", cache=tmp_path)
+    out = pkb("baseline", "--problems", "1-2", "--world-size", "2", "--json", "--out", str(tmp_path / "rows.json"),
+              cache=tmp_path)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
+    assert json.loads((tmp_path / "rows.json").read_text()) == data  # --out keeps the same report in a file
+    assert "allreduce" in out.stderr and "% roofline" in out.stderr  # the table goes to stderr with --json
     rows = data["rows"]
     expected_cases = {(slug, case.name) for slug in ("allreduce", "allgather")
                       for case in get_problem(slug).cases("tests", 2)}
@@ -363,3 +366,30 @@ def test_the_nccl_probes_pass_on_cpu_and_cost_what_the_suite_problems_cost():
     # nccl-tests' factors at W = 4 on 1 GiB per rank: all-reduce 2(W-1)/W of it, all-gather (W-1) times it
     assert NCCL_PROBES["all_reduce"].cost(one_gib, 4).link_bytes == 1.5 * 2**30
     assert NCCL_PROBES["all_gather"].cost(one_gib, 4).link_bytes == 3 * 2**30
+
+
+def test_baseline_table_flags_a_row_faster_than_its_bound():
+    import io
+
+    from pkb.hardware.baseline import BaselineRow
+    from pkb.hardware.cli import _RowPrinter
+
+    def row(case, fraction):
+        return BaselineRow(problem="allreduce", case=case, world_size=2, mode="cuda", profile="calibrated_x",
+                           time_us=100.0, spread=0.01, busbw=10.0, bound_us=100.0 * fraction,
+                           roofline_fraction=fraction, bound_by="link", datasheet_roofline_fraction=fraction / 2)
+
+    stream = io.StringIO()
+    printer = _RowPrinter(stream, [get_problem("allreduce")], 2, datasheet_column=True)
+    printer.row(row("bf16_4KiB", 0.5))
+    printer.row(row("bf16_64KiB", 1.01))  # within the noise of the calibration that measured the peak
+    printer.row(row("bf16_1GiB", 1.2))
+    header, _, under, noise, over = stream.getvalue().splitlines()
+    assert "% datasheet" in header and "spread" in header
+    assert "faster than its bound" not in under and "50.0%" in under and "25.0%" in under
+    assert "faster than its bound" not in noise and "101.0%" in noise
+    assert "faster than its bound" in over and "120.0%" in over
+
+    stream = io.StringIO()  # against a datasheet profile any excess is flagged
+    _RowPrinter(stream, [get_problem("allreduce")], 2).row(row("bf16_64KiB", 1.01))
+    assert "faster than its bound" in stream.getvalue() and "% datasheet" not in stream.getvalue()

@@ -1,17 +1,30 @@
 """Building CUDA/C++ extensions from source, once per source.
 
 The extension's name carries a hash of everything that affects the build (sources, flags, the
-target architectures, torch's version), so the same source loads from torch's extension cache in
-well under a second, a changed source never loads a stale build, and the W ranks of a group that
-build at once wait for one build (torch's cpp_extension holds a file lock per build directory).
+target architectures, torch's and Python's versions), so the same source loads from the extension
+cache (``$TORCH_EXTENSIONS_DIR/pkb``, else under torch's default build root) in well under a second,
+and a changed source never loads a stale build.
+
+The W ranks of a group that build at once wait for one build under an OS file lock (``flock``), which
+the kernel releases when its holder dies. torch's own lock is a file that only its owner deletes: a
+build killed half way (a timeout, Ctrl-C) leaves it behind, and every later load of that source would
+wait for it forever. Under pkb's lock no other pkb build of the directory is running, so a torch lock
+found there is such a leftover and is removed. Ranks that waited for a build that failed report its
+error without building again.
+
 A failed build raises ``BuildError`` carrying the compiler's output: the verdict is ``compile_error``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
-from typing import Sequence
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
 
 
 class BuildError(RuntimeError):
@@ -47,35 +60,58 @@ def load_cuda(name: str, cuda_sources: str | Sequence[str], cpp_sources: str | S
     arch = cuda_arch_list()
     flags = ["-O3", *extra_cuda_cflags] if with_cuda else []
     key = "\0".join([*cuda_sources, *cpp_sources, repr(functions), repr(flags), repr(list(extra_cflags)),
-                     repr(list(extra_include_paths)), repr(list(extra_ldflags)), arch, torch.__version__])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+                     repr(list(extra_include_paths)), repr(list(extra_ldflags)), arch, torch.__version__,
+                     sys.version.split()[0]])
+    full_name = f"{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    directory = build_directory(full_name)
+    failure = directory / "pkb-build-failed.txt"
     previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
     os.environ["TORCH_CUDA_ARCH_LIST"] = arch
-
-    def build():
-        return load_inline(
-            name=f"{name}_{digest}", cpp_sources=cpp_sources, cuda_sources=cuda_sources if with_cuda else None,
-            functions=list(functions) if functions else None, extra_cuda_cflags=flags,
-            extra_cflags=["-O3", *extra_cflags], extra_include_paths=list(extra_include_paths),
-            extra_ldflags=list(extra_ldflags), with_cuda=with_cuda, verbose=False,
-        )
-
+    waiting_since = time.time()
     try:
-        try:
-            return build()
-        except ImportError:
-            # Another rank held the build lock and its build failed, so there is nothing to load:
-            # build again here, which reports the compiler's own error.
-            return build()
-    except RuntimeError as exc:
-        if "Error building extension" in str(exc):
-            raise BuildError(str(exc)) from None
-        raise
+        with _exclusive(directory / "pkb-build.lock"):
+            if failure.is_file() and failure.stat().st_mtime >= waiting_since:
+                raise BuildError(failure.read_text())  # the build this rank waited for failed: same source, same error
+            (directory / "lock").unlink(missing_ok=True)  # torch's lock, left by a build that was killed
+            try:
+                return load_inline(
+                    name=full_name, cpp_sources=cpp_sources, cuda_sources=cuda_sources if with_cuda else None,
+                    functions=list(functions) if functions else None, extra_cuda_cflags=flags,
+                    extra_cflags=["-O3", *extra_cflags], extra_include_paths=list(extra_include_paths),
+                    extra_ldflags=list(extra_ldflags), with_cuda=with_cuda, build_directory=str(directory),
+                    verbose=False,
+                )
+            except RuntimeError as exc:
+                if "Error building extension" not in str(exc):
+                    raise
+                failure.write_text(str(exc))
+                raise BuildError(str(exc)) from None
     finally:
         if previous is None:
             os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
         else:
             os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+
+
+def build_directory(full_name: str) -> Path:
+    """Where the extension ``full_name`` (name + source hash) is built and cached; created if missing."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    directory = Path(root, "pkb", full_name)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path``: other processes wait; the OS releases it if this one dies."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def compile_cuda_extension(name, cuda_src, extra_cuda_cflags=None, extra_include_paths=None, extra_ldflags=None):
