@@ -158,8 +158,12 @@ def cmd_baseline(args) -> int:
     if args.json:
         print(json.dumps(report, default=str))
     else:
+        by_reason: dict[str, list[str]] = {}
         for item in skipped:
-            print(f"skipped {item.problem}: {item.reason}")
+            by_reason.setdefault(item.reason, []).append(item.problem)
+        for reason, names in by_reason.items():
+            shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+            print(f"skipped {shown}: {reason}")
         if rows and not rows[0].times_are_gpu_performance:
             print(f"(CPU times: measured in {choice.mode} mode, not GPU performance; the roofline uses the "
                   f"{profile.name} profile)")
