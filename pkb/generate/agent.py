@@ -16,28 +16,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from pkb.generate.prompt import DEFAULT_HARDWARE, Prompt, build_prompt, feedback
+from pkb.generate.prompt import Prompt, build_prompt, feedback
 from pkb.generate.providers import Message, Provider, ProviderError
-from pkb.generate.sampler import DEFAULT_OUT, Evaluator, GenStatus, generation_row, write_code
+from pkb.generate.sampler import Evaluator, GenStatus, RunSettings, generation_row, write_code
 from pkb.problem import Problem
 
 KIND = "agent"
 
 
 @dataclass(frozen=True)
-class AgentSettings:
-    run: str
-    backend: str = "cuda"
-    hardware: str = DEFAULT_HARDWARE
+class AgentSettings(RunSettings):
     num_steps: int = 10
-    temperature: float | None = None
-    max_tokens: int = 16384
-    out_dir: Path = Path(DEFAULT_OUT)
-    world_size: int | None = None
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.out_dir) / self.run
 
 
 @dataclass(frozen=True)

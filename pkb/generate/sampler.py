@@ -42,20 +42,26 @@ class GenStatus(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class GenerateSettings:
+class RunSettings:
+    """What a generation run (``pkb generate``) and a refinement run (``pkb agent``) both set."""
+
     run: str
     backend: str = "cuda"
     hardware: str = DEFAULT_HARDWARE
-    num_samples: int = 1
     temperature: float | None = None
     max_tokens: int = 16384
-    concurrency: int = 4
     out_dir: Path = Path(DEFAULT_OUT)
     world_size: int | None = None  # the world size the prompt describes (default: the profile's GPUs)
 
     @property
     def run_dir(self) -> Path:
         return Path(self.out_dir) / self.run
+
+
+@dataclass(frozen=True)
+class GenerateSettings(RunSettings):
+    num_samples: int = 1
+    concurrency: int = 4
 
 
 @dataclass(frozen=True)

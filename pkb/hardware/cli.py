@@ -209,7 +209,8 @@ class _RowPrinter:
                  for kind in ("tests", "benchmarks") for case in p.cases(kind, world_size)]
         self.columns = [("problem", max(map(len, names))), ("case", max(map(len, cases or ["case"]))),
                         ("time us", 12), ("spread", 7), ("busbw GB/s", 11), ("% roofline", 11)]
-        if datasheet_column:  # the profile is calibrated: also against the datasheet it was measured from
+        self.datasheet_column = datasheet_column  # the profile is calibrated: also against its datasheet
+        if datasheet_column:
             self.columns.append(("% datasheet", 12))
         self.columns.append(("bound", 8))
         # A datasheet peak is physical: beating it at all means the cost counts work that is not done. A
@@ -229,7 +230,7 @@ class _RowPrinter:
             cells = [row.problem, row.case, f"{row.time_us:.1f}",
                      "-" if row.spread is None else f"{row.spread * 100:.1f}%",
                      f"{row.busbw:.3g}" if row.busbw else "-", f"{row.roofline_fraction * 100:.1f}%"]
-            if len(self.columns) == 8:
+            if self.datasheet_column:
                 fraction = row.datasheet_roofline_fraction
                 cells.append("-" if fraction is None else f"{fraction * 100:.1f}%")
             notes = ["timers disagree"] * row.timer_disagreement

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pkb.problem import Case
+from pkb.problem import Case, Cost
 from pkb.problems.tensor_parallel._common import all_gather_cat, dtype_of
 
 TOP_P_MARGIN = 1e-3
@@ -173,6 +173,15 @@ def logprob_flops(case: Case, world_size: int) -> float:
     tokens, vocab = case["batch"] * case["seq"], case["vocab"]
     per_element = 5 + (math.log2(vocab) if top_p_on(case.get("top_p", 1.0)) else 0)
     return tokens / world_size * vocab * per_element
+
+
+def forward_logprob_cost(case: Case, world_size: int, pattern: str) -> Cost:
+    """The forward problems' cost (chunked or not): the all-to-all moves (W-1)/W of the logits block
+    and the all-gather (W-1)/W of the fp32 log-probs; HBM reads the block and writes the log-probs."""
+    terms = logprob_cost_terms(case, world_size)
+    moved = terms["logit_bytes"] + terms["tokens"] * 4
+    return Cost(link_bytes=(world_size - 1) / world_size * moved, flops=logprob_flops(case, world_size),
+                hbm_bytes=moved, pattern=pattern)
 
 
 def logprob_cases(chunked: bool):

@@ -19,9 +19,9 @@ Benchmarks: a Qwen2.5-7B GRPO micro-batch (4096 tokens, vocab 152064, top-k 50, 
 Llama-3 8B one (2 x 2048 tokens, vocab 128256, top-p 0.9).
 """
 
-from pkb.problem import Cost, Problem
+from pkb.problem import Problem
 from pkb.problems.tensor_parallel._logprob import (
-    chunk_log_probs, logprob_cases, logprob_cost_terms, logprob_flops, make_logprob_inputs)
+    chunk_log_probs, forward_logprob_cost, logprob_cases, make_logprob_inputs)
 
 TESTS, BENCHMARKS = logprob_cases(chunked=False)
 
@@ -36,11 +36,7 @@ def reference(vocab_parallel_logits, target, tp_group=None, top_k=None, top_p=1.
 
 
 def cost(case, world_size):
-    terms = logprob_cost_terms(case, world_size)
-    fraction = (world_size - 1) / world_size
-    return Cost(link_bytes=fraction * (terms["logit_bytes"] + terms["tokens"] * 4),
-                flops=logprob_flops(case, world_size), hbm_bytes=terms["logit_bytes"] + terms["tokens"] * 4,
-                pattern="all_to_all + all_gather")
+    return forward_logprob_cost(case, world_size, "all_to_all + all_gather")
 
 
 PROBLEM = Problem(

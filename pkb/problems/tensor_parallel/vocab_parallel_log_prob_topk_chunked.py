@@ -19,9 +19,9 @@ Tests: the filtering variants with chunks that leave a shorter last chunk (24 to
 
 import torch
 
-from pkb.problem import Cost, Problem
+from pkb.problem import Problem
 from pkb.problems.tensor_parallel._logprob import (
-    chunk_log_probs, chunks, logprob_cases, logprob_cost_terms, logprob_flops, make_logprob_inputs)
+    chunk_log_probs, chunks, forward_logprob_cost, logprob_cases, make_logprob_inputs)
 
 TESTS, BENCHMARKS = logprob_cases(chunked=True)
 
@@ -38,11 +38,7 @@ def reference(vocab_parallel_logits, target, tp_group=None, top_k=None, top_p=1.
 
 
 def cost(case, world_size):
-    terms = logprob_cost_terms(case, world_size)
-    fraction = (world_size - 1) / world_size
-    return Cost(link_bytes=fraction * (terms["logit_bytes"] + terms["tokens"] * 4),
-                flops=logprob_flops(case, world_size), hbm_bytes=terms["logit_bytes"] + terms["tokens"] * 4,
-                pattern="all_to_all + all_gather (per chunk)")
+    return forward_logprob_cost(case, world_size, "all_to_all + all_gather (per chunk)")
 
 
 PROBLEM = Problem(
