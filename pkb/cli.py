@@ -38,8 +38,8 @@ def cmd_list(args) -> int:
 
         raise UsageError(f"no problem in category {args.category!r}; categories: {', '.join(CATEGORIES)}")
     rows = [{"name": p.name, "upstream_id": p.upstream_id, "category": p.category, "source": p.source,
-             "version": p.version, "world_sizes": list(p.world_sizes), "num_tests": len(p.tests),
-             "num_benchmarks": len(p.benchmarks)} for p in problems]
+             "version": p.version, "world_sizes": list(p.world_sizes), "num_upstream": len(p.upstream),
+             "num_tests": len(p.tests), "num_benchmarks": len(p.benchmarks)} for p in problems]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -50,19 +50,23 @@ def cmd_list(args) -> int:
 
 
 def cmd_show(args) -> int:
+    from pkb.problem import CASE_KINDS
     from pkb.registry import get_problem
 
     problem = get_problem(args.problem)
     world_size = args.world_size or problem.world_sizes[0]
-    case = problem.find_case(args.case) if args.case else problem.cases("tests", world_size)[0]
+    case = problem.find_case(args.case) if args.case else (problem.cases("upstream", world_size)
+                                                           or problem.cases("tests", world_size))[0]
     module = sys.modules[problem.reference.__module__]
     print(f"# {problem.name} (upstream {problem.upstream_id}, {problem.category}, version {problem.version})")
     print(f"# source: {problem.source}")
     print(f"# solution({', '.join(problem.argument_names)})  world sizes {list(problem.world_sizes)}")
-    print(f"# tests: {', '.join(c.name for c in problem.tests)}")
-    print(f"# benchmarks: {', '.join(c.name for c in problem.benchmarks) or '-'}\n")
+    for kind in CASE_KINDS:
+        print(f"# {kind}: " + (", ".join(c.name + (f" (W={','.join(map(str, c.world_sizes))})" if c.world_sizes else "")
+                                         for c in getattr(problem, kind)) or "-"))
+    print()
     print(inspect.getsource(module))
-    print(f"## case {case.name} at world size {world_size}: {dict(case.params)}" + (f"  ({case.note})" if case.note else ""))
+    print(f"## {problem.case_kind(case.name)} case {case.name} at world size {world_size}: {dict(case.params)}" + (f"  ({case.note})" if case.note else ""))
     for rank in range(world_size):
         described = ", ".join(f"{name}={describe(value)}" for name, value in
                               zip(problem.argument_names, shapes_of_inputs(problem, case, rank, world_size)))
@@ -119,7 +123,7 @@ def make_config(args, world_size: int):
     if not args.json:
         print(f"mode: {choice.mode} ({choice.reason})", file=sys.stderr)
     return EvalConfig(world_size=world_size, mode=choice.mode, num_trials=args.trials, timeout_s=args.timeout,
-                      perf=args.perf, cuda_graph=args.cuda_graph, policy=args.policy)
+                      perf=args.perf, cuda_graph=args.cuda_graph, policy=args.policy, cases=args.cases)
 
 
 def cmd_eval(args) -> int:
@@ -260,6 +264,9 @@ def add_eval_options(p, world_size_default):
     p.add_argument("--policy", default="report", choices=["report", "forbid-collectives"],
                    help="forbid-collectives: a solution that calls torch.distributed, functional collectives, "
                         "symm_mem fused ops or the reference on the hot path is `forbidden`")
+    p.add_argument("--cases", default="all", choices=["all", "upstream", "tests", "benchmarks"],
+                   help="which cases the correctness trials run: all (upstream + tests, the default), upstream "
+                        "(the upstream benchmark's inputs: the paper's protocol), tests, or benchmarks")
     p.add_argument("--json", action="store_true")
 
 

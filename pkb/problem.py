@@ -42,6 +42,9 @@ CATEGORIES = (
     "calibration",  # single-device probes that measure the machine (pkb.hardware.probes), not in the suite
 )
 
+# The three kinds of case (DESIGN.md): the upstream benchmark's inputs, small awkward tests, model shapes.
+CASE_KINDS = ("upstream", "tests", "benchmarks")
+
 _SLUG = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -163,6 +166,9 @@ class Problem:
     ``(case, world_size, dtype) -> Tolerance``, or ``None`` for the default of each output's dtype
     (``DEFAULT_TOLERANCES``).
     ``deterministic``: a second run on the same inputs must give bit-identical outputs.
+    ``upstream``: the cases that reproduce the upstream benchmark's inputs at its defaults (its
+    ``create_input_tensor`` at M = N = 1024, bf16: the same shapes, dtypes and argument kinds, with
+    pkb's random rank-distinct values), so the paper's protocol can be rerun (``--cases upstream``).
     ``replicated_inputs``: every rank receives the same inputs because the workload replicates them
     (e.g. each rank decodes its own tiles of one latent); the suite then checks only that they are
     random, and that a local-only answer still fails.
@@ -180,6 +186,7 @@ class Problem:
     make_inputs: Callable[[Case, int, int, torch.Generator], tuple]
     cost: Callable[[Case, int], Cost]
     tolerance: ToleranceSpec = None
+    upstream: tuple[Case, ...] = ()
     deterministic: bool = False
     replicated_inputs: bool = False
     module: str = ""  # filled in by discovery: the dotted module name
@@ -188,6 +195,7 @@ class Problem:
         where = f"problem {self.name!r}"
         object.__setattr__(self, "tests", tuple(self.tests))
         object.__setattr__(self, "benchmarks", tuple(self.benchmarks))
+        object.__setattr__(self, "upstream", tuple(self.upstream))
         object.__setattr__(self, "world_sizes", tuple(self.world_sizes))
         if not isinstance(self.name, str) or not _SLUG.match(self.name):
             raise ProblemError(f"{where}: name must be a lowercase slug like 'allgather_gemm'")
@@ -201,12 +209,12 @@ class Problem:
             raise ProblemError(f"{where}: world_sizes must be positive ints, got {self.world_sizes!r}")
         if not self.tests:
             raise ProblemError(f"{where}: tests must hold at least one Case")
-        for kind in ("tests", "benchmarks"):
-            names = [c.name for c in getattr(self, kind)]
+        for kind in CASE_KINDS:
             if any(not isinstance(c, Case) for c in getattr(self, kind)):
                 raise ProblemError(f"{where}: {kind} must hold Case objects")
-            if len(set(names)) != len(names):
-                raise ProblemError(f"{where}: {kind} has duplicate case names {names}")
+        names = [c.name for kind in CASE_KINDS for c in getattr(self, kind)]
+        if len(set(names)) != len(names):
+            raise ProblemError(f"{where}: case names must be unique across upstream, tests and benchmarks: {names}")
         for fn_name in ("reference", "make_inputs", "cost"):
             if not callable(getattr(self, fn_name)):
                 raise ProblemError(f"{where}: {fn_name} must be callable")
@@ -222,16 +230,28 @@ class Problem:
         return tuple(inspect.signature(self.reference).parameters)
 
     def cases(self, kind: str, world_size: int) -> tuple[Case, ...]:
-        """The ``tests`` or ``benchmarks`` cases that run at ``world_size``."""
-        if kind not in ("tests", "benchmarks"):
-            raise ValueError(f"kind must be 'tests' or 'benchmarks', got {kind!r}")
+        """The ``upstream``, ``tests`` or ``benchmarks`` cases that run at ``world_size``."""
+        if kind not in CASE_KINDS:
+            raise ValueError(f"kind must be one of {CASE_KINDS}, got {kind!r}")
         return tuple(c for c in getattr(self, kind) if c.runs_at(world_size))
 
+    @property
+    def all_cases(self) -> tuple[Case, ...]:
+        return self.upstream + self.tests + self.benchmarks
+
+    def case_kind(self, name: str) -> str:
+        """``upstream``, ``tests`` or ``benchmarks``: the list that holds the case called ``name``."""
+        for kind in CASE_KINDS:
+            if any(c.name == name for c in getattr(self, kind)):
+                return kind
+        self.find_case(name)  # raises the KeyError that lists the cases
+        raise AssertionError("unreachable")
+
     def find_case(self, name: str) -> Case:
-        for case in self.tests + self.benchmarks:
+        for case in self.all_cases:
             if case.name == name:
                 return case
-        names = [c.name for c in self.tests + self.benchmarks]
+        names = [c.name for c in self.all_cases]
         raise KeyError(f"problem {self.name!r} has no case {name!r}; cases: {', '.join(names)}")
 
     def tolerance_for(self, case: Case, world_size: int, dtype: torch.dtype) -> Tolerance:

@@ -29,6 +29,10 @@ from pkb.runtime.modes import Mode
 
 
 POLICIES = ("report", "forbid-collectives")
+# What `--cases` selects for the correctness trials. `all` is the upstream cases and the tests; the
+# benchmark shapes are checked after they are timed (--perf), or on their own with `benchmarks`.
+CASE_SELECTIONS = {"all": ("upstream", "tests"), "upstream": ("upstream",), "tests": ("tests",),
+                   "benchmarks": ("benchmarks",)}
 
 
 class HarnessError(RuntimeError):
@@ -74,10 +78,13 @@ class EvalConfig:
     perf: bool = False
     cuda_graph: bool = False
     policy: str = "report"  # or "forbid-collectives": stock collectives on the hot path are `forbidden`
+    cases: str = "all"  # a key of CASE_SELECTIONS
 
     def __post_init__(self):
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.cases not in CASE_SELECTIONS:
+            raise ValueError(f"cases must be one of {tuple(CASE_SELECTIONS)}, got {self.cases!r}")
 
     @property
     def timing(self) -> TimingProtocol:
@@ -162,7 +169,7 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
     result.details["solution_path"] = str(candidate.path) if candidate.path else None
     try:
         _check_statically(problem, candidate, config)
-        cases = problem.cases("tests", config.world_size)
+        cases = checked_cases(problem, config)
         result.cases = [c.name for c in cases]
         reference = session.reference_group(problem, config.load_timeout_s)
         group = session.candidate_group()
@@ -215,8 +222,13 @@ def _check_statically(problem: Problem, candidate: Candidate, config: EvalConfig
     if config.world_size not in problem.world_sizes:
         raise Verdict(Status.SKIPPED, f"{problem.name} runs at world sizes {list(problem.world_sizes)}, "
                                       f"not {config.world_size}")
-    if not problem.cases("tests", config.world_size):
-        raise Verdict(Status.SKIPPED, f"{problem.name} has no test case for world size {config.world_size}")
+    if not checked_cases(problem, config):
+        raise Verdict(Status.SKIPPED, f"{problem.name} has no {config.cases} case for world size {config.world_size}")
+
+
+def checked_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
+    """The cases the correctness trials run, as ``config.cases`` selects them."""
+    return tuple(case for kind in CASE_SELECTIONS[config.cases] for case in problem.cases(kind, config.world_size))
 
 
 def _load(group: RankGroup, problem: Problem, candidate: Candidate, config: EvalConfig) -> None:

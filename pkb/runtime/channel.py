@@ -8,6 +8,7 @@ an object whose unpickling runs code in the process that decides the verdict.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 from multiprocessing.connection import Connection
@@ -65,6 +66,13 @@ def to_plain(value: Any, sample_seed: int | None = None) -> Any:
             return value
         if isinstance(value, torch.dtype):
             return str(value)
+        if isinstance(value, torch.nn.Module):  # a module argument: its state, and the gradients it holds
+            grads = {name: p.grad for name, p in value.named_parameters() if p.grad is not None}
+            return {"__module__": type(value).__qualname__, "state": plain(dict(value.state_dict(keep_vars=True))),
+                    "grads": plain(grads)}
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {"__dataclass__": type(value).__qualname__,
+                    **{f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}}
         return {"__unsupported__": type(value).__qualname__}
 
     return plain(value)
