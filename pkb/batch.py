@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.evaluator import EvalConfig, Session, evaluate
 from pkb.evaluate.result import EvalResult
-from pkb.problem import Problem
+from pkb.problem import Problem, Status
 from pkb.registry import all_problems
 from pkb.store.db import ResultStore, run_key
 
@@ -75,8 +75,9 @@ def plan(problems: Iterable[Problem], solutions_dir: Path | None, include_refere
 def evaluation_key(problem: Problem, candidate: Candidate, config: EvalConfig) -> str:
     """The store's key for evaluating ``candidate`` on ``problem`` with ``config`` (equal keys: same job)."""
     timing = ("perf+graph" if config.cuda_graph else "perf") if config.perf else ""
+    cases = "" if config.cases == "all" else f"|cases={config.cases}"
     return run_key(problem.name, problem.version, candidate.sha256, config.mode.value, config.world_size,
-                   config.num_trials, f"{timing}|{config.policy}")
+                   config.num_trials, f"{timing}|{config.policy}{cases}")
 
 
 def run_jobs(jobs: list[Job], config: EvalConfig, store: ResultStore,
@@ -87,7 +88,7 @@ def run_jobs(jobs: list[Job], config: EvalConfig, store: ResultStore,
         for job in jobs:
             key = evaluation_key(job.problem, job.candidate, config)
             previous = store.latest(key)
-            if previous is not None:
+            if previous is not None and previous.status is not Status.HARNESS_ERROR:  # pkb's failures are retried
                 results.append(previous)
                 on_result(job, previous, True)
                 continue

@@ -19,6 +19,7 @@ from pkb import __version__
 from pkb.problem import Status
 
 USAGE_ERROR = 2
+HARNESS_FAILURE = 3  # pkb itself failed: no verdict on the candidate
 QUIET_STATUSES = (Status.OK, Status.SKIPPED)
 
 
@@ -149,7 +150,7 @@ def cmd_eval(args) -> int:
         print(json.dumps(result.to_dict(), default=str))
     else:
         print_verdict(result)
-    return 0 if result.ok else 1
+    return 0 if result.ok else HARNESS_FAILURE if result.status is Status.HARNESS_ERROR else 1
 
 
 def print_verdict(result) -> None:
@@ -329,6 +330,18 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `pkb list | head`: the reader has gone, nothing to report
         sys.stderr.close()
         return 0
+    except Exception as exc:  # pkb's own failure: say so (as JSON where JSON was asked for), never a candidate verdict
+        import traceback
+
+        if getattr(args, "json", False):
+            print(json.dumps({"status": Status.HARNESS_ERROR.value, "command": args.command,
+                              "message": f"pkb failed, not the candidate: {type(exc).__name__}: {exc}",
+                              "details": {"error": traceback.format_exc(limit=-12)}}))
+        else:
+            traceback.print_exc()
+            print(f"pkb: internal error ({type(exc).__name__}: {exc}); this is pkb's failure, not the candidate's",
+                  file=sys.stderr)
+        return HARNESS_FAILURE
 
 
 if __name__ == "__main__":  # `python -m pkb.cli`: run the imported module's main, so its exception classes are the ones raised

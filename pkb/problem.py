@@ -280,6 +280,9 @@ class Status(str, enum.Enum):
     TAMPERED = "tampered"
     FORBIDDEN = "forbidden"
     SKIPPED = "skipped"
+    # pkb itself failed (its reference raised, rank processes would not start, a pkb bug): no verdict on
+    # the candidate. Left out of pass@k and fast_p; a rerun evaluates it again.
+    HARNESS_ERROR = "harness_error"
 
     def __str__(self) -> str:
         return self.value

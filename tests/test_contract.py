@@ -30,7 +30,7 @@ def _problem(**overrides) -> Problem:
     ("category", "misc", "is not one of"),
     ("world_sizes", (), "world_sizes must be positive"),
     ("tests", [], "at least one Case"),
-    ("tests", [Case("a"), Case("a")], "duplicate case names"),
+    ("tests", [Case("a"), Case("a")], "case names must be unique"),
     ("make_inputs", lambda case, rank: (), "make_inputs must take (case, rank, world_size, gen)"),
     ("tolerance", 0.1, "tolerance must be"),
 ])

@@ -143,13 +143,33 @@ def test_eval_exit_codes_and_json_status(tmp_path):
     assert no_gpu.returncode == 2 and "this machine can run --mode cpu" in no_gpu.stderr
 
 
-def test_cuda_candidate_is_skipped_in_cpu_mode(tmp_path):
-    upstream_style = tmp_path / "1_allreduce_cuda.py"
-    upstream_style.write_text("from utils.cuda_helpers import compile_cuda_extension\n"
-                              "def solution(tensor):\n    raise AssertionError('never run')\n")
-    out = pkb("eval", "1", str(upstream_style), "--json")
-    assert json.loads(out.stdout)["status"] == "skipped", out.stdout
+def test_skipped_only_when_the_candidate_needs_a_gpu(tmp_path):
+    """cpu mode skips what it cannot run, decided by what the candidate does, not by words in its source."""
+    needs_gpu = tmp_path / "1_allreduce_cuda.py"
+    needs_gpu.write_text("import torch\nimport torch.distributed as dist\n"
+                         "def solution(tensor):\n    out = tensor.to('cuda')\n    dist.all_reduce(out)\n    return out\n")
+    out = pkb("eval", "1", str(needs_gpu), "--json")
+    result = json.loads(out.stdout)
+    assert result["status"] == "skipped" and "needs a GPU" in result["message"], out.stdout
     assert out.returncode == 1
+
+    cuda_only_on_gpu = tmp_path / "1_allreduce_portable.py"  # mentions CUDA, runs the CPU path here
+    cuda_only_on_gpu.write_text("import torch\nimport torch.distributed as dist\n"
+                                "def solution(tensor):\n    out = tensor.clone()\n"
+                                "    if out.is_cuda:\n        torch.cuda.synchronize()\n"
+                                "    dist.all_reduce(out)\n    return out\n")
+    out = pkb("eval", "1", str(cuda_only_on_gpu), "--json", "--trials", "1")
+    assert json.loads(out.stdout)["status"] == "ok", out.stdout
+
+    declared = tmp_path / "1_allreduce_declared.py"
+    declared.write_text("REQUIRES = ('cuda',)\ndef solution(tensor):\n    raise AssertionError('never run')\n")
+    out = pkb("eval", "1", str(declared), "--json")
+    assert json.loads(out.stdout)["status"] == "skipped", out.stdout
+
+    wrong = tmp_path / "1_allreduce_wrong.py"  # an ordinary failure stays a failure
+    wrong.write_text("def solution(tensor):\n    raise RuntimeError('CUDA error: an illegal memory access')\n")
+    out = pkb("eval", "1", str(wrong), "--json")
+    assert json.loads(out.stdout)["status"] == "runtime_error", out.stdout
 
 
 def test_perf_runs_in_cpu_mode_and_is_labelled(tmp_path):

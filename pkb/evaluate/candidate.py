@@ -1,9 +1,11 @@
 """What the parent knows about a candidate without running it: its source, hash, syntax and needs.
 
 The parent reads and compiles the file (compiling runs nothing) but never imports it. A candidate
-states what it needs with a literal ``REQUIRES = ("cuda",)``; without one, the needs are inferred
-from the source (CUDA builds, Triton, symmetric memory, CUDA tensors), so upstream files that know
-nothing of pkb are skipped in ``cpu`` mode rather than failed.
+may state what it needs with a literal ``REQUIRES = ("cuda",)``: ``cpu`` mode then reports it
+``skipped`` without running it. Without one, it runs, and ``cpu`` mode reports it ``skipped`` only if
+what it did shows that it needs a GPU (``gpu_needed_by``: it asked for a CUDA device, built a CUDA
+extension, launched a Triton kernel); words in its source decide nothing (upstream files touch CUDA
+only on some paths, e.g. under ``if x.is_cuda``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,21 @@ from pkb.runtime.modes import Mode
 
 KNOWN_REQUIREMENTS = ("cuda",)
 
-_CUDA_MARKERS = re.compile(
-    r"load_inline|compile_cuda_extension|cuda_helpers|_symmetric_memory|symm_mem|^\s*(import|from)\s+triton"
-    r"|torch\.cuda\.|\.cuda\(|device\s*=\s*['\"]cuda|cupy|numba\.cuda|pkb\.kernels",
-    re.MULTILINE,
+# What code that needs a GPU raises on a machine (or in a mode) without one.
+_NEEDS_GPU = re.compile(
+    r"Torch not compiled with CUDA enabled|Found no NVIDIA driver|No CUDA GPUs are available"
+    r"|CUDA driver initialization failed|Cannot access accelerator device when none is available"
+    r"|CUDA_HOME environment variable is not set|No module named '(triton|cupy|pycuda|cuda|nvshmem)[.']"
+    r"|\b0 active drivers\b|with arguments from the 'CPU' backend|needs a CUDA device"
 )
+
+
+def gpu_needed_by(error: str) -> str | None:
+    """The line of ``error`` that shows the code needs a GPU, or None (then it is the code's own failure)."""
+    for line in (error or "").splitlines():
+        if _NEEDS_GPU.search(line):
+            return line.strip()[:200]
+    return None
 
 
 @dataclass(frozen=True)
@@ -35,14 +47,13 @@ class Candidate:
     source: str
     sha256: str
     requires: tuple[str, ...]
-    requires_inferred: bool = False
 
     @classmethod
     def from_file(cls, path: str | Path, name: str | None = None) -> "Candidate":
         path = Path(path).resolve()
         source = path.read_text(encoding="utf-8", errors="replace")
-        requires, inferred = _requirements(source)
-        return cls(name or path.stem, path, source, hashlib.sha256(source.encode()).hexdigest(), requires, inferred)
+        return cls(name or path.stem, path, source, hashlib.sha256(source.encode()).hexdigest(),
+                   _declared_requirements(source) or ())
 
     @classmethod
     def reference_of(cls, problem: Problem) -> "Candidate":
@@ -71,16 +82,8 @@ class Candidate:
     def missing_in(self, mode: Mode) -> str | None:
         """Why ``mode`` cannot run this candidate, or None if it can."""
         if "cuda" in self.requires and not mode.uses_gpu:
-            how = "uses CUDA (inferred from its source)" if self.requires_inferred else "declares REQUIRES = ('cuda',)"
-            return f"the candidate {how}; mode {mode} has no GPU (run it with --mode cuda or shared-gpu)"
+            return f"the candidate declares REQUIRES = ('cuda',); mode {mode} has no GPU (run it with --mode cuda or shared-gpu)"
         return None
-
-
-def _requirements(source: str) -> tuple[tuple[str, ...], bool]:
-    declared = _declared_requirements(source)
-    if declared is not None:
-        return declared, False
-    return (("cuda",) if _CUDA_MARKERS.search(source) else ()), True
 
 
 def _declared_requirements(source: str) -> tuple[str, ...] | None:

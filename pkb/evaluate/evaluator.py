@@ -15,9 +15,10 @@ import math
 import secrets
 import statistics
 import time
+import traceback
 from dataclasses import dataclass
 
-from pkb.evaluate.candidate import Candidate
+from pkb.evaluate.candidate import Candidate, gpu_needed_by
 from pkb.evaluate.compare import Mismatch, compare
 from pkb.evaluate.result import CaseTiming, EvalResult
 from pkb.evaluate.tripwire import scan
@@ -196,6 +197,11 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
     except Verdict as verdict:
         result.status, result.message = verdict.status, verdict.message
         result.details.update(verdict.details)
+    except Exception as exc:  # pkb's own failure (HarnessError or a bug): said so, never the candidate's verdict
+        result.status = Status.HARNESS_ERROR
+        result.message = f"pkb failed, not the candidate: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        result.details["error"] = traceback.format_exc(limit=-12)
+        session.close()  # its rank processes may be in any state: the next evaluation starts new ones
     finally:
         result.hardware = session.profiles[0].name
         result.wall_s = time.monotonic() - started
@@ -238,6 +244,7 @@ def _load(group: RankGroup, problem: Problem, candidate: Candidate, config: Eval
     if failed:
         rank = _first_real_failure(replies, failed[0])
         reply = replies[rank]
+        _skip_if_gpu_needed(reply, config.mode, rank)
         status = Status(reply["status"]) if reply.get("status") in Status._value2member_map_ else Status.RUNTIME_ERROR
         first_line = (reply.get("error") or "").strip().splitlines()[-1:] or [""]
         raise Verdict(status, f"rank {rank}: {first_line[0]}", rank=rank, error=reply.get("error", ""),
@@ -263,7 +270,7 @@ def _check_case(session: Session, reference: RankGroup, group: RankGroup, proble
     where = {"case": case.name, "trial": trial}
     for rank in range(W):
         if got[rank].get("error"):
-            _raise_candidate_error(got, rank, where)
+            _raise_candidate_error(got, rank, where, config.mode)
     for rank in range(W):
         tolerance_for = functools.partial(problem.tolerance_for, case, W)
         mismatch = compare(expected[rank]["outputs"], got[rank].get("outputs"), tolerance_for, "out")
@@ -308,12 +315,23 @@ def _first_real_failure(replies: list[dict], default: int) -> int:
     return (tampering or real or [default])[0]
 
 
-def _raise_candidate_error(replies: list[dict], rank: int, where: dict) -> None:
+def _raise_candidate_error(replies: list[dict], rank: int, where: dict, mode: Mode) -> None:
     rank = _first_real_failure(replies, rank)
     reply = replies[rank]
+    _skip_if_gpu_needed(reply, mode, rank)
     status = Status.TAMPERED if reply.get("status") == Status.TAMPERED.value else Status.RUNTIME_ERROR
     raise Verdict(status, f"rank {rank}, case {where['case']}, trial {where['trial']}: {reply['error']}",
                   rank=rank, **where, error=reply["error"], traceback=reply.get("traceback", ""))
+
+
+def _skip_if_gpu_needed(reply: dict, mode: Mode, rank: int) -> None:
+    """In a mode without a GPU, a candidate that failed because it needs one is ``skipped``, not failed."""
+    if mode.uses_gpu or reply.get("status") == Status.TAMPERED.value:
+        return
+    evidence = gpu_needed_by(f"{reply.get('error', '')}\n{reply.get('traceback', '')}")
+    if evidence:
+        raise Verdict(Status.SKIPPED, f"the candidate needs a GPU (rank {rank}: {evidence}); mode {mode} has none "
+                                      "(run it with --mode cuda or shared-gpu)", rank=rank, error=reply.get("error", ""))
 
 
 def _raise_reference_errors(replies: list[dict], problem: Problem, what: str) -> None:
@@ -477,7 +495,7 @@ def _time_case(session: Session, reference: RankGroup, group: RankGroup, problem
         try:
             got = _time_group(group, session, problem, case, config)
         except RankError as exc:
-            _raise_candidate_error(exc.replies, exc.rank, {"case": case.name, "trial": "timing"})
+            _raise_candidate_error(exc.replies, exc.rank, {"case": case.name, "trial": "timing"}, config.mode)
     reference_s = expected.per_call_s()
     candidate_s = got.per_call_s(expected.refresh_allowance())
     _check_rank_clock(got, candidate_s, case)

@@ -60,6 +60,7 @@ class ProblemTally:
 
 def tally(problem: str, records: Iterable[Record]) -> ProblemTally:
     records = list(records)
+    records = [r for r in records if r.status is not Status.HARNESS_ERROR]  # no verdict on the candidate
     counted = [r for r in records if r.status is not Status.SKIPPED]
     correct = [r for r in counted if r.status is Status.OK]
     fast = tuple(sum(1 for r in correct if _is_fast(r, p)) for p in FAST_P_THRESHOLDS)

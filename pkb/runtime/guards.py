@@ -53,9 +53,19 @@ SYNC_ONLY = frozenset({"dist.barrier", "dist.monitored_barrier"})
 
 
 class StockCallRecorder:
+    """Wraps stock entry points to record their use, without changing what torch sees.
+
+    One wrapper per original function, set on every owner that binds it (``torch.distributed`` and
+    ``distributed_c10d`` both bind ``isend``): torch compares function identities (``P2POp`` accepts
+    only ``op in [isend, irecv]`` as bound in c10d, ``batch_isend_irecv`` tests ``op.op is isend``),
+    so a candidate's ``dist.isend`` must be the very object c10d holds. ``functools.wraps`` keeps
+    names, docstrings and signatures; the wrapper returns what the original returns.
+    """
+
     def __init__(self):
         self.active = False
         self.used: set[str] = set()
+        self._wrappers: dict[int, Callable] = {}  # id(original) -> its one wrapper
 
     def _wrap(self, original: Callable, label: str) -> Callable:
         recorder = self
@@ -73,8 +83,11 @@ class StockCallRecorder:
         original = getattr(owner, name, None)
         if original is None or getattr(original, "__pkb_original__", None) is not None:
             return
+        wrapper = self._wrappers.get(id(original))
+        if wrapper is None:
+            wrapper = self._wrappers[id(original)] = self._wrap(original, label)
         try:
-            setattr(owner, name, self._wrap(original, label))
+            setattr(owner, name, wrapper)
         except (AttributeError, TypeError):  # a read-only binding: nothing to record there
             pass
 

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from pkb.evaluate.timing import TimedLoop
 from pkb.problem import make_generator
+from pkb.runtime import gloo_bridge
 from pkb.runtime.channel import recv_job, send_reply, to_plain
 from pkb.runtime.guards import HarnessImportBlocker, StockCallRecorder, snapshot_harness, tampered
 from pkb.runtime.modes import Mode
@@ -58,6 +59,8 @@ class Worker:
         store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=120))
         dist.init_process_group(self.mode.backend, store=store, rank=self.rank, world_size=self.world_size,
                                 timeout=timedelta(seconds=600))
+        if self.mode.backend == "gloo":  # judge code written for NCCL as NCCL would run it
+            gloo_bridge.install(stage_cuda=self.mode is Mode.SHARED_GPU)
         dist.barrier()
 
     # -- jobs ---------------------------------------------------------------------------------------

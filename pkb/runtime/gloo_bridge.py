@@ -1,0 +1,370 @@
+"""gloo made to behave as NCCL does, so code written for GPUs is judged the same in ``cpu`` mode.
+
+In ``cpu`` and ``shared-gpu`` modes the process group is gloo. Where gloo refuses or changes what
+NCCL accepts, ``install()`` replaces the stock ``torch.distributed`` entry points (one object, set on
+both ``torch.distributed`` and ``distributed_c10d``, so identities torch compares still hold) with
+versions that reproduce NCCL's behaviour on top of gloo's own calls:
+
+- ``all_gather_into_tensor`` / ``reduce_scatter_tensor``: any output (input) shape that holds W times
+  the elements, e.g. a stacked ``[W, *shape]`` buffer or 0-d inputs (NCCL checks element counts; gloo
+  wants ``[W * n0, ...]``).
+- ``all_gather``, ``all_to_all``, ``gather``, ``scatter`` with tensors of different shapes per rank
+  (NCCL runs uneven lists as grouped point-to-point or broadcast calls; gloo refuses them).
+- ``reduce``: the non-root ranks' buffers are left as they were (gloo uses them as scratch space;
+  NCCL only reads them).
+- fp8 tensors in calls that only move data (broadcast, gathers, scatters, all-to-all, send/recv):
+  moved as bytes (gloo: "Invalid scalar type").
+- point-to-point with the rank itself as the peer (``isend``/``irecv``/``batch_isend_irecv``), which
+  NCCL allows and gloo's transport cannot do.
+- in ``shared-gpu`` mode, point-to-point on CUDA tensors, staged through host memory (gloo fails with
+  "Bad address").
+
+A bridged call that NCCL would run asynchronously completes before it returns and gives back a
+finished work object. What is not bridged (and so fails in ``cpu`` mode as gloo fails) is listed in
+docs/architecture.md, "cpu mode and NCCL".
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import inspect
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+FP8_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                                     "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, name))
+
+_original: dict[str, Callable] = {}
+_signature: dict[str, inspect.Signature] = {}
+_bridges: dict[str, Callable] = {}
+
+
+class DoneWork:
+    """The work object of a bridged call that finished before it returned."""
+
+    def __init__(self, on_wait: Callable[[], None] | None = None):
+        self._on_wait = on_wait
+
+    def wait(self, timeout=None) -> bool:
+        if self._on_wait is not None:
+            on_wait, self._on_wait = self._on_wait, None
+            on_wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._on_wait is None
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self):
+        return None
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self):
+        self.wait()
+        future = torch.futures.Future()
+        future.set_result(None)
+        return future
+
+
+class StagedWork(DoneWork):
+    """A gloo work on a host copy; ``wait`` waits for it, then runs ``then`` (copy back to the GPU)."""
+
+    def __init__(self, work, then: Callable[[], None] | None = None, keep: Any = None):
+        super().__init__(self._finish)
+        self._work, self._then, self._keep = work, then, keep
+
+    def _finish(self) -> None:
+        if self._work is not None:
+            self._work.wait()
+        if self._then is not None:
+            self._then()
+        self._keep = None
+
+
+def _bridge(name: str):
+    def register(fn: Callable) -> Callable:
+        _bridges[name] = fn
+        return fn
+    return register
+
+
+def _call(name: str, *args, **kwargs):
+    """The stock (gloo) function itself."""
+    return _original[name](*args, **kwargs)
+
+
+def _arguments(name: str, args: tuple, kwargs: dict) -> dict:
+    bound = _signature[name].bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view(torch.uint8) if tensor.dtype in FP8_DTYPES else tensor
+
+
+def _is_fp8(*tensors) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.dtype in FP8_DTYPES for t in tensors)
+
+
+def _global_rank(group, group_rank: int) -> int:
+    return group_rank if group is None or group is c10d.GroupMember.WORLD else dist.get_global_rank(group, group_rank)
+
+
+def _group_rank_of(group, global_rank: int | None, group_rank: int | None) -> int:
+    if group_rank is not None:
+        return group_rank
+    return global_rank if group is None or group is c10d.GroupMember.WORLD else dist.get_group_rank(group, global_rank)
+
+
+def _done(async_op: bool):
+    return DoneWork() if async_op else None
+
+
+def _flat_out(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat buffer for an output: the tensor's own storage when contiguous, else a new one."""
+    return tensor.view(-1) if tensor.is_contiguous() else torch.empty(tensor.numel(), dtype=tensor.dtype,
+                                                                      device=tensor.device)
+
+
+def _copy_back(tensor: torch.Tensor, flat: torch.Tensor) -> None:
+    if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
+        tensor.copy_(flat.view(tensor.shape))
+
+
+# -- gathers and scatters of whole tensors ---------------------------------------------------------------
+
+
+@_bridge("all_gather_into_tensor")
+def all_gather_into_tensor(*args, **kwargs):
+    a = _arguments("all_gather_into_tensor", args, kwargs)
+    out, tensor, group = a["output_tensor"], a["input_tensor"], a["group"]
+    world_size = dist.get_world_size(group)
+    if out.numel() != world_size * tensor.numel():
+        return _call("all_gather_into_tensor", *args, **kwargs)  # torch's own error
+    flat = _flat_out(out)
+    _call("all_gather_into_tensor", _bytes(flat), _bytes(tensor.reshape(-1).contiguous()), group=group)
+    _copy_back(out, flat)
+    return _done(a["async_op"])
+
+
+@_bridge("reduce_scatter_tensor")
+def reduce_scatter_tensor(*args, **kwargs):
+    a = _arguments("reduce_scatter_tensor", args, kwargs)
+    out, tensor, group = a["output"], a["input"], a["group"]
+    if tensor.numel() != dist.get_world_size(group) * out.numel() or (out.dim() <= 1 and tensor.dim() <= 1):
+        return _call("reduce_scatter_tensor", *args, **kwargs)
+    flat = _flat_out(out)
+    _call("reduce_scatter_tensor", flat, tensor.reshape(-1).contiguous(), op=a["op"], group=group)
+    _copy_back(out, flat)
+    return _done(a["async_op"])
+
+
+@_bridge("all_gather")
+def all_gather(*args, **kwargs):
+    a = _arguments("all_gather", args, kwargs)
+    outs, tensor, group = a["tensor_list"], a["tensor"], a["group"]
+    uneven = any(t.shape != tensor.shape or t.dtype != tensor.dtype for t in outs)
+    if not uneven and not _is_fp8(tensor):
+        return _call("all_gather", *args, **kwargs)
+    if not uneven:
+        _call("all_gather", [_bytes(t) for t in outs], _bytes(tensor), group=group)
+        return _done(a["async_op"])
+    rank = dist.get_rank(group)
+    for source, out in enumerate(outs):  # NCCL's way with uneven shapes: one broadcast per rank
+        if out.numel() == 0 and (source != rank or tensor.numel() == 0):
+            continue
+        buffer = tensor.reshape(-1).contiguous() if source == rank else torch.empty(out.numel(), dtype=out.dtype,
+                                                                                    device=out.device)
+        _call("broadcast", _bytes(buffer), src=_global_rank(group, source), group=group)
+        out.copy_(buffer.view(out.shape))
+    return _done(a["async_op"])
+
+
+@_bridge("all_to_all")
+def all_to_all(*args, **kwargs):
+    a = _arguments("all_to_all", args, kwargs)
+    outs, ins, group = a["output_tensor_list"], a["input_tensor_list"], a["group"]
+    # Always through all_to_all_single with split sizes: each rank sees only its own lists, so all
+    # must take the same path whether or not theirs are even.
+    send = torch.cat([_bytes(t).reshape(-1) for t in ins])
+    received = torch.empty(sum(t.numel() for t in outs), dtype=_bytes(outs[0]).dtype, device=outs[0].device)
+    _call("all_to_all_single", received, send, output_split_sizes=[t.numel() for t in outs],
+          input_split_sizes=[t.numel() for t in ins], group=group)
+    for out, piece in zip(outs, received.split([t.numel() for t in outs])):
+        out.copy_(piece.view(out.dtype).view(out.shape))
+    return _done(a["async_op"])
+
+
+@_bridge("all_to_all_single")
+def all_to_all_single(*args, **kwargs):
+    a = _arguments("all_to_all_single", args, kwargs)
+    if not _is_fp8(a["input"]):
+        return _call("all_to_all_single", *args, **kwargs)
+    return _call("all_to_all_single", _bytes(a["output"]), _bytes(a["input"]), a["output_split_sizes"],
+                 a["input_split_sizes"], group=a["group"], async_op=a["async_op"])
+
+
+@_bridge("broadcast")
+def broadcast(*args, **kwargs):
+    a = _arguments("broadcast", args, kwargs)
+    if not _is_fp8(a["tensor"]):
+        return _call("broadcast", *args, **kwargs)
+    return _call("broadcast", **{**a, "tensor": _bytes(a["tensor"])})
+
+
+@_bridge("reduce")
+def reduce(*args, **kwargs):
+    a = _arguments("reduce", args, kwargs)
+    group = a["group"]
+    root = _group_rank_of(group, a.get("dst"), a.get("group_dst"))
+    if dist.get_rank(group) == root:
+        return _call("reduce", *args, **kwargs)
+    _call("reduce", **{**a, "tensor": a["tensor"].clone(), "async_op": False})  # NCCL only reads it here
+    return _done(a["async_op"])
+
+
+@_bridge("gather")
+def gather(*args, **kwargs):
+    """Always point to point, as NCCL runs it: only the root knows whether its list is uneven."""
+    a = _arguments("gather", args, kwargs)
+    tensor, group = a["tensor"], a["group"]
+    root = _group_rank_of(group, a.get("dst"), a.get("group_dst"))
+    if dist.get_rank(group) != root:
+        _bridges["send"](tensor.contiguous(), dst=_global_rank(group, root), group=group)
+        return _done(a["async_op"])
+    for source, out in enumerate(a["gather_list"]):
+        if source == root:
+            out.copy_(tensor.reshape(out.shape))
+        else:
+            buffer = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+            _bridges["recv"](buffer, src=_global_rank(group, source), group=group)
+            out.copy_(buffer)
+    return _done(a["async_op"])
+
+
+@_bridge("scatter")
+def scatter(*args, **kwargs):
+    """Always point to point, as NCCL runs it: only the root knows whether its list is uneven."""
+    a = _arguments("scatter", args, kwargs)
+    tensor, group = a["tensor"], a["group"]
+    root = _group_rank_of(group, a.get("src"), a.get("group_src"))
+    if dist.get_rank(group) != root:
+        buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+        _bridges["recv"](buffer, src=_global_rank(group, root), group=group)
+        tensor.copy_(buffer)
+        return _done(a["async_op"])
+    for target, piece in enumerate(a["scatter_list"]):
+        if target == root:
+            tensor.copy_(piece.reshape(tensor.shape))
+        else:
+            _bridges["send"](piece.contiguous(), dst=_global_rank(group, target), group=group)
+    return _done(a["async_op"])
+
+
+# -- point to point: the rank itself as a peer, CUDA tensors staged in shared-gpu mode -------------------
+
+_self_sent: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
+_self_waiting: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
+_stage_cuda = False  # set by install() in shared-gpu mode
+
+
+def _self_key(group, tag: int) -> tuple:
+    return (id(group) if group is not None else None, tag)
+
+
+def _send_to_self(tensor: torch.Tensor, key: tuple) -> DoneWork:
+    if _self_waiting[key]:
+        receiver, work = _self_waiting[key].popleft()
+        receiver.copy_(tensor)
+        work.wait()
+    else:
+        _self_sent[key].append(tensor.clone())
+    return DoneWork()
+
+
+def _receive_from_self(tensor: torch.Tensor, key: tuple) -> DoneWork:
+    if _self_sent[key]:
+        tensor.copy_(_self_sent[key].popleft())
+        return DoneWork()
+    filled = []
+
+    def check():
+        if not filled:
+            raise RuntimeError("irecv from this rank itself was never matched by an isend to itself")
+
+    work = DoneWork(check)
+    _self_waiting[key].append((tensor, DoneWork(lambda: filled.append(True))))
+    return work
+
+
+def _peer(a: dict, global_name: str, group_name: str) -> tuple[int | None, bool]:
+    """(the peer's global rank or None for any source, whether it is this rank)."""
+    group = a.get("group")
+    if a.get(group_name) is not None:
+        peer = _global_rank(group, a[group_name])
+    else:
+        peer = a.get(global_name)
+    return peer, peer is not None and peer == dist.get_rank()
+
+
+def _point_to_point(name: str, sends: bool, blocking: bool):
+    peer_name, group_peer_name = ("dst", "group_dst") if sends else ("src", "group_src")
+
+    def bridged(*args, **kwargs):
+        a = _arguments(name, args, kwargs)
+        tensor = a["tensor"]
+        peer, to_self = _peer(a, peer_name, group_peer_name)
+        if to_self:
+            key = _self_key(a.get("group"), a.get("tag", 0))
+            work = _send_to_self(tensor, key) if sends else _receive_from_self(tensor, key)
+            if blocking:
+                work.wait()
+                return None if sends else peer
+            return work
+        staged = _stage_cuda and tensor.is_cuda
+        if not staged and not _is_fp8(tensor):
+            return _call(name, *args, **kwargs)
+        host = tensor.detach().to("cpu") if staged and sends else (
+            torch.empty(tensor.shape, dtype=tensor.dtype) if staged else tensor)
+        result = _call(name, **{**a, "tensor": _bytes(host.contiguous() if sends else host)})
+        then = (lambda: tensor.copy_(host)) if staged and not sends else None
+        if blocking:
+            if then:
+                then()
+            return result
+        return StagedWork(result, then, keep=host)
+
+    return bridged
+
+
+for _name, _sends, _blocking in (("isend", True, False), ("irecv", False, False), ("send", True, True),
+                                 ("recv", False, True)):
+    _bridges[_name] = _point_to_point(_name, _sends, _blocking)
+
+
+# -- installing ------------------------------------------------------------------------------------------
+
+
+def install(stage_cuda: bool = False) -> None:
+    """Bridge gloo to NCCL's behaviour in this process (a rank whose group is gloo). Idempotent."""
+    global _stage_cuda
+    _stage_cuda = stage_cuda
+    for name, bridge in _bridges.items():
+        if name in _original:
+            continue
+        original = getattr(c10d, name)
+        _original[name] = original
+        _signature[name] = inspect.signature(original)
+        bridged = functools.wraps(original)(bridge)
+        bridged.__pkb_bridged__ = True
+        setattr(c10d, name, bridged)
+        setattr(dist, name, bridged)
