@@ -8,6 +8,7 @@ settings skips what is already there, so an interrupted run resumes and loses no
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,32 +31,75 @@ class Job:
     candidate: Candidate
 
 
-def problem_for_file(path: Path, problems: dict[str, Problem]) -> Problem | None:
-    """The problem a solution file is for: ``<slug>.py``, ``<slug>_<anything>.py`` or ``<number>_<name>[_<backend>].py``."""
+# Names solution files carry from earlier upstream revisions. The upstream benchmark renumbered its
+# problems after model solutions were published (one problem was inserted and later numbers moved by
+# one, a few were renamed, one was dropped), so a file's number alone cannot be trusted: files are
+# resolved by name, and a known old name maps here (None: the problem no longer exists upstream).
+UPSTREAM_RENAMES: dict[str, str | None] = {
+    "fsdp_adamw_sharded": None,  # old 46/47, dropped upstream
+}
+
+
+@dataclass(frozen=True)
+class FileMatch:
+    """Which problem a solution file is for, and how that was decided (for the user to see)."""
+
+    problem: Problem | None
+    how: str
+
+
+def match_file(path: Path, problems: dict[str, Problem]) -> FileMatch:
+    """The problem a solution file is for: ``<slug>[_<anything>].py`` or ``<n>_<name>[_<backend>].py``.
+
+    By name first (case-insensitive, the longest slug that the name starts with), then the table of
+    old upstream names; a bare number (``12.py``, ``12_cuda.py`` only if no name matches) by number.
+    A name that matches nothing is reported, never guessed from its number.
+    """
     stem = path.stem
-    match = _UPSTREAM_NAME.match(stem)
-    if match:
-        number = int(match.group(1))
-        return next((p for p in problems.values() if p.upstream_id == number), None)
-    for slug in sorted(problems, key=len, reverse=True):  # longest first: allgather_gemm before allgather
-        if stem == slug or stem.startswith(slug + "_"):
-            return problems[slug]
-    return None
+    number_match = _UPSTREAM_NAME.match(stem)
+    number = int(number_match.group(1)) if number_match else None
+    name = (stem[number_match.end():] if number_match else stem).lower()
+    for slug in sorted(problems, key=len, reverse=True):  # longest first: allgather_gemm_at before allgather_gemm
+        if name == slug or name.startswith(slug + "_"):
+            problem = problems[slug]
+            if number is not None and number != problem.upstream_id:
+                return FileMatch(problem, f"by name (its number {number} is from an earlier upstream revision; "
+                                          f"now {problem.upstream_id})")
+            return FileMatch(problem, "by name")
+    for old, slug in sorted(UPSTREAM_RENAMES.items(), key=lambda item: -len(item[0])):
+        if name == old or name.startswith(old + "_"):
+            if slug is None:
+                return FileMatch(None, f"{old} was dropped from the upstream benchmark")
+            return FileMatch(problems[slug], f"by its old upstream name {old}")
+    if number is not None and name in ("", "cuda", "triton", "torch", "nccl"):
+        problem = next((p for p in problems.values() if p.upstream_id == number), None)
+        return FileMatch(problem, "by number" if problem else f"no problem has number {number}")
+    close = difflib.get_close_matches(name, list(problems), n=3)
+    return FileMatch(None, "its name matches no problem" + (f" (close: {', '.join(close)})" if close else ""))
 
 
-def solution_files(directory: Path) -> dict[str, list[Path]]:
-    """Solution files under ``directory`` by problem slug; files that name no problem are reported."""
+def problem_for_file(path: Path, problems: dict[str, Problem]) -> Problem | None:
+    return match_file(path, problems).problem
+
+
+def solution_files(directory: Path, notes: list[str] | None = None) -> dict[str, list[Path]]:
+    """Solution files under ``directory`` by problem slug; files that name no problem are listed under
+    ``__unknown__``. ``notes`` (if given) receives one line per file whose mapping a user should see."""
     problems = all_problems()
     found: dict[str, list[Path]] = {}
     unknown = []
     for path in sorted(directory.glob("*.py")):
         if path.name.startswith("_"):
             continue
-        problem = problem_for_file(path, problems)
-        if problem is None:
+        match = match_file(path, problems)
+        if match.problem is None:
             unknown.append(path.name)
+            if notes is not None:
+                notes.append(f"{path.name}: not evaluated: {match.how}")
         else:
-            found.setdefault(problem.name, []).append(path)
+            found.setdefault(match.problem.name, []).append(path)
+            if notes is not None and match.how != "by name":
+                notes.append(f"{path.name} -> {match.problem.upstream_id} {match.problem.name} ({match.how})")
     if unknown:
         found["__unknown__"] = [directory / name for name in unknown]
     return found

@@ -178,9 +178,11 @@ def cmd_run(args) -> int:
     if solutions_dir is not None:
         if not solutions_dir.is_dir():
             raise UsageError(f"--solutions {solutions_dir} is not a directory")
-        unknown = solution_files(solutions_dir).get("__unknown__", [])
-        if unknown and not args.json:
-            print(f"ignored (no problem matches the file name): {', '.join(p.name for p in unknown)}", file=sys.stderr)
+        notes: list[str] = []
+        solution_files(solutions_dir, notes)
+        if not args.json:
+            for note in notes:
+                print(f"solutions: {note}", file=sys.stderr)
     config = make_config(args, args.world_size)
     jobs = plan(problems, solutions_dir, include_reference=solutions_dir is None or args.self_check)
     if not jobs:

@@ -175,3 +175,28 @@ def test_gloo_behaves_as_nccl_where_they_differ(world_size, tmp_path):
     for process in processes:
         process.join(timeout=30)
     assert all(not f for f in failures.values()), "\n".join(line for f in failures.values() for line in f)
+
+
+# -- solution folders named for earlier upstream revisions ----------------------------------------------
+
+
+def test_solution_files_are_matched_by_name_not_by_their_old_numbers(tmp_path):
+    from pkb.batch import solution_files
+
+    names = {"34_ulysses_all_to_all_tensor_primitive_cuda.py": "ulysses_all_to_all_tensor_primitive",
+             "88_distributed_sample_sort_triton.py": "distributed_sample_sort",
+             "11_allgather_gemm_AT_cuda.py": "allgather_gemm_at", "12_allgather_gemm.py": "allgather_gemm",
+             "1_allreduce_cuda_peer.py": "allreduce", "layernorm_backward_mine.py": "layernorm_backward",
+             "46_fsdp_adamw_sharded_cuda.py": None, "40_no_such_problem.py": None}
+    for name in names:
+        (tmp_path / name).write_text("def solution(*args):\n    pass\n")
+    notes: list[str] = []
+    found = solution_files(tmp_path, notes)
+    for name, slug in names.items():
+        holder = next((s for s, paths in found.items() if tmp_path / name in paths), None)
+        assert holder == (slug or "__unknown__"), (name, holder)
+    assert any(n.startswith("34_ulysses_all_to_all_tensor_primitive_cuda.py -> 33 ") and "earlier upstream revision" in n
+               for n in notes), notes
+    assert any("46_fsdp_adamw_sharded_cuda.py: not evaluated" in n and "dropped" in n for n in notes), notes
+    assert any("40_no_such_problem.py: not evaluated: its name matches no problem" in n for n in notes), notes
+    assert not any(n.startswith("12_allgather_gemm.py") for n in notes)  # a plain match needs no note

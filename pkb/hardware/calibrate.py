@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pkb.hardware.profiles import HardwareProfile
+from pkb.hardware.stored import FORMAT_VERSION, cache_dir, calibrated_path, load_calibrated  # noqa: F401
 
-FORMAT_VERSION = 1
 SWEEP_TIMEOUT_S = 600.0
 PAIR_BYTES = 256 << 20  # per-pair copy size for every ordered pair
 SWEEP_BYTES = (4 << 10, 1 << 20, 64 << 20, 1 << 30)  # copy-engine size sweep on the pair 0 -> 1
@@ -69,18 +69,6 @@ class Calibration:
 # -- storage ----------------------------------------------------------------------------------------
 
 
-def cache_dir() -> Path:
-    if os.environ.get("PKB_CACHE_DIR"):
-        return Path(os.environ["PKB_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "pkb"
-
-
-def calibrated_path(gpu_model: str, num_gpus: int) -> Path:
-    slug = re.sub(r"[^a-z0-9]+", "_", gpu_model.lower()).strip("_")
-    return cache_dir() / "hardware" / f"{slug}_x{num_gpus}.json"
-
-
 def save_calibration(calibration: Calibration, extra_path: Path | None = None) -> Path:
     """Write the calibration where ``choose_profile`` finds it (and a copy to ``extra_path``); returns the first."""
     path = calibrated_path(calibration.profile.gpu_model, calibration.profile.num_gpus)
@@ -90,22 +78,6 @@ def save_calibration(calibration: Calibration, extra_path: Path | None = None) -
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text + "\n")
     return path
-
-
-def load_calibrated(gpu_model: str, num_gpus: int) -> HardwareProfile | None:
-    """The calibrated profile stored for this GPU model and count, or None (an unreadable file warns)."""
-    path = calibrated_path(gpu_model, num_gpus)
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-        if data.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"format_version {data.get('format_version')!r}, expected {FORMAT_VERSION}")
-        return HardwareProfile.from_dict(data["profile"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        warnings.warn(f"ignoring the calibrated profile {path} ({exc}); rerun `pkb calibrate` or delete the file",
-                      stacklevel=2)
-        return None
 
 
 # -- the whole calibration -------------------------------------------------------------------------

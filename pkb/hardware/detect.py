@@ -65,7 +65,7 @@ def choose_profile(machine: MachineInfo, calibrated: bool = True) -> HardwarePro
     if machine.num_gpus == 0 or machine.gpu_model is None:
         return get_profile("cpu")
     if calibrated:
-        from pkb.hardware.calibrate import load_calibrated
+        from pkb.hardware.stored import load_calibrated
 
         stored = load_calibrated(machine.gpu_model, machine.num_gpus)
         if stored is not None:

@@ -154,12 +154,12 @@ def _watched(modules: dict[str, Any]) -> dict[str, Any]:
     return watched
 
 
-def snapshot_harness() -> dict[str, Any]:
+def snapshot_harness(worker: Any) -> dict[str, Any]:
     """The objects the harness relies on, as they are now (call after the recorder is installed and
-    before the candidate is imported). Keeps the modules, so later checks need no import."""
+    before the candidate is imported). ``worker`` is the rank's worker module (passed in: this module
+    sits below it). Keeps the modules, so later checks need no import."""
     import pkb.evaluate.timing as timing
     import pkb.runtime.channel as channel
-    import pkb.runtime.worker as worker
 
     modules = {"timing": timing, "channel": channel, "worker": worker}
     return {"__modules__": modules, **_watched(modules)}

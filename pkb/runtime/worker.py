@@ -78,7 +78,7 @@ class Worker:
             return {"status": "ok"}
         problem_module = sys.modules[self.problem.reference.__module__]
         self.recorder.install(problem_module if job.get("candidate") else None)
-        self.snapshot = snapshot_harness()
+        self.snapshot = snapshot_harness(sys.modules[__name__])
         self.import_blocker.install()
         if job.get("candidate") is None:  # the reference, run as a candidate (self-check)
             return {"status": "ok"}
