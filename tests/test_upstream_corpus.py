@@ -1,0 +1,56 @@
+"""The upstream benchmark's own reference files, run as candidates, are ``ok`` on every pkb case (issue 18).
+
+Each ``../shared/upstream/reference/<n>_<name>.py`` is by definition a correct solution of problem n:
+pkb asks for the same function (DESIGN.md, "Compatibility is the contract"). In ``cpu`` mode at
+W = 2 and 4 (W = 8 under ``slow``) every file must be ``ok``, except the few that need a GPU, which
+are ``skipped`` with the reason printed and listed at the end. Skipped where the folder is absent (a
+user's clone has no ../shared).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pkb.evaluate.candidate import Candidate
+from pkb.evaluate.evaluator import EvalConfig, evaluate
+from pkb.problem import Status
+from pkb.registry import all_problems, get_problem
+from pkb.runtime.modes import Mode
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "upstream" / "reference"
+FILES = {int(p.name.split("_", 1)[0]): p for p in CORPUS.glob("*.py")} if CORPUS.is_dir() else {}
+MAX_SKIPPED = 5  # files cpu mode cannot run (CUDA tensors, Triton kernels): there should be only a few
+SKIPPED: dict[int, str] = {}
+
+pytestmark = pytest.mark.skipif(not FILES, reason=f"no upstream corpus at {CORPUS}")
+
+
+@pytest.mark.parametrize("world_size", [2, 4, pytest.param(8, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("number", sorted(FILES) or [0])
+def test_the_upstream_reference_is_ok_on_every_case(number, world_size, sessions):
+    problem = get_problem(number)
+    if world_size not in problem.world_sizes:
+        pytest.skip(f"{problem.name} does not run at W={world_size}")
+    config = EvalConfig(world_size=world_size, mode=Mode.CPU, num_trials=1, timeout_s=180.0, cases="all")
+    result = evaluate(problem, Candidate.from_file(FILES[number]), config, sessions(world_size))
+    if result.status is Status.SKIPPED:
+        SKIPPED[number] = result.message
+        print(f"\n{FILES[number].name} W={world_size}: skipped: {result.message}")
+        return
+    assert result.status is Status.OK, f"{FILES[number].name} W={world_size}: {result.status.value}: {result.message}"
+    assert any(problem.case_kind(name) == "upstream" for name in result.cases), result.cases
+
+
+def test_every_problem_has_an_upstream_file_and_an_upstream_case_at_each_world_size():
+    problems = all_problems().values()
+    assert sorted(p.upstream_id for p in problems if p.upstream_id) == sorted(FILES)
+    missing = [f"{p.name} W={w}" for p in problems for w in p.world_sizes if not p.cases("upstream", w)]
+    assert not missing, f"no upstream case: {missing}"
+
+
+def test_only_a_few_upstream_files_need_a_gpu():
+    print("\nupstream files skipped in cpu mode: " + (", ".join(f"{n} ({m})" for n, m in sorted(SKIPPED.items()))
+                                                    or "none"))
+    assert len(SKIPPED) <= MAX_SKIPPED, SKIPPED
