@@ -176,12 +176,9 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
         group = session.candidate_group()
         try:
             _load(group, problem, candidate, config)
-            first = [_check_case(session, reference, group, problem, case, 0, config) for case in cases]
-            for trial in range(1, config.num_trials):
-                for case in cases:
-                    _check_case(session, reference, group, problem, case, trial, config)
+            first = _check_trials(session, reference, group, problem, cases, config, result)
             last = _check_case(session, reference, group, problem, cases[0], 0, config)
-            _check_repeatable(first[0], last, problem, cases[0], config)
+            _check_repeatable(first, last, problem, cases[0], config)
             result.collectives_used = _used(last)  # each reply carries everything recorded so far
             if config.perf:
                 timed = perf_cases(problem, config)
@@ -197,8 +194,11 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
     except Verdict as verdict:
         result.status, result.message = verdict.status, verdict.message
         result.details.update(verdict.details)
+        if verdict.status is Status.SKIPPED:
+            result.upstream_ok = None
     except Exception as exc:  # pkb's own failure (HarnessError or a bug): said so, never the candidate's verdict
         result.status = Status.HARNESS_ERROR
+        result.upstream_ok = None
         result.message = f"pkb failed, not the candidate: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
         result.details["error"] = traceback.format_exc(limit=-12)
         session.close()  # its rank processes may be in any state: the next evaluation starts new ones
@@ -208,6 +208,27 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
         if own_session:
             session.close()
     return result
+
+
+def _check_trials(session: Session, reference: RankGroup, group: RankGroup, problem: Problem,
+                  cases: tuple[Case, ...], config: EvalConfig, result: EvalResult) -> list[dict]:
+    """Every trial of the upstream cases, then every trial of the others; the replies to the first
+    case's first trial. ``result.upstream_ok`` says whether the upstream cases (the paper's protocol)
+    all passed, even when a later, stricter case fails (None: no upstream case was checked)."""
+    upstream = tuple(c for c in cases if problem.case_kind(c.name) == "upstream")
+    others = tuple(c for c in cases if c not in upstream)
+    first = None
+    for phase in (upstream, others):
+        if phase is upstream and upstream:
+            result.upstream_ok = False  # until every upstream trial has passed
+        for trial in range(config.num_trials):
+            for case in phase:
+                got = _check_case(session, reference, group, problem, case, trial, config)
+                if case is cases[0] and trial == 0:
+                    first = got
+        if phase is upstream and upstream:
+            result.upstream_ok = True
+    return first
 
 
 def _apply_policy(result: EvalResult, config: EvalConfig) -> None:

@@ -43,6 +43,9 @@ class EvalResult:
     world_size: int = 0
     num_trials: int = 0
     cases: list[str] = field(default_factory=list)
+    # ok on the upstream cases alone (the paper's protocol), whatever the stricter cases said; None when
+    # no upstream case was checked (or no verdict was reached)
+    upstream_ok: bool | None = None
     timings: list[CaseTiming] = field(default_factory=list)
     speedup: float | None = None
     roofline_fraction: float | None = None
