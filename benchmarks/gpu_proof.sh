@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What the GPU, roofline and multi-GPU issues ask to prove, on a device machine, by stage:
 #   bash benchmarks/gpu_proof.sh env tests timing calibrate fidelity solutions shipped baseline1 baseline2
-# (TESTS_K selects tests with -k, TIMING_PARTS the parts of gpu_timing.py, BASELINE_PROBLEMS the problems,
+#                                setup corpus compat
+# (TESTS_K selects tests with -k, CORPUS the upstream reference folder (default ../shared/upstream/reference),
+#  CORPUS_MODE its mode (default cuda with 2 GPUs, else shared-gpu), TIMING_PARTS the parts of gpu_timing.py, BASELINE_PROBLEMS the problems,
 #  BASELINE_TIMEOUT the seconds one baseline case may take)
 # Each stage writes $OUT/<stage>.txt (OUT defaults to .); a stage cut by its time limit keeps what it printed.
 # Multicast stays off: these variables are set for every process started here.
@@ -38,6 +40,15 @@ for name in "$@"; do
     baseline1) stage baseline1 python3 -m pkb.cli baseline --world-size 1 --mode cuda --out "$OUT/baseline1.json" ;;
     baseline2) [ "$NUM_GPUS" -ge 2 ] && stage baseline2 python3 -m pkb.cli baseline --world-size "$NUM_GPUS" --mode cuda \
         --timeout "${BASELINE_TIMEOUT:-120}" --out "$OUT/baseline2.json" ${BASELINE_PROBLEMS:+--problems "$BASELINE_PROBLEMS"} ;;
+    setup) stage setup bash -c 'rm -rf .venv && bash scripts/setup.sh && .venv/bin/pkb eval 1 reference --world-size 2 \
+        --trials 1 --json | head -c 400; echo' ;;  # the node is offline: setup must reuse the active env's torch
+    corpus) mode="${CORPUS_MODE:-$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)}"
+        stage corpus python3 benchmarks/upstream_corpus.py --mode "$mode" --world-size 2 --trials 2 \
+          ${CORPUS:+--corpus "$CORPUS"} --out "$OUT/corpus_${mode}_w2.json" ;;
+    compat) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"
+        for name in p2p_batched p2p_isend_irecv p2p_group_ops; do
+          stage compat python3 -m pkb.cli eval alltoall "tests/candidates/$name.py" --mode "$mode" --world-size 2 --trials 2
+        done ;;
     *) echo "unknown stage $name" >&2; exit 2 ;;
   esac
 done

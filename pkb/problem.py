@@ -102,13 +102,17 @@ class Case:
     """One named input configuration. ``params`` are read by ``make_inputs`` and ``cost``.
 
     ``world_sizes`` narrows the problem's world sizes for this case (``None``: all of them).
-    ``case["shape"]`` reads a parameter.
+    ``slow_on_cpu``: the reference takes minutes on this case when it runs on the CPU (``cpu`` mode, and
+    ``shared-gpu`` mode, whose references run on CPU copies): left out there, and the result says so;
+    ``cuda`` mode checks it. For upstream cases whose defaults are that large, not a way around a slow
+    reference. ``case["shape"]`` reads a parameter.
     """
 
     name: str
     params: Mapping[str, Any] = field(default_factory=dict)
     world_sizes: tuple[int, ...] | None = None
     note: str = ""
+    slow_on_cpu: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not re.match(r"^[A-Za-z0-9_.\-]+$", self.name):

@@ -35,8 +35,10 @@ def candidate_from(template: str, problem, tmp_path: Path) -> Candidate:
 
 
 def config(world_size: int, **overrides) -> EvalConfig:
+    """The known-wrong candidates run on the test cases; the self-check and local-only run on every case
+    (``cases="all"``: the upstream cases too)."""
     return EvalConfig(**{"world_size": world_size, "mode": Mode.CPU, "num_trials": 2, "timeout_s": 120.0,
-                         **overrides})
+                         "cases": "tests", **overrides})
 
 
 def smallest_world_size(problem) -> int:
@@ -65,7 +67,7 @@ def first_case_inputs(problem, world_size: int):
 def test_reference_passes_against_itself(problem, world_size, sessions):
     if not supported(problem, world_size):
         pytest.skip(f"{problem.name} does not run at world size {world_size}")
-    result = evaluate(problem, Candidate.reference_of(problem), config(world_size), sessions(world_size))
+    result = evaluate(problem, Candidate.reference_of(problem), config(world_size, cases="all"), sessions(world_size))
     assert result.status is Status.OK, result.message
 
 
@@ -74,7 +76,7 @@ def test_reference_passes_against_itself(problem, world_size, sessions):
 def test_local_only_answer_is_rejected(problem, world_size, sessions, tmp_path):
     if not supported(problem, world_size):
         pytest.skip(f"{problem.name} does not run at world size {world_size}")
-    result = evaluate(problem, candidate_from("local_only", problem, tmp_path), config(world_size),
+    result = evaluate(problem, candidate_from("local_only", problem, tmp_path), config(world_size, cases="all"),
                       sessions(world_size))
     assert result.status is Status.MISMATCH, result.message
     assert result.details["rank"] in range(world_size)

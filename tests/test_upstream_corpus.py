@@ -40,7 +40,8 @@ def test_the_upstream_reference_is_ok_on_every_case(number, world_size, sessions
         print(f"\n{FILES[number].name} W={world_size}: skipped: {result.message}")
         return
     assert result.status is Status.OK, f"{FILES[number].name} W={world_size}: {result.status.value}: {result.message}"
-    assert any(problem.case_kind(name) == "upstream" for name in result.cases), result.cases
+    if any(not c.slow_on_cpu for c in problem.cases("upstream", world_size)):  # else checked in cuda mode only
+        assert any(problem.case_kind(name) == "upstream" for name in result.cases), result.cases
 
 
 def test_every_problem_has_an_upstream_file_and_an_upstream_case_at_each_world_size():

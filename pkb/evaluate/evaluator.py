@@ -172,6 +172,10 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
         _check_statically(problem, candidate, config)
         cases = checked_cases(problem, config)
         result.cases = [c.name for c in cases]
+        left_out = left_out_cases(problem, config)
+        if left_out:
+            result.details["cases_left_out"] = {c.name: f"minutes on the CPU in {config.mode} mode; checked in cuda mode"
+                                                for c in left_out}
         reference = session.reference_group(problem, config.load_timeout_s)
         group = session.candidate_group()
         try:
@@ -188,7 +192,8 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
                 result.collectives_used = _used(last)
                 _summarise_timings(result)
             _apply_policy(result, config)
-            result.message = f"all outputs match on {config.world_size} ranks, {len(cases)} cases x {config.num_trials} trials"
+            result.message = (f"all outputs match on {config.world_size} ranks, {len(cases)} cases x {config.num_trials} trials"
+                              + (f" ({', '.join(c.name for c in left_out)} left out: too slow on the CPU)" if left_out else ""))
         finally:
             group.kill()  # a candidate's processes are never reused: no need to let them wind down
     except Verdict as verdict:
@@ -254,7 +259,18 @@ def _check_statically(problem: Problem, candidate: Candidate, config: EvalConfig
 
 
 def checked_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
-    """The cases the correctness trials run, as ``config.cases`` selects them."""
+    """The cases the correctness trials run, as ``config.cases`` selects them (without the cases that
+    are too slow where the reference runs on the CPU: ``left_out_cases``)."""
+    return tuple(case for case in _selected_cases(problem, config) if case not in left_out_cases(problem, config))
+
+
+def left_out_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
+    if config.mode is Mode.CUDA:
+        return ()
+    return tuple(case for case in _selected_cases(problem, config) if case.slow_on_cpu)
+
+
+def _selected_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
     return tuple(case for kind in CASE_SELECTIONS[config.cases] for case in problem.cases(kind, config.world_size))
 
 
