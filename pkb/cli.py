@@ -62,6 +62,8 @@ def cmd_show(args) -> int:
     print(f"# {problem.name} (upstream {problem.upstream_id}, {problem.category}, version {problem.version})")
     print(f"# source: {problem.source}")
     print(f"# solution({', '.join(problem.argument_names)})  world sizes {list(problem.world_sizes)}")
+    if problem.local_answer:
+        print(f"# note: the answer needs no communication ({problem.local_answer})")
     for kind in CASE_KINDS:
         print(f"# {kind}: " + (", ".join(c.name + (f" (W={','.join(map(str, c.world_sizes))})" if c.world_sizes else "")
                                          for c in getattr(problem, kind)) or "-"))
@@ -183,8 +185,11 @@ def cmd_run(args) -> int:
         if not args.json:
             for note in notes:
                 print(f"solutions: {note}", file=sys.stderr)
+    if args.set is not None and not args.set.strip():
+        raise UsageError("--set needs a name, e.g. --set gpt5-oneshot")
     config = make_config(args, args.world_size)
-    jobs = plan(problems, solutions_dir, include_reference=solutions_dir is None or args.self_check)
+    jobs = plan(problems, solutions_dir, include_reference=solutions_dir is None or args.self_check,
+                solution_set=args.set)
     if not jobs:
         raise UsageError("nothing to run: no solution file matches the selected problems")
     progress = Progress(len(jobs), enabled=not args.json)
@@ -194,16 +199,30 @@ def cmd_run(args) -> int:
     if args.json:
         print(json.dumps([r.to_dict() for r in results], default=str))
     else:
-        rows = [{"problem": r.problem, "solution": r.solution, "status": r.status.value,
-                 "speedup": f"{r.speedup:.2f}" if r.speedup else "", "wall_s": f"{r.wall_s:.1f}",
-                 "message": r.message[:90]} for r in results]
-        print_table(rows, ["problem", "solution", "status", "speedup", "wall_s", "message"])
-        counts: dict[str, int] = {}
-        for r in results:
-            counts[r.status.value] = counts.get(r.status.value, 0) + 1
-        print(f"\n{len(results)} results in {args.db or DEFAULT_DB}: "
-              + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+        print_run_summary(results, problems, args.db or DEFAULT_DB)
     return 0 if all(r.status in QUIET_STATUSES for r in results) else 1
+
+
+def print_run_summary(results, problems, db: str) -> None:
+    """What ``pkb run`` ends with: the results that need a look, the counts, then the headline."""
+    from pkb.report import metrics, records
+    from pkb.report.cli import headline_lines
+    from pkb.store.db import DEFAULT_DB
+
+    failed = [r for r in results if r.status not in QUIET_STATUSES]
+    if failed:
+        print_table([{"problem": r.problem, "set": r.solution_set, "solution": r.solution, "status": r.status.value,
+                      "message": r.message[:90]} for r in failed], ["problem", "set", "solution", "status", "message"])
+        print()
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status.value] = counts.get(r.status.value, 0) + 1
+    report_command = "pkb report" + ("" if db == DEFAULT_DB else f" --db {db}")
+    print(f"{len(results)} results in {db}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+          + f"\n(`{report_command}` for every set in the database, `--html FILE` for plots)\n")
+    categories = {p.name: p.category for p in problems}
+    report = metrics.build_report(records.from_results(results), categories, "set", ks=(1,))
+    headline_lines(report, "no candidate results: only the references' self-checks ran")
 
 
 class Progress:
@@ -299,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solutions", help="directory of solution files (<slug>.py or <number>_<name>[_<backend>].py); "
                                        "default: pkb's shipped solutions plus each reference against itself")
     p.add_argument("--self-check", action="store_true", help="with --solutions, also check each reference against itself")
+    p.add_argument("--set", help="the name results of --solutions are stored and reported under "
+                                 "(default: the folder's name; pkb's own solutions are `pkb shipped`)")
     p.add_argument("--problems", help="e.g. 1-8,12,allgather_gemm or a category; default: all")
     p.add_argument("--db", help="SQLite file (default: ./pkb-results.sqlite)")
     add_eval_options(p, 2)

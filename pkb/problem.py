@@ -176,6 +176,9 @@ class Problem:
     ``replicated_inputs``: every rank receives the same inputs because the workload replicates them
     (e.g. each rank decodes its own tiles of one latent); the suite then checks only that they are
     random, and that a local-only answer still fails.
+    ``local_answer``: non-empty where the upstream function's answer needs no communication at all
+    (say why): pkb keeps the upstream function, and the suite cannot require a local-only answer to
+    fail. ``pkb show`` prints it, so users know a candidate may skip the collectives there.
     """
 
     name: str
@@ -193,6 +196,7 @@ class Problem:
     upstream: tuple[Case, ...] = ()
     deterministic: bool = False
     replicated_inputs: bool = False
+    local_answer: str = ""
     module: str = ""  # filled in by discovery: the dotted module name
 
     def __post_init__(self):

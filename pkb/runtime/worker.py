@@ -104,7 +104,7 @@ class Worker:
         if self.solution is not None:
             return self.recorder.run(self.solution, *inputs), inputs
         if self.mode is Mode.SHARED_GPU:
-            inputs = tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs)
+            inputs = tuple(_on_cpu(x) for x in inputs)
         if self.role == "candidate":
             return self.recorder.run(self.problem.reference, *inputs), inputs
         return self.problem.reference(*inputs), inputs
@@ -146,6 +146,22 @@ class Worker:
         timed, self.timed = self.timed, None
         outputs = timed.outputs()
         return self.guarded({"status": "ok", "outputs": to_plain(outputs, sample_seed=job["sample_seed"])})
+
+
+def _on_cpu(value):
+    """``value`` with its tensors (in lists, tuples, dicts and modules too) on the CPU: the reference's own
+    inputs, moved (a module in place)."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, torch.nn.Module):
+        return value.cpu()
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(_on_cpu(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    return value
 
 
 def load_problem(ref: str):
