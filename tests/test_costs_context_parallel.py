@@ -32,21 +32,21 @@ COSTS = [
     ("ulysses_gather_heads_scatter_seq", "padded_seq_bf16", 4, 3 / 4 * 1280, None),
     # [2, 8, 3*40] bf16 = 3840 B
     ("ulysses_gather_seq_scatter_heads_qkv", "padded_seq_bf16", 4, 3 / 4 * 3840, None),
-    # q,k,v,out of [2, 6, 64] bf16 = 4 * 1536 B; qkv GEMM 2*12*64*192 + causal 300 pairs * B2 * 2 heads * 2*(8+8)
-    # + out GEMM 2*12*64*64
-    ("ulysses_attention_e2e", "causal_h8", 4, 3 / 4 * 6144, 294912 + 38400 + 98304),
-    # 3 ring steps of k+v [2, 6, 2, 8] bf16 = 768 B; last rank: 3 full 6x6 blocks + 21 diagonal pairs, B=2,
+    # q,k,v,out of [2, 6, 64] bf16 = 4 * 1536 B; qkv GEMM 2*12*64*192 + attention over the 2 local heads of
+    # each of the 2*24 tokens, causal: 3 head pairs * 2*(8+8) + out GEMM 2*12*64*64
+    ("ulysses_attention_e2e", "causal_h8", 4, 3 / 4 * 6144, 294912 + 48 * 3 * 32 + 98304),
+    # 3 ring steps of k+v [2, 6, 4, 8] bf16 = 1536 B; last rank: 3 full 6x6 blocks + 21 diagonal pairs, B=2,
     # 4 heads, 2*(8+8) flops a pair
-    ("ring_attention", "causal_gqa", 4, 3 * 768, 2 * (3 * 36 + 21) * 4 * 32),
+    ("ring_attention", "causal_mha", 4, 3 * 1536, 2 * (3 * 36 + 21) * 4 * 32),
     # cp=2: one k+v block [2,12,16] x2 bf16 = 1536 B; tp all-reduce 2*(1/2)*[2,12,32] bf16 = 1536 B
     # flops: qkv 2*24*32*48, attention 444 pairs * 2 heads * 32, out 2*24*16*32
     ("ring_attention_tp", "causal_h4", 4, 1536 + 1536, 73728 + 444 * 2 * 32 + 24576),
     # one stage per rank (back-to-back calls overlap the stages): its k+v block (2*1536 B) plus the 1536-B
     # hand-off; one stage's flops
     ("ring_attention_pp", "causal_h4", 4, 2 * 1536 + 1536, 147456 + 444 * 4 * 32 + 49152),
-    # kv ring 768 el * 2 B, dkv ring 2 steps * 768 el * 4 B, dp all-reduce (768 + 768) el * 2 B;
+    # kv ring 1536 el * 2 B, dkv ring 2 steps * 1536 el * 4 B, dp all-reduce (768 + 1536) el * 2 B;
     # 444 pairs * 4 heads * 5 matmuls * 2*8
-    ("ring_attention_backward_dp", "causal_gqa", 4, 1536 + 6144 + 3072, 444 * 4 * 5 * 16),
+    ("ring_attention_backward_dp", "causal_mha", 4, 3072 + 12288 + 4608, 444 * 4 * 5 * 16),
     # two halos of 5 channels x 6 tokens bf16; 2 flops * 5 ch * 24 tokens * 7 taps
     ("hyena_conv1d_boundary_exchange", "k7_short_chunks", 4, 2 * 5 * 6 * 2, 2 * 5 * 24 * 7),
     # four all-to-alls of [1, 16, 12] bf16 = 384 B; 3 FFTs of 96 points on 4 channels + 6 flops x 4 ch x 48
@@ -56,9 +56,9 @@ COSTS = [
     ("fla_kimi_delta_attention_cp_tp", "k8_v16_b2", 4, 6560 + 2560, 6912 * 40 * 2 * 2),
     # [2,20,6,(16+16+8+1+1)] in + [2,20,6,8] out bf16 = 24000 B; 3 local heads, 40 tokens, batch 2
     ("fla_gated_deltanet_cp", "k16_b2_short", 2, 1 / 2 * 24000, 6912 * 40 * 3 * 2),
-    # p=4 tokens of 4 clips: kv 8 heads x 16 + q and out 16 heads x 8 each, bf16; 13 queries per clip see
-    # 13, 26, 39, 52 keys with 4 local heads, 2*(8+8) flops a pair
-    ("magi1_cso_async_attention", "block_causal_padded", 4, 3 / 4 * 16 * (128 + 256) * 2, 13 * 130 * 4 * 32),
+    # p=4 tokens of 4 clips: kv 8 heads x 16 + q and out 16 heads x 8 each, bf16; all 16 (padded) queries per
+    # clip see 13, 26, 39, 52 keys with 4 local heads, 2*(8+8) flops a pair
+    ("magi1_cso_async_attention", "block_causal_padded", 4, 3 / 4 * 16 * (128 + 256) * 2, 16 * 130 * 4 * 32),
 ]
 
 

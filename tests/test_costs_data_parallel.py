@@ -38,6 +38,16 @@ def test_clip_grad_norm_no_ep_cost_uneven_shards_w4():
     assert cost.flops == 3 * (10 * 19 + 2 + 77)
 
 
+def test_clip_grad_norm_costs_of_the_upstream_cases_w4():
+    # Three [1024, 1024] bf16 gradients on every rank (not sharded); EP: one dense and one expert tensor,
+    # ep = 2 at W = 4, so the expert term is also rescaled (one more flop per expert element).
+    no_ep = cost_of("clip_grad_norm_no_ep", "upstream", 4)
+    assert no_ep.flops == 3 * 3 * 1024 * 1024 and no_ep.hbm_bytes == 3 * 3 * 1024 * 1024 * 2
+    ep = cost_of("clip_grad_norm_ep", "upstream", 4)
+    assert ep.flops == 3 * 2 * 1024 * 1024 + 1024 * 1024
+    assert cost_of("clip_grad_norm_ep", "upstream", 2).flops == 3 * 2 * 1024 * 1024  # ep = 1: no rescale
+
+
 def test_clip_grad_norm_ep_cost_qwen3_30b_w8():
     # W=8: ep 4 x ep_fsdp 2. Dense 1/8 rows: q 512x2048, k, v 64x2048, o 256x4096, router 16x2048,
     # norms 256, 256, 16, 16. Experts: 128/4 = 32 per EP rank, 16 per FSDP shard, 3 x 768 x 2048 each.
@@ -51,50 +61,67 @@ def test_clip_grad_norm_ep_cost_qwen3_30b_w8():
 
 def test_grad_acc_loss_cost_w4():
     cost = cost_of("grad_acc_loss", "accum3_no_sum_grad", 4)
-    assert cost.link_bytes == pytest.approx(2 * 3 / 4 * 12)  # three fp32 sums in one all-reduce
+    assert cost.link_bytes == pytest.approx(2 * 3 / 4 * 4)  # one fp32 loss sum all-reduced
 
 
 def test_importance_sampling_loss_cost_llama3_w2():
     cost = cost_of("importance_sampling_loss", "llama3_1_8b_grpo_4k_tokens", 2)
     assert cost.flops == 2 * 4096 * 128256 * 4096 + 4 * 4096 * 128256
-    assert cost.link_bytes == pytest.approx(2 * 1 / 2 * (4 * 4 + 2 * 4))  # SUM of 4 fp32, MAX of 2 fp32
-    assert cost.hbm_bytes == 2 * 4096 * 4096 + 2 * 128256 * 4096 + 4096 * 20
+    assert cost.link_bytes == pytest.approx(2 * 1 / 2 * (4 + 4 * 2 + 2 * 2))  # n fp32; SUM of 4 bf16, MAX of 2 bf16
+    assert cost.hbm_bytes == 2 * 4096 * 4096 + 2 * 128256 * 4096 + 4096 * 16  # labels 8 B, 4 bf16 vectors
 
 
 def test_ddp_cost_odd_mlp_w2():
-    # 5 -> 7 -> 3 MLP: 35 + 7 + 21 + 3 = 66 fp32 parameters; 3 rows per rank.
+    # 5 -> 13 -> 3 MLP: 65 + 13 + 39 + 3 = 120 fp32 parameters; 3 rows per rank.
     cost = cost_of("ddp", "odd_mlp_3_rows", 2)
-    assert cost.link_bytes == pytest.approx(66 * 4 + 2 * 1 / 2 * 66 * 4)  # broadcast + all-reduce
-    assert cost.flops == 6 * 3 * (5 * 7 + 7 * 3) + 10 * 66
-    assert cost.hbm_bytes == 4 * 3 * (5 + 3) + 4 * 66 + 7 * 4 * 66
+    assert cost.link_bytes == pytest.approx(3 * 120 * 4 + 2 * 1 / 2 * 120 * 4)  # 3 broadcasts + all-reduce
+    assert cost.flops == 6 * 3 * (5 * 13 + 13 * 3) + 10 * 120
+    assert cost.hbm_bytes == 4 * 3 * (5 + 3) + 4 * 120 + 7 * 4 * 120
+
+
+def test_ddp_cost_upstream_w4():
+    # 256 -> 512 -> 256: 131072 + 512 + 131072 + 256 = 262912 bf16 parameters; 1024 / 4 = 256 rows per rank.
+    cost = cost_of("ddp", "upstream", 4)
+    assert cost.link_bytes == pytest.approx(3 * 262912 * 2 + 2 * 3 / 4 * 262912 * 2)
+    assert cost.flops == 6 * 256 * (256 * 512 + 512 * 256) + 10 * 262912
+    assert cost.hbm_bytes == 2 * 256 * (256 + 256) + 2 * 262912 + 7 * 2 * 262912
 
 
 def test_zero1_cost_odd_mlp_w4():
-    # 66 parameters padded to 68: 17 per rank.
+    # 120 parameters: 30 per rank.
     cost = cost_of("zero1_optimizer_shard", "odd_mlp_3_rows", 4)
-    assert cost.link_bytes == pytest.approx(2 * 3 / 4 * 66 * 4 + 3 / 4 * 68 * 4)  # all-reduce + all-gather
-    assert cost.flops == 6 * 3 * 56 + 10 * 17
-    assert cost.hbm_bytes == 96 + 264 + 28 * 17
+    # broadcast + all-reduce + all-gather
+    assert cost.link_bytes == pytest.approx(120 * 4 + 2 * 3 / 4 * 120 * 4 + 3 / 4 * 120 * 4)
+    assert cost.flops == 6 * 3 * 104 + 10 * 30
+    assert cost.hbm_bytes == 96 + 480 + 28 * 30
 
 
 def test_zero2_cost_odd_mlp_w4():
     cost = cost_of("zero2_optimizer_shard_grad", "odd_mlp_3_rows", 4)
-    assert cost.link_bytes == pytest.approx(3 / 4 * 68 * 4 + 3 / 4 * 68 * 4)  # reduce-scatter + all-gather
+    # broadcast + reduce-scatter + all-gather
+    assert cost.link_bytes == pytest.approx(120 * 4 + 3 / 4 * 120 * 4 + 3 / 4 * 120 * 4)
 
 
 def test_fsdp_step_cost_odd_mlp_w8():
-    # 66 parameters padded to 72: 9 per rank.
+    # 120 parameters: 15 per rank.
     cost = cost_of("fsdp_step_e2e", "odd_mlp_3_rows", 8)
-    assert cost.link_bytes == pytest.approx(7 / 8 * 72 * 4 * 2)
-    assert cost.flops == 6 * 3 * 56 + 12 * 9
+    assert cost.link_bytes == pytest.approx(7 / 8 * 120 * 4 * 2)
+    assert cost.flops == 6 * 3 * 104 + 12 * 15
 
 
 def test_fused_adam_cost_llama3_70b_layer_w8():
     shard = 855_654_400 // 8
     cost = cost_of("fused_adam_grad_unshard_allgather", "llama3_70b_layer", 8)
-    assert cost.link_bytes == pytest.approx(7 / 8 * 855_654_400 * 2)  # bf16 parameters gathered
-    assert cost.flops == 11 * shard
-    assert cost.hbm_bytes == (2 + 28 + 2) * shard + 2 * 855_654_400
+    assert cost.link_bytes == pytest.approx(7 / 8 * 855_654_400 * 4)  # fp32 master parameters gathered
+    assert cost.flops == 10 * shard
+    # read the bf16 gradient and the fp32 master and moments; write the gathered fp32 vector
+    assert cost.hbm_bytes == (2 + 3 * 4) * shard + 4 * 855_654_400
+
+
+def test_fused_adam_cost_upstream_bf16_w4():
+    cost = cost_of("fused_adam_grad_unshard_allgather", "upstream", 4)
+    assert cost.link_bytes == pytest.approx(3 / 4 * 4 * 4096 * 2)  # 4096 bf16 parameters from each rank
+    assert cost.hbm_bytes == (2 + 3 * 2) * 4096 + 2 * 4 * 4096
 
 
 def test_quantized_grad_allreduce_cost_w2():
@@ -202,7 +229,7 @@ def test_mlp_grads_match_autograd():
     x, y = torch.randn(6, 5, generator=gen), torch.randn(6, 3, generator=gen)
     params = [p.requires_grad_() for p in _common.mlp_init(gen, "cpu", 5, 7, 3)]
     w1, b1, w2, b2 = params
-    out = torch.nn.functional.gelu(x @ w1.T + b1) @ w2.T + b2
+    out = torch.nn.functional.relu(x @ w1.T + b1) @ w2.T + b2
     torch.nn.functional.mse_loss(out, y).backward()
     ours = _common.mlp_grads(x, y, *[p.detach() for p in params])
     for got, param in zip(ours, params):

@@ -34,7 +34,7 @@ def test_load_balancing_loss_cost():
 
 def test_moe_token_preprocess_cost():
     cost = cost_of("moe_token_preprocess", "deepseek_v3_ep8", 8)
-    assert cost.link_bytes == 7 * 256 * 8                           # 7 other ranks' 256 int64 counts
+    assert cost.link_bytes == 7 * 256 * 4                           # 7 other ranks' 256 fp32 counts
     assert cost.hbm_bytes == 256 * 8 * 4096 * 4                     # the [256, 8, 4096] fp32 mask
 
 
@@ -74,14 +74,14 @@ def test_lora_backward_cost():
 def test_fp8_reduce_scatter_cost():
     cost = cost_of("fp8_reduce_scatter_grads", "deepseek_v3_expert_bucket", 8)
     shard = 3 * 7168 * 2048 // 8                                    # 5,505,024 elements
-    assert cost.link_bytes == pytest.approx(7 * shard * 1 + 7)      # 7 remote fp8 blocks + the amax all-reduce
+    assert cost.link_bytes == pytest.approx(7 * shard * 1 + 7 * 4)  # 7 remote fp8 blocks + their senders' fp32 scales
     assert cost.hbm_bytes == (8 * shard + shard) * 2
 
 
 def test_fp8_allgather_cost():
     cost = cost_of("fp8_allgather_params", "mixtral_8x7b_expert", 4)
     shard = 3 * 4096 * 14336 // 4
-    assert cost.link_bytes == pytest.approx(3 * shard + 2 * 3 / 4 * 4)
+    assert cost.link_bytes == pytest.approx(3 * shard + 3 * 4)      # 3 remote fp8 shards + their fp32 scales
     assert cost.hbm_bytes == (shard + 4 * shard) * 2
 
 
@@ -92,7 +92,8 @@ def test_fused_moe_cost():
     experts = 4096 * 2 * 3 * 2 * 4096 * 14336                       # 8192 token-expert pairs, 3 GEMVs each
     combine = 2 * 4096 * 2 * 4096
     assert cost.flops == router + experts + combine
-    assert cost.hbm_bytes == (3 * 4096 * 14336 + 8 * 4097 + 2 * 4096 * 4096) * 2
+    mlp = 3 * 4096 * 14336 + 2 * 14336 + 4096                       # the rank's nn.Linear weights and biases
+    assert cost.hbm_bytes == (mlp + 8 * 4097 + 2 * 4096 * 4096) * 2
 
 
 def test_fused_moe_lora_cost_adds_the_adapters():
@@ -110,9 +111,9 @@ def test_balanced_wide_narrow_remote_ranks():
     # Wide at W=4 (8 experts, 2 per rank, top-2): misses with C(6,2)/C(8,2) = 15/28.
     wide = cost_of("moe_ep_wide", "mixtral_8x7b_ep4_prefill", 4)
     assert wide.link_bytes == pytest.approx(2 * 4096 * 4096 * 2 * 3 * 13 / 28 + 3 * 8 * 8)
-    # Narrow at W=8: EP groups of 4 with the same 8 experts, so the same 13/28 and only 3 peers.
-    narrow = cost_of("moe_ep_narrow", "mixtral_8x7b_ep4_dp2_prefill", 8)
-    assert narrow.link_bytes == pytest.approx(wide.link_bytes)
+    # Narrow at W=8 with 4 experts: EP groups of 4 ranks, one expert each, so the same as balanced at W=4.
+    narrow = cost_of("moe_ep_narrow", "mixtral_shape_ep4_dp2_prefill", 8)
+    assert narrow.link_bytes == pytest.approx(balanced.link_bytes)
 
 
 # -- routing, split sizes and tie rules -----------------------------------------------------------------
@@ -142,15 +143,21 @@ def test_skewed_routing_starves_rank0_and_floods_the_last_rank():
     assert counts[:, 4:].sum() == 2 * 50 * 2
 
 
-def test_router_logits_are_exact_in_any_order_and_distinct():
+def test_router_logits_are_exact_and_top_k_is_the_same_in_fp32_and_bf16():
     case = Case("c", {"hidden": 7168, "intermediate": 8, "skew": True})
-    hidden, gate_weight, gate_bias = _moe.router_inputs(case, 0, 32, 256, 8, make_generator(5, 6))
+    hidden, gate_weight, gate_bias = _moe.router_inputs(case, 64, 256, 8, 8, make_generator(5, 6))
     forward = hidden.float() @ gate_weight.float().T + gate_bias.float()
     backward = hidden.float().flip(1) @ gate_weight.float().flip(1).T + gate_bias.float()
     exact = hidden.double() @ gate_weight.double().T + gate_bias.double()
     assert torch.equal(forward, backward) and torch.equal(forward.double(), exact)
-    assert all(len(set(row.tolist())) == 256 for row in forward)
-    assert set(forward.topk(8).indices.flatten().tolist()) <= set(range(224, 256))  # skew: the last rank's experts
+    # The upstream's router: a bf16 linear, a bf16 softmax, top-k of the rounded probabilities.
+    bf16_probs = torch.softmax(torch.nn.functional.linear(hidden, gate_weight, gate_bias), dim=-1)
+    chosen_fp32 = forward.topk(8).indices.sort(dim=1).values
+    assert torch.equal(bf16_probs.topk(8).indices.sort(dim=1).values, chosen_fp32)
+    assert set(chosen_fp32.flatten().tolist()) <= set(range(224, 256))  # skew: the last rank's experts
+    top = exact.topk(9).values
+    ulp = torch.exp2(torch.floor(torch.log2(exact.abs().amax(1))) - 7)
+    assert bool((top[:, 7] - top[:, 8] >= 8 * ulp).all())             # k-th and (k+1)-th well apart
 
 
 def test_loss_logits_have_no_ties():
@@ -159,17 +166,18 @@ def test_loss_logits_have_no_ties():
     assert torch.equal(logits.float() * 64, (logits.float() * 64).round())   # on the 1/64 grid: exact in bf16
 
 
-def test_fp8_encoding_saturates_and_decoded_sums_are_exact():
+def test_fp8_delayed_scaling_follows_the_upstream_recipe():
     history = torch.tensor([2.0, 0.5, 4.0], dtype=torch.bfloat16)
-    scale = _fp8.delayed_scale(history)
-    assert scale.item() == 112.0                                      # 448 / 4
-    codes = _fp8.quantize(torch.tensor([5.0, -9.0, 1.0]), scale)
-    assert codes.float().tolist() == [448.0, -448.0, 112.0]           # beyond the history's amax: saturated
-    assert _fp8.delayed_scale(torch.zeros(4)).item() == 1.0
-    every_code = torch.arange(256, dtype=torch.uint8).view(_fp8.FP8_DTYPE).float()
-    finite = every_code[every_code.isfinite()]
-    eight = finite[torch.randint(0, finite.numel(), (1000, 8), generator=torch.Generator().manual_seed(0))]
-    assert torch.equal(eight.sum(1), eight.double().sum(1).float())   # any order, no rounding
+    x = torch.tensor([5.0, -9.0, 1.0], dtype=torch.bfloat16)
+    updated = _fp8.updated_history(history, x)
+    assert updated.tolist() == [0.5, 4.0, 9.0]                        # oldest out, this step's local amax last
+    scale = _fp8.dequant_scale(updated)                               # the max includes this step's amax
+    assert scale.item() == torch.tensor(9.0 / 448, dtype=torch.float32).item()
+    codes = _fp8.encode(x, scale)
+    assert codes.float().tolist() == [256.0, -448.0, 48.0]            # 248.9 and 49.8 rounded to e4m3
+    assert _fp8.decode(codes, scale, torch.bfloat16).tolist() == [5.15625, -9.0, 0.96484375]
+    tiny = _fp8.dequant_scale(torch.zeros(4, dtype=torch.bfloat16))  # an all-zero history: max clamped to 1e-12
+    assert tiny.item() == (torch.tensor(1e-12, dtype=torch.bfloat16).float() / 448).item()
 
 
 # -- the MoE layer against a dense implementation that shares none of its code ---------------------------
@@ -183,23 +191,26 @@ import torch.nn.functional as F
 def _gather(t):
     world_size = dist.get_world_size()
     flat = torch.empty(world_size * t.numel(), dtype=t.dtype, device=t.device)
-    dist.all_gather_into_tensor(flat, t.contiguous().view(-1))
-    return flat.view(world_size * t.shape[0], *t.shape[1:])
+    dist.all_gather_into_tensor(flat, t.detach().contiguous().view(-1))
+    return flat.view(world_size, *t.shape).float()
 
 
 def solution(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, num_experts, top_k, group=None):
-    # Every expert on every rank, then each token through its k experts: no permutation, no all-to-all.
-    gate_all, up_all, down_all = (_gather(w).float() for w in (gate_proj, up_proj, down_proj))
+    # Every rank's MLP on every rank, then each token through the MLPs of its k experts' ranks, in fp32:
+    # no permutation, no all-to-all.
+    mlps = [[_gather(p) for p in (layer.weight, layer.bias)] for layer in (gate_proj, up_proj, down_proj)]
+    local_experts = num_experts // dist.get_world_size()
     x = hidden_states.float()
     probs = torch.softmax(x @ gate_weight.float().T + gate_bias.float(), dim=-1)
     weights, experts = probs.topk(top_k, dim=-1)
-    weights = weights / weights.sum(-1, keepdim=True)
     out = torch.zeros_like(x)
     for j in range(top_k):
-        e = experts[:, j]
-        gate = torch.einsum("th,tih->ti", x, gate_all[e])
-        up = torch.einsum("th,tih->ti", x, up_all[e])
-        out += weights[:, j:j + 1] * torch.einsum("ti,thi->th", F.silu(gate) * up, down_all[e])
+        owner = experts[:, j] // local_experts
+        for rank in range(dist.get_world_size()):
+            rows = owner == rank
+            (gate_w, gate_b), (up_w, up_b), (down_w, down_b) = ((w[rank], b[rank]) for w, b in mlps)
+            act = F.silu(x[rows] @ gate_w.T + gate_b) * (x[rows] @ up_w.T + up_b)
+            out[rows] += weights[rows, j:j + 1] * (act @ down_w.T + down_b)
     return out.to(hidden_states.dtype)
 '''
 

@@ -22,9 +22,9 @@ def cost_of(name: str, case: str, world_size: int):
 
 # (problem, case, W, link_bytes, flops, hbm_bytes), each derived in the comment above it.
 HAND_DERIVED = [
-    # grads 2*12288*4 = 98304 B, all-reduce 2*7/8 of it; 256 rows per rank: 3*256*12288 flops;
+    # grads 2*12288 bf16 = 49152 B, all-reduce 2*7/8 of it; 256 rows per rank: 3*256*12288 flops;
     # read 2*256*12288 bf16 + write 2*12288 bf16.
-    ("layernorm_backward", "gpt3_175b_seq2048", 8, 172032, 9437184, 12632064),
+    ("layernorm_backward", "gpt3_175b_seq2048", 8, 86016, 9437184, 12632064),
     # 8192 ids, 7/8 leave: 7/8*8192*(8 + 4096*2) + 8*8 counts; read ids + rows, write rows.
     ("embedding_lookup", "llama3_8b_token_embedding", 8, 58777664, 0, 65536 + 134217728),
     # A is 8192x8192 bf16 = 134217728 B, 7/8 gathered; n/W = 10240/8 = 1280: 2*8192*1280*8192 flops;
@@ -39,9 +39,9 @@ HAND_DERIVED = [
     # logits 64x128256 bf16 gathered, 7/8 of 16416768 B; 16032 columns per rank: 2*64*16032*4096;
     # (64*4096 + 4096*16032 + 64*128256) * 2.
     ("gemm_allgather", "llama3_8b_lm_head_decode", 8, 14364672, 8405385216, 148275200),
-    # x 8192x4096 bf16 = 67108864 B, 3/4 gathered and 3/4 reduce-scattered; f/W = 3584:
-    # 2 GEMMs of 2*8192*4096*3584; (8192*4096 + 2*4096*3584 + 2048*4096) * 2.
-    ("combined_sharded_gemms", "llama3_8b_mlp_prefill", 4, 100663296, 481036337152, 142606336),
+    # only the own 2048-row block is used: 3 other ranks' 2048x1024 bf16 hidden shards of it,
+    # 3*2048*1024*2; 2 GEMMs of 2*2048*4096*14336; (8192*1024 + 2*4096*14336 + 2048*4096) * 2.
+    ("combined_sharded_gemms", "llama3_8b_mlp_prefill", 4, 12582912, 481036337152, 268435456),
     # q+k: 40 heads * 128 * 8192 tokens * 2 B = 83886080, 7/8 gathered; 1024 local tokens:
     # 3*1024*40*128 flops; read 1024*(40*128 + 2*128)*2, write 83886080.
     ("rope_allgather", "llama3_8b_seq8192", 8, 73400320, 15728640, 11010048 + 83886080),
@@ -50,18 +50,19 @@ HAND_DERIVED = [
     # per rank 4096 rows * (7168 fp8 + 56 fp32 scales = 7392 B) = 30277632 B, 7 other ranks' copies in;
     # 3*4096*7168 flops; read 4096*7168 bf16, write 8 * 30277632.
     ("blocked_fp8_quantize", "deepseek_v3_hidden_prefill", 8, 211943424, 88080384, 58720256 + 242221056),
-    # payload 8 chunks * 512 rows * 7392 B = 30277632, 7/8 crosses; 8*512*7168 multiplies;
-    # read the payload, write 8*512*7168 fp32.
-    ("blocked_fp8_dequantize", "deepseek_v3_dispatch_512_tokens", 8, 26492928, 29360128, 30277632 + 117440512),
+    # bf16 payload and scales (as upstream): 8 chunks * 512 rows * (7168 + 56) * 2 B = 59179008, 7/8
+    # crosses; 8*512*7168 multiplies; read payload and scales, write 8*512*7168 fp32.
+    ("blocked_fp8_dequantize", "deepseek_v3_dispatch_512_tokens", 8, 51781632, 29360128, 59179008 + 117440512),
     # input 8192*8192 bf16 = 134217728 B, 7/8 reduce-scattered; 1024 rows: (7 adds + 5) * 1024*8192;
     # (8192*8192 + 8192 + 1024*8192) * 2.
     ("reducescatter_fused_rmsnorm", "llama3_70b_prefill", 8, 117440512, 100663296, 151011328),
     # logits 1x128256 bf16, 7/8 gathered; 16032 vocab rows: 2*4096*16032 + 16032 bias adds;
     # (16032*4096 + 16032 + 4096 + 128256) * 2.
     ("gemv_decode", "llama3_8b_decode_b1", 8, 224448, 131350176, 131630912),
-    # three all-reduces of 8192 fp32: 3*2*7/8*32768; 4 flops * 8192 * 16032; read 8192*16032 bf16,
-    # write 8192 losses (2 B) after reading 8192 targets (8 B).
-    ("vocab_parallel_cross_entropy_loss", "llama3_8b_seq8192", 8, 172032, 525336576, 262668288 + 81920),
+    # three all-reduces of 8192 bf16 (as upstream): 3*2*7/8*16384; 4 flops * 8192 * 16032; read
+    # 8192*16032 bf16 and write them back shifted in place, write 8192 losses (2 B) after reading
+    # 8192 targets (8 B).
+    ("vocab_parallel_cross_entropy_loss", "llama3_8b_seq8192", 8, 86016, 525336576, 2 * 262668288 + 81920),
     # 8 tokens, 128 vocab ids per rank: logits block 8*128*2 = 2048 B and 8 fp32 results, half cross;
     # no top-p sort: 5 flops * 4 tokens * 256 ids; read 2048 + write 32.
     ("vocab_parallel_log_prob_topk", "no_filter", 2, 1040, 5120, 2080),
@@ -120,13 +121,24 @@ def test_top_k_keeps_ties_at_the_kth_value_and_top_p_drops_the_lower_id_first():
     from pkb.problems.tensor_parallel._logprob import filter_top_k_top_p
 
     row = torch.tensor([[1.0, 3.0, 2.0, 2.0, 0.0]])
-    kept = torch.isfinite(filter_top_k_top_p(row, 2, 1.0))
-    assert kept.tolist() == [[False, True, True, True, False]]  # both 2.0s tie with the 2nd largest
+    filtered, keep = filter_top_k_top_p(row, 2, 1.0)
+    assert torch.isfinite(filtered).tolist() == keep.tolist() == [[False, True, True, True, False]]  # both 2.0s tie
     # Two equal logits hold most of the mass; with top_p just above one of them, exactly one must go:
     # the ascending stable sort puts id 0 before id 1, so id 0 is dropped.
     row = torch.tensor([[5.0, 5.0, -20.0]])
-    kept = torch.isfinite(filter_top_k_top_p(row, None, 0.4))
+    kept = torch.isfinite(filter_top_k_top_p(row, None, 0.4)[0])
     assert kept.tolist() == [[False, True, False]]
+
+
+def test_top_p_cut_is_decided_in_bf16_as_upstream():
+    from pkb.problems.tensor_parallel._logprob import filter_top_k_top_p
+
+    # Logits 0 and -0.84375 (both exact in bf16): the smaller one's probability is 0.300746 in fp32,
+    # above 1 - top_p = 0.3, so fp32 keeps it; in bf16 it rounds to 0.30078125, and 0.3 rounds to
+    # the same bf16 value, so "cumsum > 1 - top_p" is false and the token goes.
+    row = torch.tensor([[0.0, -0.84375]])
+    assert torch.isfinite(filter_top_k_top_p(row.to(torch.bfloat16), None, 0.7)[0]).tolist() == [[True, False]]
+    assert torch.isfinite(filter_top_k_top_p(row, None, 0.7)[0]).tolist() == [[True, True]]
 
 
 def test_fp8_quantization_rounds_to_nearest_even(one_rank_group):
@@ -144,13 +156,15 @@ def test_fp8_dequantize_then_quantize_round_trips(one_rank_group):
     quantize, dequantize = get_problem("blocked_fp8_quantize"), get_problem("blocked_fp8_dequantize")
     x = torch.randn(3, 32, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     y, s = quantize.reference(x, 16)
-    back = dequantize.reference(y.view(torch.uint8).unsqueeze(0), s.view(1, 3, 2), 16)[0]
+    # the dequantize problem takes the payload as bf16 and flat per-block scales [W, M*N/block], as upstream
+    back = dequantize.reference(y.to(torch.bfloat16).unsqueeze(0), s.view(1, 6), 16)[0]
     # e4m3 keeps 3 mantissa bits: each value comes back within 1/16 of itself (relative), or within
     # the subnormal step of its block's scale.
     assert torch.all((back - x.float()).abs() <= x.float().abs() / 16 + s.repeat_interleave(16, 1) * 2**-9)
 
 
-def test_embedding_lookup_returns_rows_in_query_order(one_rank_group):
+def test_embedding_lookup_on_one_owner_returns_rows_in_query_order(one_rank_group):
+    # With several owners the rows come back grouped by owner rank (stable: query order within one).
     table = torch.arange(12.0).view(6, 2).to(torch.bfloat16)
     ids = torch.tensor([5, 0, 5, 2])
     out = get_problem("embedding_lookup").reference(ids, table)
@@ -174,8 +188,10 @@ def test_log_prob_backward_matches_autograd_on_one_rank(one_rank_group):
     grad_output = torch.randn(2, 6, generator=gen).to(torch.bfloat16)
     grad = get_problem("vocab_parallel_log_prob_topk_chunked_backward").reference(
         logits, target, grad_output, None, 5, 0.8, 4)
+    _, keep = filter_top_k_top_p(logits.view(-1, 16), 5, 0.8)  # the cut is decided on the bf16 logits
     leaf = logits.float().requires_grad_(True)
-    log_probs = filter_top_k_top_p(leaf, 5, 0.8).log_softmax(-1).gather(-1, target[..., None]).squeeze(-1)
+    filtered = leaf.masked_fill(~keep.view(2, 6, 16), float("-inf"))
+    log_probs = filtered.log_softmax(-1).gather(-1, target[..., None]).squeeze(-1)
     log_probs.backward(grad_output.float())
     torch.testing.assert_close(grad, leaf.grad.nan_to_num(0.0))
     forward = get_problem("vocab_parallel_log_prob_topk").reference(logits, target, None, 5, 0.8)

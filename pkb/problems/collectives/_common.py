@@ -1,8 +1,9 @@
 """Cases and helpers shared by the eight collective problems.
 
-Every collective takes a per-rank tensor whose shape and dtype a case names. ``tests`` are small
-and awkward (odd sizes, a single element, three dtypes); ``benchmarks`` sweep the per-rank message
-from 4 KiB to 1 GiB in bf16 as rows of 1024 elements, the sizes nccl-tests reports.
+Every collective takes a per-rank tensor whose shape and dtype a case names. ``upstream`` is the
+upstream benchmark's input: a [1024, 1024] bf16 buffer per rank (2 MiB); ``tests`` are small and
+awkward (odd sizes, a single element, three dtypes); ``benchmarks`` sweep the per-rank message from
+4 KiB to 1 GiB in bf16 as rows of 1024 elements, the sizes nccl-tests reports.
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ BENCHMARK_CASES = tuple(
 )
 
 
+def upstream_cases(**params) -> tuple[Case, ...]:
+    """The upstream factory's input at its defaults: shape [1024, 1024] bf16 (with pkb's random values).
+
+    ``params`` name the root argument as upstream passes it: ``dst=0`` for an explicit int, or
+    ``src="omitted"`` where upstream leaves the argument to the function's default (0).
+    """
+    return (Case("upstream", {"shape": (1024, 1024), "dtype": "bfloat16", **params},
+                 note="upstream create_input_tensor at M = N = 1024, bf16"),)
+
+
 def rooted_cases(root_param: str) -> tuple[Case, ...]:
     """The test cases plus one whose root is the last rank (``root_param`` is ``src`` or ``dst``)."""
     last = Case("odd_bf16_root_last", {"shape": (3, 683), "dtype": "bfloat16", root_param: "last"})
@@ -48,9 +59,14 @@ def message_bytes(case: Case) -> int:
 
 
 def root_of(case: Case, param: str, world_size: int) -> int:
-    """The root rank a case names: 0 by default, ``"last"`` for world_size - 1."""
+    """The root rank a case names: 0 by default (or ``"omitted"``), ``"last"`` for world_size - 1."""
     root = case.get(param, 0)
-    return world_size - 1 if root == "last" else int(root)
+    return world_size - 1 if root == "last" else 0 if root == "omitted" else int(root)
+
+
+def root_arguments(case: Case, param: str, world_size: int) -> tuple[int, ...]:
+    """The root argument as the case passes it: ``(root,)``, or ``()`` where the case omits it."""
+    return () if case.get(param) == "omitted" else (root_of(case, param, world_size),)
 
 
 def buffer(case: Case, gen: torch.Generator, *leading: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem, Tolerance
-from pkb.problems.collectives._common import BENCHMARK_CASES, TEST_CASES, buffer, message_bytes
+from pkb.problems.collectives._common import BENCHMARK_CASES, TEST_CASES, buffer, message_bytes, upstream_cases
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -32,7 +32,8 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="allgather", version=1, upstream_id=2, category="collectives", source="NCCL all_gather_into_tensor",
-    world_sizes=(2, 4, 8), tests=TEST_CASES, benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
+    name="allgather", version=2, upstream_id=2, category="collectives", source="NCCL all_gather_into_tensor",
+    world_sizes=(2, 4, 8), upstream=upstream_cases(),
+    tests=TEST_CASES, benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

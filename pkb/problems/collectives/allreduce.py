@@ -12,7 +12,8 @@ The reduction runs in the buffer's dtype as NCCL's does; the tolerance allows fo
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem
-from pkb.problems.collectives._common import BENCHMARK_CASES, TEST_CASES, buffer, message_bytes, sum_tolerance
+from pkb.problems.collectives._common import (BENCHMARK_CASES, TEST_CASES, buffer, message_bytes, sum_tolerance,
+                                              upstream_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -31,7 +32,8 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="allreduce", version=1, upstream_id=1, category="collectives", source="NCCL all_reduce (SUM)",
-    world_sizes=(2, 4, 8), tests=TEST_CASES, benchmarks=BENCHMARK_CASES, tolerance=sum_tolerance,
+    name="allreduce", version=2, upstream_id=1, category="collectives", source="NCCL all_reduce (SUM)",
+    world_sizes=(2, 4, 8), upstream=upstream_cases(),
+    tests=TEST_CASES, benchmarks=BENCHMARK_CASES, tolerance=sum_tolerance,
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -1,7 +1,8 @@
 """Broadcast: every rank ends with the root's tensor.
 
 Per rank: tensor [*shape] (random, distinct per rank), src (int, the root)  ->  [*shape] = the
-root's tensor (bit-exact); the input is left unchanged. A test case puts the root on the last rank.
+root's tensor (bit-exact); the input is left unchanged. A test case puts the root on the last rank;
+the upstream case passes the tensor alone (src left at its default, 0), as upstream's factory does.
 
 Cost (nccl-tests): with S the buffer's bytes, every non-root rank must receive S and the root must
 send it; a pipelined chain does both at once. link bytes S; busbw = S / t. HBM: read S, write S.
@@ -10,11 +11,12 @@ send it; a pipelined chain does both at once. link bytes S; busbw = S / t. HBM: 
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem, Tolerance
-from pkb.problems.collectives._common import BENCHMARK_CASES, buffer, message_bytes, root_of, rooted_cases
+from pkb.problems.collectives._common import (BENCHMARK_CASES, buffer, message_bytes, root_arguments,
+                                              rooted_cases, upstream_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
-    return (buffer(case, gen), root_of(case, "src", world_size))
+    return (buffer(case, gen), *root_arguments(case, "src", world_size))
 
 
 def reference(tensor, src=0):
@@ -29,7 +31,8 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="broadcast", version=1, upstream_id=3, category="collectives", source="NCCL broadcast",
-    world_sizes=(2, 4, 8), tests=rooted_cases("src"), benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
+    name="broadcast", version=2, upstream_id=3, category="collectives", source="NCCL broadcast",
+    world_sizes=(2, 4, 8), upstream=upstream_cases(src="omitted"),
+    tests=rooted_cases("src"), benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

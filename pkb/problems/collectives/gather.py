@@ -2,7 +2,8 @@
 
 Per rank: tensor [*shape], dst (int, the root)  ->  on dst: [W, *shape], slice r = rank r's tensor;
 on every other rank: an unchanged copy of its own tensor (bit-exact). The input is left unchanged.
-A test case puts the root on the last rank.
+A test case puts the root on the last rank; the upstream case passes the tensor alone (dst left at
+its default, 0), as upstream's factory does.
 
 Cost (nccl-tests): with S the per-rank bytes, the total is W*S and the root must receive the
 (W-1)/W of it it does not hold: link bytes (W-1) * S; busbw = (W-1)/W * W*S / t.
@@ -13,11 +14,12 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem, Tolerance
-from pkb.problems.collectives._common import BENCHMARK_CASES, buffer, message_bytes, root_of, rooted_cases
+from pkb.problems.collectives._common import (BENCHMARK_CASES, buffer, message_bytes, root_arguments,
+                                              rooted_cases, upstream_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
-    return (buffer(case, gen), root_of(case, "dst", world_size))
+    return (buffer(case, gen), *root_arguments(case, "dst", world_size))
 
 
 def reference(tensor, dst=0):
@@ -36,7 +38,8 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="gather", version=1, upstream_id=6, category="collectives", source="NCCL gather",
-    world_sizes=(2, 4, 8), tests=rooted_cases("dst"), benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
+    name="gather", version=2, upstream_id=6, category="collectives", source="NCCL gather",
+    world_sizes=(2, 4, 8), upstream=upstream_cases(dst="omitted"),
+    tests=rooted_cases("dst"), benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -3,7 +3,7 @@
 Per rank: tensor [*shape], dst (int, the root)  ->  on dst: [*shape] = sum over ranks; on every other
 rank: an unchanged copy of its own tensor. (Upstream left the non-root output to whatever NCCL
 leaves in the buffer, which is implementation-defined; here it is defined.) The input is left
-unchanged. A test case puts the root on the last rank.
+unchanged. A test case puts the root on the last rank; the upstream case passes dst=0 as a Python int.
 
 Cost (nccl-tests): with S the buffer's bytes, the root must receive S worth of partial sums
 (pipelined chain); link bytes S; busbw = S / t. HBM: read S, write S.
@@ -12,12 +12,12 @@ Cost (nccl-tests): with S the buffer's bytes, the root must receive S worth of p
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem
-from pkb.problems.collectives._common import (BENCHMARK_CASES, buffer, message_bytes, root_of, rooted_cases,
-                                              sum_tolerance)
+from pkb.problems.collectives._common import (BENCHMARK_CASES, buffer, message_bytes, root_arguments,
+                                              rooted_cases, sum_tolerance, upstream_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
-    return (buffer(case, gen), root_of(case, "dst", world_size))
+    return (buffer(case, gen), *root_arguments(case, "dst", world_size))
 
 
 def reference(tensor, dst=0):
@@ -32,7 +32,8 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="reduce", version=1, upstream_id=4, category="collectives", source="NCCL reduce (SUM)",
-    world_sizes=(2, 4, 8), tests=rooted_cases("dst"), benchmarks=BENCHMARK_CASES, tolerance=sum_tolerance,
+    name="reduce", version=2, upstream_id=4, category="collectives", source="NCCL reduce (SUM)",
+    world_sizes=(2, 4, 8), upstream=upstream_cases(dst=0),
+    tests=rooted_cases("dst"), benchmarks=BENCHMARK_CASES, tolerance=sum_tolerance,
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem
-from pkb.problems.collectives._common import BENCHMARK_CASES, TEST_CASES, buffer, message_bytes, sum_tolerance
+from pkb.problems.collectives._common import (BENCHMARK_CASES, TEST_CASES, buffer, message_bytes, sum_tolerance,
+                                              upstream_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -34,7 +35,8 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="reducescatter", version=1, upstream_id=7, category="collectives", source="NCCL reduce_scatter (SUM)",
-    world_sizes=(2, 4, 8), tests=TEST_CASES, benchmarks=BENCHMARK_CASES, tolerance=sum_tolerance,
+    name="reducescatter", version=2, upstream_id=7, category="collectives", source="NCCL reduce_scatter (SUM)",
+    world_sizes=(2, 4, 8), upstream=upstream_cases(),
+    tests=TEST_CASES, benchmarks=BENCHMARK_CASES, tolerance=sum_tolerance,
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -3,7 +3,8 @@
 Per rank: tensor, src (int, the root). On src: tensor [W, *shape]; on every other rank: tensor
 [*shape], a receive buffer of the output's shape (random, so an answer that returns it fails).
 Output: [*shape] = slice `rank` of the root's tensor (bit-exact). Inputs are left unchanged.
-A test case puts the root on the last rank.
+A test case puts the root on the last rank; the upstream case passes the tensor alone (src left at
+its default, 0), as upstream's factory does.
 
 Cost (nccl-tests): with S the bytes of one slice, the total is W*S and the root must send the
 (W-1)/W of it that is not its own: link bytes (W-1) * S; busbw = (W-1)/W * W*S / t.
@@ -14,12 +15,13 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem, Tolerance
-from pkb.problems.collectives._common import BENCHMARK_CASES, buffer, message_bytes, root_of, rooted_cases
+from pkb.problems.collectives._common import (BENCHMARK_CASES, buffer, message_bytes, root_arguments, root_of,
+                                              rooted_cases, upstream_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
-    src = root_of(case, "src", world_size)
-    return (buffer(case, gen, world_size) if rank == src else buffer(case, gen), src)
+    tensor = buffer(case, gen, world_size) if rank == root_of(case, "src", world_size) else buffer(case, gen)
+    return (tensor, *root_arguments(case, "src", world_size))
 
 
 def reference(tensor, src=0):
@@ -39,7 +41,8 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="scatter", version=1, upstream_id=5, category="collectives", source="NCCL scatter",
-    world_sizes=(2, 4, 8), tests=rooted_cases("src"), benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
+    name="scatter", version=2, upstream_id=5, category="collectives", source="NCCL scatter",
+    world_sizes=(2, 4, 8), upstream=upstream_cases(src="omitted"),
+    tests=rooted_cases("src"), benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -162,7 +162,7 @@ def block_attention(q, k, v, scale: float, causal: bool = False, q_start: int = 
     k_start + j <= q_start + i. Returns out [B, Sq, Hq, Dv] and lse [B, Hq, Sq], both fp32; a query
     that sees no key gets out 0 and lse -inf.
 
-    Where the mask is none or the plain causal one (the blocks ring attention and Ulysses use), this
+    Where the mask is none or the plain causal one (the blocks Ulysses uses), this
     is torch's flash attention in the input dtype with fp32 softmax statistics, as the sources run
     it (flash-attn); other masks take the exact fp32 path (``attention_fp32``).
     """
@@ -231,7 +231,8 @@ def ring_attention_fp32(q, k, v, scale: float, causal: bool, group=None):
 
     Step s computes this rank's queries against the key/value block of rank (i - s) mod W, then
     passes the block on; with ``causal`` a block from a later rank is skipped and the diagonal block
-    is causal (ring_flash_attn_func). Returns out [B, S, Hq, Dv] fp32 and lse [B, Hq, S] fp32.
+    is causal (ring_flash_attn_func). Every block is exact fp32 attention (``attention_fp32``), as the
+    upstream benchmark's reference computes it. Returns out [B, S, Hq, Dv] fp32 and lse [B, Hq, S] fp32.
     """
     world, me = group_size(group), group_rank(group)
     S = q.shape[1]
@@ -241,8 +242,8 @@ def ring_attention_fp32(q, k, v, scale: float, causal: bool, group=None):
     for step in range(world):
         source = (me - step) % world
         if not causal or source <= me:
-            block_out, block_lse = block_attention(q, kv[..., :head_dim], kv[..., head_dim:], scale, causal=causal,
-                                                  q_start=me * S, k_start=source * S)
+            block_out, block_lse = attention_fp32(q, kv[..., :head_dim], kv[..., head_dim:], scale, causal=causal,
+                                                 q_start=me * S, k_start=source * S)
             out, lse = (block_out, block_lse) if out is None else merge_attention(out, lse, block_out, block_lse)
         if step + 1 < world:
             kv = ring_shift(kv, group)

@@ -17,6 +17,9 @@ Cost: a rank needs two halos of B*C*(K-1) elements: link bytes 2*B*C*(K-1)*items
 all-gather moves more; the bound is what the convolution needs). Flops 2*B*C*2n*K. HBM: read x and
 weight, write the output.
 
+The upstream case fixes the chunk length instead (``chunk``): upstream's x [1, 1024, 2*1024] and
+weight [1024, 1, 7] bf16 per rank.
+
 Benchmarks: Evo 2 7B (hidden 4096, short filter K=7) and Evo 2 40B (hidden 8192) at 128k tokens
 (Evo 2 trains to 1M context with context parallelism; 128k is its mid-training length).
 """
@@ -28,8 +31,12 @@ from pkb.problem import Case, Cost, Problem
 from pkb.problems.context_parallel._common import all_gather, dtype_of, group_rank, group_size, rand_normal
 
 
+def chunk_len(case, world_size):
+    return case["chunk"] if "chunk" in case.params else case["seq"] // (2 * world_size)
+
+
 def make_inputs(case, rank, world_size, gen):
-    chunk = case["seq"] // (2 * world_size)
+    chunk = chunk_len(case, world_size)
     x = rand_normal(gen, case["batch"], case["channels"], 2 * chunk, dtype=dtype_of(case))
     weight = rand_normal(gen.shared, case["channels"], 1, case["kernel"], dtype=dtype_of(case),
                          scale=case["kernel"] ** -0.5)
@@ -54,11 +61,16 @@ def reference(x, weight, group=None):
 
 def cost(case, world_size):
     B, C, K = case["batch"], case["channels"], case["kernel"]
-    local = 2 * (case["seq"] // (2 * world_size))
+    local = 2 * chunk_len(case, world_size)
     itemsize = dtype_of(case).itemsize
     return Cost(link_bytes=2.0 * B * C * (K - 1) * itemsize, flops=2.0 * B * C * local * K,
                 hbm_bytes=(2.0 * B * C * local + C * K) * itemsize, pattern="halo exchange")
 
+
+UPSTREAM = (
+    Case("upstream", {"batch": 1, "channels": 1024, "chunk": 1024, "kernel": 7, "dtype": "bfloat16"},
+         note="upstream create_input_tensor: x [1, 1024, 2048] (two chunks of 1024), weight [1024, 1, 7]"),
+)
 
 TESTS = (
     Case("k7_short_chunks", {"batch": 1, "channels": 5, "seq": 96, "kernel": 7, "dtype": "bfloat16"}),
@@ -74,8 +86,8 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="hyena_conv1d_boundary_exchange", version=1, upstream_id=71, category="context_parallel",
+    name="hyena_conv1d_boundary_exchange", version=2, upstream_id=71, category="context_parallel",
     source="Savanna / Evo 2 Hyena short depthwise conv1d with zigzag context parallelism (halo exchange)",
-    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, tolerance=None,
+    world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=None,
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

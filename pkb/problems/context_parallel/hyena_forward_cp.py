@@ -4,8 +4,9 @@ all-to-all back.
 
 Layout: the sequence of L = W*L_local tokens is split over the ranks, zigzag when
 ``with_zigzag_splitting`` (L cut into 2W chunks, rank r holds chunks r and 2W-1-r) or contiguous
-otherwise. Channels d of D = num_groups * group_dim use filter h[d // group_dim] (length L).
-Per rank: x1_seq, x2_seq, v_seq [B, D, L_local]; h [num_groups, L] and conv_bias [D] (replicated)
+otherwise. Channels d of D = num_groups * group_dim use filter h[d // group_dim].
+Per rank: x1_seq, x2_seq, v_seq [B, D, L_local]; h [num_groups, L_h] and conv_bias [D] (replicated);
+the filter is zero-padded (or cut) to the FFT length 2L, so any L_h works (L_h = L unless a case says).
   1. all-to-all each input: scatter channels, gather sequence -> [B, D/W, L] in natural order
      (rank r now owns channels [r*D/W, (r+1)*D/W)).
   2. z = x2 * v; y = causal_conv(z, h[channel group]) + conv_bias * z, the convolution by rfft/irfft
@@ -19,6 +20,10 @@ FFTs of length 2L per local channel (forward z, forward h, inverse), 2.5*N*log2(
 plus about 6 pointwise flops per token and channel. HBM: read three inputs, h's and the bias's local
 rows, write the output.
 
+The upstream case fixes L_local instead (``local_seq``): upstream's x1, x2, v [1, 1024, 2048], h
+[1024, 4096] (``filter_len``), conv_bias [1024] bf16, num_groups 1024, group_dim 1, zigzag. pkb draws
+h and the bias at random (upstream used ramps: constants would let an answer skip the gather).
+
 Benchmarks: Evo 2 7B (hidden 4096, one filter per channel: num_groups 4096, group_dim 1) and Evo 2 40B
 (hidden 8192, filters shared by groups of 16 channels as in Savanna's hyena_medium_conv grouping) at 128k tokens.
 """
@@ -27,7 +32,7 @@ import math
 
 import torch
 
-from pkb.problem import Case, Cost, Problem
+from pkb.problem import Case, Cost, Problem, Tolerance
 from pkb.problems.context_parallel._common import all_to_all, dtype_of, group_rank, group_size, rand_normal
 
 
@@ -36,13 +41,18 @@ def zigzag_to_natural(world_size: int) -> list[int]:
     return [2 * c if c < world_size else 2 * (2 * world_size - 1 - c) + 1 for c in range(2 * world_size)]
 
 
+def seq_len(case, world_size):
+    return case["local_seq"] * world_size if "local_seq" in case.params else case["seq"]
+
+
 def make_inputs(case, rank, world_size, gen):
-    B, D, L, dtype = case["batch"], case["channels"], case["seq"], dtype_of(case)
+    B, D, L, dtype = case["batch"], case["channels"], seq_len(case, world_size), dtype_of(case)
     L_local = L // world_size
     x1, x2, v = (rand_normal(gen, B, D, L_local, dtype=dtype) for _ in range(3))
     groups = D // case["group_dim"]
-    decay = torch.exp(-torch.arange(L, device=gen.device, dtype=torch.float32) / case["filter_decay"])
-    h = (rand_normal(gen.shared, groups, L) * decay * (case["filter_decay"] ** -0.5)).to(dtype)
+    filter_len = case.get("filter_len", L)
+    decay = torch.exp(-torch.arange(filter_len, device=gen.device, dtype=torch.float32) / case["filter_decay"])
+    h = (rand_normal(gen.shared, groups, filter_len) * decay * (case["filter_decay"] ** -0.5)).to(dtype)
     conv_bias = rand_normal(gen.shared, D, dtype=dtype)
     return x1, x2, v, h, conv_bias, groups, case["group_dim"], None, case["zigzag"]
 
@@ -82,17 +92,23 @@ def reference(x1_seq, x2_seq, v_seq, h, conv_bias, num_groups, group_dim, group=
 
 
 def cost(case, world_size):
-    B, D, L = case["batch"], case["channels"], case["seq"]
+    B, D, L = case["batch"], case["channels"], seq_len(case, world_size)
     L_local, D_local = L // world_size, D // world_size
     itemsize = dtype_of(case).itemsize
     local_bytes = B * D * L_local * itemsize
     n = 2 * L
     fft_flops = 3 * 2.5 * n * math.log2(n) * B * D_local
     flops = fft_flops + 6.0 * B * D_local * L
-    filter_bytes = (D_local // case["group_dim"] + 1) * L * itemsize
+    filter_bytes = (D_local // case["group_dim"] + 1) * case.get("filter_len", L) * itemsize
     return Cost(link_bytes=4 * (world_size - 1) / world_size * local_bytes, flops=flops,
                 hbm_bytes=4.0 * local_bytes + filter_bytes + D * itemsize, pattern="all_to_all x4 + fft conv")
 
+
+UPSTREAM = (
+    Case("upstream", {"batch": 1, "channels": 1024, "local_seq": 2048, "filter_len": 4096, "group_dim": 1,
+                      "filter_decay": 1024.0, "zigzag": True, "dtype": "bfloat16"},
+         note="upstream create_input_tensor: x1, x2, v [1, 1024, 2048], h [1024, 4096], conv_bias [1024]"),
+)
 
 TESTS = (
     Case("zigzag_grouped", {"batch": 1, "channels": 16, "seq": 48, "group_dim": 2, "filter_decay": 8.0,
@@ -109,8 +125,13 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="hyena_forward_cp", version=1, upstream_id=72, category="context_parallel",
+    name="hyena_forward_cp", version=2, upstream_id=72, category="context_parallel",
     source="Savanna / Evo 2 ParallelHyenaOperator with context parallelism (AllToAllSingleFunction, fftconv)",
-    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, tolerance=None,
+    world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
+    # A bf16 pipeline (upstream's reference) rounds z = x2*v, y and x1*y: where the convolution and the
+    # skip term bias*z (|bias*z| up to ~30) cancel, out = x1*y is near 0 but carries 2^-9 of |x1*bias*z|.
+    # Measured against the fp32 reference: up to 0.025 beyond 1.6e-2*|out| in 2M-element draws of the
+    # upstream case at W = 2, 4, 8; atol 0.05 leaves 2x. A missing rank's share moves outputs by ~1.
+    tolerance=Tolerance(atol=5e-2, rtol=1.6e-2),
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

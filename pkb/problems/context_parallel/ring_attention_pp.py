@@ -9,10 +9,9 @@ cp ranks of the stage. A stage computes
   ring attention over cp_group (contiguous layout, causal skip, LSE merge, fp32), bf16;
   y = attn @ w_o^T (fp32 accumulate, bf16).
 Stage 0 runs on its hidden_states and sends y to the stage-1 rank of the same cp index (a broadcast
-over that rank pair's pp_group), which runs stage 1 on it.
-Per rank: stage 0: hidden_states [B, S_local, E]; stage 1: hidden_states [B, S_local, 0], a
-placeholder that only carries the activation's shape (fixed from upstream, which handed stage 1 a
-full random tensor and ignored it)  ->  this stage's own output y [B, S_local, E] bf16.
+over that rank pair's pp_group), which runs stage 1 on it. pp_group None (or of size 1) is one stage.
+Per rank: hidden_states [B, S_local, E] (on stage 1 only the shape and dtype of the activation it
+receives: its values are ignored, as upstream's are)  ->  this stage's own output y [B, S_local, E] bf16.
 
 Cost: one stage per rank. A single call's latency is two stages end to end, but the harness times
 back-to-back calls, in which stage 0 starts the next call while stage 1 finishes this one; so the bound
@@ -22,16 +21,17 @@ is one stage per rank (a bound on the sum of both stages would be beaten by the 
 of B*S_local*E*2 bytes that stage 0 sends and stage 1 receives. HBM: each rank reads its weights and
 hidden, writes its output.
 
-Benchmarks (B=1, causal, MHA): a Llama-2-7B layer per stage (E=4096, 32 heads) at 32k tokens, and a
-64-head E=8192 layer per stage at 16k tokens.
+Upstream case: the benchmark's defaults, hidden [16, 16/cp, 512], 8 heads of 64 (w_qkv [1536, 512],
+w_o [512, 512] per stage), causal. Benchmarks (B=1, causal, MHA): a Llama-2-7B layer per stage (E=4096,
+32 heads) at 32k tokens, and a 64-head E=8192 layer per stage at 16k tokens.
 """
 
 import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem
-from pkb.problems.context_parallel._common import (attention_flops, dtype_of, mesh, project_qkv, rand_normal,
-                                                   replica_generator, ring_attention_fp32)
+from pkb.problems.context_parallel._common import (attention_flops, dtype_of, group_rank, group_size, mesh,
+                                                   project_qkv, rand_normal, replica_generator, ring_attention_fp32)
 from pkb.problems.context_parallel.ring_attention import busiest_rank_pairs
 
 PP = 2
@@ -41,11 +41,7 @@ LOGIT_STD = 2.0
 def make_inputs(case, rank, world_size, gen):
     E, dtype, cp = case["hidden"], dtype_of(case), world_size // PP
     cp_group, pp_group, cp_index, stage = mesh(cp, rank, world_size)
-    s_local = case["seq"] // cp
-    if stage == 0:
-        hidden = rand_normal(gen, case["batch"], s_local, E, dtype=dtype)
-    else:
-        hidden = torch.empty(case["batch"], s_local, 0, dtype=dtype, device=gen.device)
+    hidden = rand_normal(gen, case["batch"], case["seq"] // cp, E, dtype=dtype)
     weights = [replica_generator(gen, s) for s in range(PP)][stage]
     qk_scale = LOGIT_STD**0.5 / E**0.5
     w_qkv = torch.cat([rand_normal(weights, 2 * E, E, scale=qk_scale),
@@ -64,15 +60,14 @@ def attention_stage(x, w_qkv, w_o, num_heads, softmax_scale, causal, cp_group):
 
 def reference(hidden_states, w_qkv, w_o, num_heads, softmax_scale=None, causal=False, cp_group=None,
               pp_group=None):
-    stage = dist.get_rank(pp_group)
-    first_stage_rank = dist.get_global_rank(pp_group, 0) if pp_group is not None else 0
-    B, S_local = hidden_states.shape[:2]
+    if pp_group is None or group_size(pp_group) == 1:
+        return attention_stage(hidden_states, w_qkv, w_o, num_heads, softmax_scale, causal, cp_group)
+    stage = group_rank(pp_group)
     if stage == 0:
         activation = attention_stage(hidden_states, w_qkv, w_o, num_heads, softmax_scale, causal, cp_group)
     else:
-        activation = torch.zeros(B, S_local, w_qkv.shape[1], dtype=hidden_states.dtype,
-                                 device=hidden_states.device)
-    dist.broadcast(activation, src=first_stage_rank, group=pp_group)
+        activation = torch.zeros_like(hidden_states)
+    dist.broadcast(activation, src=dist.get_global_rank(pp_group, 0), group=pp_group)  # stage 0 -> stage 1
     if stage == 0:
         return activation
     return attention_stage(activation, w_qkv, w_o, num_heads, softmax_scale, causal, cp_group)
@@ -96,6 +91,11 @@ TESTS = (
                            "dtype": "bfloat16"}),
 )
 
+UPSTREAM = (
+    Case("upstream", {"batch": 16, "seq": 16, "hidden": 512, "heads": 8, "causal": True, "dtype": "bfloat16"},
+         note="the upstream benchmark's inputs at M = N = 1024: B = 16, 16 tokens, E = 512, 8 heads"),
+)
+
 BENCHMARKS = (
     Case("llama2_7b_32k_causal", {"batch": 1, "seq": 32768, "hidden": 4096, "heads": 32, "causal": True,
                                   "dtype": "bfloat16"}, note="a Llama-2-7B layer per stage, 32k tokens"),
@@ -104,8 +104,8 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="ring_attention_pp", version=2, upstream_id=56, category="context_parallel",
+    name="ring_attention_pp", version=3, upstream_id=56, category="context_parallel",
     source="ring-flash-attention ring_flash_attn_func + Megatron-LM pp-cp layout (stage hand-off)",
-    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, tolerance=None,
+    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, upstream=UPSTREAM, tolerance=None,
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

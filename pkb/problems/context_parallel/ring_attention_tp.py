@@ -17,8 +17,9 @@ the tp all-reduce 2*(tp-1)/tp * B*S_local*E*2 bytes. Flops: QKV 2*B*S_local*E*(3
 busiest cp rank (see ring_attention) with num_heads/2 heads, output 2*B*S_local*(E/2)*E. HBM: read
 hidden and the weight shards, write the output.
 
-Benchmarks (B=1, causal, MHA as the upstream signature has one head count): a Llama-2-7B layer
-(E=4096, 32 heads) at 32k tokens, and a 64-head E=8192 layer at 16k tokens.
+Upstream case: the benchmark's defaults, hidden [16, 16/cp, 512], 8 heads of 64 (w_qkv [768, 512],
+w_o [512, 256]), causal. Benchmarks (B=1, causal, MHA as the upstream signature has one head count): a
+Llama-2-7B layer (E=4096, 32 heads) at 32k tokens, and a 64-head E=8192 layer at 16k tokens.
 """
 
 import torch
@@ -81,9 +82,14 @@ TESTS = (
 
 BENCHMARKS = ATTENTION_LAYER_BENCHMARKS
 
+UPSTREAM = (
+    Case("upstream", {"batch": 16, "seq": 16, "hidden": 512, "heads": 8, "causal": True, "dtype": "bfloat16"},
+         note="the upstream benchmark's inputs at M = N = 1024: B = 16, 16 tokens, E = 512, 8 heads"),
+)
+
 PROBLEM = Problem(
-    name="ring_attention_tp", version=1, upstream_id=55, category="context_parallel",
+    name="ring_attention_tp", version=2, upstream_id=55, category="context_parallel",
     source="ring-flash-attention ring_flash_attn_func + Megatron-LM tp-cp layout (column/row-parallel projections)",
-    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, tolerance=None,
+    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, upstream=UPSTREAM, tolerance=None,
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

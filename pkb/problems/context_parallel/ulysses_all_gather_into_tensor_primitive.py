@@ -7,7 +7,7 @@ not hold: link bytes (W-1) * S; HBM: read S, write W*S.
 
 Benchmarks: gathering sequence-parallel activations [S/W, hidden] before an attention projection:
 Llama-3-8B (hidden 4096) at 128k tokens and Llama-3-70B (hidden 8192) at 64k tokens; ``rows`` is the
-global row count, split evenly over the ranks.
+global row count, split evenly over the ranks. The upstream case is upstream's x [1024, 1024] bf16 per rank.
 """
 
 import math
@@ -34,6 +34,11 @@ def cost(case, world_size):
     return Cost(link_bytes=(world_size - 1) * size, hbm_bytes=(1 + world_size) * size, pattern="all_gather")
 
 
+UPSTREAM = (
+    Case("upstream", {"rows": 1024, "rest": (1024,), "dtype": "bfloat16"},
+         note="upstream create_input_tensor at M = N = 1024: x [1024, 1024] per rank"),
+)
+
 TESTS = (
     Case("odd_rows_bf16", {"rows": 5, "rest": (33,), "dtype": "bfloat16"}),
     Case("one_row_3d_fp32", {"rows": 1, "rest": (3, 7), "dtype": "float32"}),
@@ -48,7 +53,8 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="ulysses_all_gather_into_tensor_primitive", version=1, upstream_id=34, category="context_parallel",
-    source="VeOmni / verl Ulysses all_gather_tensor", world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS,
+    name="ulysses_all_gather_into_tensor_primitive", version=2, upstream_id=34, category="context_parallel",
+    source="VeOmni / verl Ulysses all_gather_tensor", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
+    benchmarks=BENCHMARKS,
     tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
 )

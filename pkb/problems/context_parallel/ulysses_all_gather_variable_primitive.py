@@ -15,7 +15,8 @@ count per rank is m = (min_len + max_len) / 2 and a row is R bytes: link bytes (
 (the size exchange adds (W-1) * 8 bytes); HBM: read m*R, write W*m*R.
 
 Benchmarks: gathering packed variable-length sequences of hidden states (Llama-3-8B hidden 4096,
-Llama-3-70B hidden 8192) whose per-rank token counts vary by up to 2x around 16k.
+Llama-3-70B hidden 8192) whose per-rank token counts vary by up to 2x around 16k. The upstream case is
+upstream's x [1024, 1024] bf16 per rank (every length 1024), gathered on dim 0.
 """
 
 import math
@@ -73,6 +74,11 @@ def cost(case, world_size):
                 pattern="all_gather (variable)")
 
 
+UPSTREAM = (
+    Case("upstream", {"shape": (0, 1024), "gather_dim": 0, "min_len": 1024, "max_len": 1024, "dtype": "bfloat16"},
+         note="upstream create_input_tensor at M = N = 1024: x [1024, 1024] per rank, gather_dim 0"),
+)
+
 TESTS = (
     Case("last_dim_fp16", {"shape": (4, 0), "gather_dim": -1, "min_len": 2, "max_len": 11, "dtype": "float16"}),
     Case("rows_with_empty_bf16", {"shape": (0, 37), "gather_dim": 0, "min_len": 0, "max_len": 9,
@@ -89,8 +95,8 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="ulysses_all_gather_variable_primitive", version=1, upstream_id=35, category="context_parallel",
+    name="ulysses_all_gather_variable_primitive", version=2, upstream_id=35, category="context_parallel",
     source="VeOmni / verl Ulysses all-gather of uneven shards (sizes first, then padded data)",
-    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, tolerance=Tolerance.exact(),
+    world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=Tolerance.exact(),
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

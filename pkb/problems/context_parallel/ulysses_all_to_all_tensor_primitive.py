@@ -1,7 +1,8 @@
 """Ulysses all-to-all primitive (VeOmni / verl ``all_to_all_tensor``): scatter one dim, gather another.
 
 A case names a global tensor ``shape`` and the two dims. Each rank holds the slice of the global
-tensor that is split W ways on ``gather_dim`` (its shard of that dim); the call splits the local
+tensor that is split W ways on ``gather_dim`` (its shard of that dim), or a fixed ``local_shape``
+whatever W (the upstream case: x [1024, 1024] bf16, scatter 0, gather 1). The call splits the local
 tensor into W equal chunks on ``scatter_dim`` (``torch.tensor_split``), sends chunk d to rank d, and
 concatenates the W received chunks on ``gather_dim`` in rank order. Both dims must divide by W.
 
@@ -22,6 +23,8 @@ from pkb.problems.context_parallel._common import all_to_all, all_to_all_cost, d
 
 
 def local_shape(case, world_size):
+    if "local_shape" in case.params:
+        return list(case["local_shape"])
     shape = list(case["shape"])
     shape[case["gather_dim"]] //= world_size
     return shape
@@ -40,6 +43,11 @@ def cost(case, world_size):
     return all_to_all_cost(local_shape(case, world_size), dtype_of(case), world_size)
 
 
+UPSTREAM = (
+    Case("upstream", {"local_shape": (1024, 1024), "scatter_dim": 0, "gather_dim": 1, "dtype": "bfloat16"},
+         note="upstream create_input_tensor at M = N = 1024: x [1024, 1024] per rank"),
+)
+
 TESTS = (
     Case("rows_to_cols_bf16", {"shape": (24, 40), "scatter_dim": 0, "gather_dim": 1, "dtype": "bfloat16"}),
     Case("heads_to_seq_4d_fp32", {"shape": (3, 40, 8, 5), "scatter_dim": 2, "gather_dim": 1, "dtype": "float32"}),
@@ -55,7 +63,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="ulysses_all_to_all_tensor_primitive", version=1, upstream_id=33, category="context_parallel",
-    source="VeOmni / verl Ulysses all_to_all_tensor", world_sizes=(2, 4, 8), tests=TESTS,
+    name="ulysses_all_to_all_tensor_primitive", version=2, upstream_id=33, category="context_parallel",
+    source="VeOmni / verl Ulysses all_to_all_tensor", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
     benchmarks=BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -11,6 +11,9 @@ positions are exact zeros).
 Cost (all-to-all of the padded tensor): with X the padded local bytes, link bytes (W-1)/W * X;
 HBM: read the unpadded input, write X.
 
+The upstream case fixes the local head count instead (``local_heads``): upstream's x [16, 16, 8, 64]
+bf16 per rank (B, S, H/W, D), seq_dim 1, head_dim 2  ->  [16, 16/W, 8*W, 64].
+
 Benchmarks: the attention-output re-shard of Ulysses attention for Llama-3-8B (32 heads x 128) at
 128k tokens and Llama-3-70B (64 heads x 128) at 64k tokens, B=1.
 """
@@ -25,7 +28,8 @@ from pkb.problems.context_parallel._common import (ULYSSES_RESHARD_BENCHMARKS, a
 
 
 def local_shape(case, world_size):
-    return [case["batch"], case["seq"], case["heads"] // world_size, case["head_dim"]]
+    local_heads = case["local_heads"] if "local_heads" in case.params else case["heads"] // world_size
+    return [case["batch"], case["seq"], local_heads, case["head_dim"]]
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -50,6 +54,11 @@ def cost(case, world_size):
                 hbm_bytes=math.prod(shape) * itemsize + padded, pattern="all_to_all")
 
 
+UPSTREAM = (
+    Case("upstream", {"batch": 16, "seq": 16, "local_heads": 8, "head_dim": 64, "dtype": "bfloat16"},
+         note="upstream create_input_tensor at M = N = 1024: x [16, 16, 8, 64] per rank"),
+)
+
 TESTS = (
     Case("padded_seq_bf16", {"batch": 2, "seq": 29, "heads": 8, "head_dim": 5, "dtype": "bfloat16"}),
     Case("exact_seq_fp32", {"batch": 1, "seq": 24, "heads": 16, "head_dim": 3, "dtype": "float32"}),
@@ -57,7 +66,7 @@ TESTS = (
 )
 
 PROBLEM = Problem(
-    name="ulysses_gather_heads_scatter_seq", version=1, upstream_id=37, category="context_parallel",
-    source="VeOmni / verl Ulysses gather_heads_scatter_seq", world_sizes=(2, 4, 8), tests=TESTS,
+    name="ulysses_gather_heads_scatter_seq", version=2, upstream_id=37, category="context_parallel",
+    source="VeOmni / verl Ulysses gather_heads_scatter_seq", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
     benchmarks=ULYSSES_RESHARD_BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
 )

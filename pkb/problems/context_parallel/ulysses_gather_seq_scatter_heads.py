@@ -12,6 +12,9 @@ Per rank: x [B, S_local, H, D] (seq_dim=1, head_dim=2)  ->  [B, S, H/W, D] with 
 
 Cost (all-to-all): with X the local bytes, link bytes (W-1)/W * X; HBM: read X, write X.
 
+The upstream case fixes S_local instead (``local_seq``): upstream's x [16, 16, 8, 64] bf16 per rank
+(B, S_local, H, D), seq_dim 1, head_dim 2, unpadded_dim_size 0.
+
 Benchmarks: the query/key re-shard of Ulysses attention for Llama-3-8B (32 query heads x 128) at
 128k tokens and Llama-3-70B (64 heads x 128) at 64k tokens, B=1.
 """
@@ -22,7 +25,8 @@ from pkb.problems.context_parallel._common import (ULYSSES_RESHARD_BENCHMARKS, a
 
 
 def local_shape(case, world_size):
-    return [case["batch"], ceil_div(case["seq"], world_size), case["heads"], case["head_dim"]]
+    s_local = case["local_seq"] if "local_seq" in case.params else ceil_div(case["seq"], world_size)
+    return [case["batch"], s_local, case["heads"], case["head_dim"]]
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -39,6 +43,11 @@ def cost(case, world_size):
     return all_to_all_cost(local_shape(case, world_size), dtype_of(case), world_size)
 
 
+UPSTREAM = (
+    Case("upstream", {"batch": 16, "local_seq": 16, "heads": 8, "head_dim": 64, "pass_unpadded": False,
+                      "dtype": "bfloat16"}, note="upstream create_input_tensor at M = N = 1024: x [16, 16, 8, 64]"),
+)
+
 TESTS = (
     Case("padded_seq_bf16", {"batch": 2, "seq": 29, "heads": 8, "head_dim": 5, "dtype": "bfloat16"}),
     Case("exact_seq_no_unpad_fp32", {"batch": 1, "seq": 24, "heads": 16, "head_dim": 3, "pass_unpadded": False,
@@ -47,7 +56,7 @@ TESTS = (
 )
 
 PROBLEM = Problem(
-    name="ulysses_gather_seq_scatter_heads", version=1, upstream_id=36, category="context_parallel",
-    source="VeOmni / verl Ulysses gather_seq_scatter_heads", world_sizes=(2, 4, 8), tests=TESTS,
+    name="ulysses_gather_seq_scatter_heads", version=2, upstream_id=36, category="context_parallel",
+    source="VeOmni / verl Ulysses gather_seq_scatter_heads", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
     benchmarks=ULYSSES_RESHARD_BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
 )

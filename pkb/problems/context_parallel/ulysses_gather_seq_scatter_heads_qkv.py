@@ -11,6 +11,9 @@ multiple of W the sequence is cut to it (bit-exact). S_local = ceil(seq / W); P/
 
 Cost (all-to-all): with X the local bytes, link bytes (W-1)/W * X; HBM: read X, write X.
 
+The upstream case fixes S_local instead (``local_seq``): upstream's qkv [16, 16, 1536] bf16 per rank,
+seq_dim 1, unpadded_dim_size None, restore_shape True.
+
 Benchmarks: fused QKV of Llama-3-8B without GQA expansion (32 heads x 128: P = 3*4096) at 128k
 tokens, and of a 64-head x 128 model (P = 3*8192) at 64k tokens, B=1.
 """
@@ -21,7 +24,8 @@ from pkb.problems.context_parallel._common import (all_to_all, all_to_all_cost, 
 
 
 def local_shape(case, world_size):
-    return [case["batch"], ceil_div(case["seq"], world_size), 3 * case["proj"]]
+    s_local = case["local_seq"] if "local_seq" in case.params else ceil_div(case["seq"], world_size)
+    return [case["batch"], s_local, 3 * case["proj"]]
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -48,6 +52,11 @@ def cost(case, world_size):
     return all_to_all_cost(local_shape(case, world_size), dtype_of(case), world_size)
 
 
+UPSTREAM = (
+    Case("upstream", {"batch": 16, "local_seq": 16, "proj": 512, "pass_unpadded": False, "dtype": "bfloat16"},
+         note="upstream create_input_tensor at M = N = 1024: qkv [16, 16, 3*8*64] per rank"),
+)
+
 TESTS = (
     Case("padded_seq_bf16", {"batch": 2, "seq": 29, "proj": 40, "dtype": "bfloat16"}),
     Case("no_restore_fp32", {"batch": 1, "seq": 24, "proj": 24, "restore_shape": False, "dtype": "float32"}),
@@ -62,7 +71,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="ulysses_gather_seq_scatter_heads_qkv", version=1, upstream_id=38, category="context_parallel",
-    source="VeOmni Ulysses gather_seq_scatter_heads_qkv", world_sizes=(2, 4, 8), tests=TESTS,
+    name="ulysses_gather_seq_scatter_heads_qkv", version=2, upstream_id=38, category="context_parallel",
+    source="VeOmni Ulysses gather_seq_scatter_heads_qkv", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
     benchmarks=BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -1,14 +1,14 @@
 """Shared pieces of the two clip-grad-norm problems (upstream 21, 22): FSDP-sharded gradients,
-the local norm term, and the clipping rule of ``torch.nn.utils.clip_grad_norm_``.
+the local norm term, and VeOmni's clipping rule.
 
-A norm of order p over gradients spread across ranks is (sum over ranks of sum_i |g_i|^p)^(1/p)
-(p = inf: the max over ranks of max |g_i|). Clipping multiplies every gradient by
-min(1, max_norm / (total_norm + 1e-6)), computed in fp32 and rounded once to the gradient dtype.
+A norm of order p over gradients spread across ranks is (sum over ranks of sum_t ||g_t||_p^p)^(1/p),
+each tensor's norm taken in fp32. VeOmni (and so the upstream benchmark) computes it the same way for
+every p, so p = inf is not the max norm there (||g||^inf is 0 or inf); the cases use finite p.
+Clipping: when total_norm > max_norm (a host branch), every gradient is multiplied in place by the
+fp32 0-dim coefficient max_norm / total_norm (``grad.mul_(coef)``: one rounding to the gradient dtype).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.distributed as dist
@@ -25,39 +25,43 @@ def llama_layer_shapes(hidden: int, kv_dim: int, ffn: int) -> list[list[int]]:
             [hidden, ffn], [hidden], [hidden]]
 
 
-def sharded_grads(shapes, rank: int, world_size: int, gen, dtype) -> list[torch.Tensor]:
-    """This rank's FSDP2 ``Shard(0)`` piece of each full gradient shape (possibly zero rows)."""
-    grads = []
-    for shape in shapes:
-        _, rows = chunk_rows(shape[0], rank, world_size)
-        grads.append(randn(gen, rows, *shape[1:], dtype=dtype, scale=GRAD_SCALE))
-    return grads
+def local_shapes(shapes, rank: int, world_size: int, sharded: bool = True) -> list[list[int]]:
+    """This rank's shape of each gradient: its FSDP2 ``Shard(0)`` piece of the full shape (possibly
+    zero rows), or, with ``sharded=False``, the shape itself (every rank holds its own tensor of it)."""
+    if not sharded:
+        return [list(shape) for shape in shapes]
+    return [[chunk_rows(shape[0], rank, world_size)[1], *shape[1:]] for shape in shapes]
+
+
+def sharded_grads(shapes, rank: int, world_size: int, gen, dtype, sharded: bool = True) -> list[torch.Tensor]:
+    """This rank's gradients of ``local_shapes(shapes, ...)``, random with std GRAD_SCALE."""
+    return [randn(gen, *shape, dtype=dtype, scale=GRAD_SCALE)
+            for shape in local_shapes(shapes, rank, world_size, sharded)]
 
 
 def local_norm_term(grads, norm_type: float, device) -> torch.Tensor:
-    """fp32 0-dim: sum_i |g_i|^p over this rank's gradients (p = inf: max |g_i|; 0 with no elements)."""
+    """fp32 0-dim: sum_t ||g_t||_p^p over this rank's gradients (each norm in fp32; 0 with none)."""
     term = torch.zeros((), dtype=torch.float32, device=device)
     for grad in grads:
-        if grad.numel() == 0:
-            continue
-        norm = torch.linalg.vector_norm(grad.float(), norm_type)
-        term = torch.maximum(term, norm) if math.isinf(norm_type) else term + norm**norm_type
+        term = term + torch.linalg.vector_norm(grad.detach().float(), norm_type) ** norm_type
     return term
 
 
 def reduce_op(norm_type: float):
-    return dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM
+    """The reduction of the local terms: a sum for every p (as VeOmni does, p = inf included)."""
+    return dist.ReduceOp.SUM
 
 
 def finish_norm(term: torch.Tensor, norm_type: float) -> torch.Tensor:
-    return term if math.isinf(norm_type) else term ** (1.0 / norm_type)
+    return term ** (1.0 / norm_type)
 
 
 def clip_(grads, max_norm: float, total_norm: torch.Tensor) -> None:
-    """g <- dtype(float(g) * min(1, max_norm / (total_norm + 1e-6))), in place; no host sync."""
-    coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
-    for grad in grads:
-        grad.copy_(grad.float() * coef)
+    """If total_norm > max_norm: g *= max_norm / total_norm (fp32 0-dim coefficient), in place."""
+    if total_norm > max_norm:
+        coef = max_norm / total_norm
+        for grad in grads:
+            grad.mul_(coef.to(grad.device))
 
 
 def norm_cost_terms(numel: int, itemsize: int) -> tuple[int, int]:

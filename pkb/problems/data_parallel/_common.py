@@ -1,10 +1,10 @@
 """Helpers shared by the data-parallel problems: dtypes, FSDP row shards, cached sub-groups, Adam,
 and the two-layer MLP that the DDP / ZeRO / FSDP training-step problems train.
 
-The MLP (upstream 40-42, 47): ``out = gelu(X @ W1.T + b1) @ W2.T + b2`` (exact erf GELU), loss =
-mean((out - y)^2) over the rank's local batch; parameters are kept in the flat order
-(W1 [Dh, Din], b1 [Dh], W2 [Do, Dh], b2 [Do]). Parameters, gradients and Adam states are fp32 (the
-fp32 master weights and optimizer states that DDP, DeepSpeed ZeRO and FSDP mixed precision keep).
+The MLP (upstream 40-42, 47): ``out = relu(X @ W1.T + b1) @ W2.T + b2``, loss = mean((out - y)^2)
+over the rank's local batch (``F.mse_loss``); parameters are kept in the flat order (W1 [Dh, Din],
+b1 [Dh], W2 [Do, Dh], b2 [Do]). Parameters, Adam moments and the batch share one dtype (the case's,
+bf16 upstream); the references reduce gradients and run Adam in fp32 and round each output once.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from pkb.problem import randn
+from pkb.problem import Tolerance, default_tolerance, randn
 
 
 def dtype_of(case, key: str = "dtype") -> torch.dtype:
@@ -86,6 +86,14 @@ def adam_step_(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, step, we
     return param
 
 
+def adam_step(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, step, weight_decay=0.0):
+    """``adam_step_`` out of place: fp32 copies updated, returned as (param, exp_avg, exp_avg_sq) in the
+    inputs' dtypes (one rounding each); the inputs are left unchanged."""
+    param_fp32, exp_avg_fp32, exp_avg_sq_fp32 = (t.to(torch.float32, copy=True) for t in (param, exp_avg, exp_avg_sq))
+    adam_step_(param_fp32, grad, exp_avg_fp32, exp_avg_sq_fp32, lr, beta1, beta2, eps, step, weight_decay)
+    return param_fp32.to(param.dtype), exp_avg_fp32.to(exp_avg.dtype), exp_avg_sq_fp32.to(exp_avg_sq.dtype)
+
+
 ADAM_FLOPS_PER_ELEMENT = 10  # lerp 2, second moment 3, sqrt/scale/eps 3, addcdiv 2
 ADAM_BYTES_PER_ELEMENT = 7 * 4  # read p, g, m, v and write p, m, v, all fp32
 
@@ -108,49 +116,63 @@ def adam_states(gen, scale: torch.Tensor | float, numel: int, generator=None) ->
 
 # -- the two-layer MLP -------------------------------------------------------------------------------
 
-def mlp_shapes(d_in: int, d_hidden: int, d_out: int) -> list[tuple[int, ...]]:
-    return [(d_hidden, d_in), (d_hidden,), (d_out, d_hidden), (d_out,)]
+def mlp_shapes(d_in: int, d_hidden: int, d_out: int) -> tuple[tuple[int, ...], ...]:
+    return ((d_hidden, d_in), (d_hidden,), (d_out, d_hidden), (d_out,))
 
 
 def mlp_num_params(d_in: int, d_hidden: int, d_out: int) -> int:
     return sum(math.prod(shape) for shape in mlp_shapes(d_in, d_hidden, d_out))
 
 
-def mlp_init(generator, device, d_in: int, d_hidden: int, d_out: int) -> list[torch.Tensor]:
-    """W1 ~ N(0, 1/Din), b1 ~ N(0, 0.01), W2 ~ N(0, 1/Dh), b2 ~ N(0, 0.01), fp32."""
+def away_from_zero(generator, device, shape, scale: float, low: float = 0.5, high: float = 1.5) -> torch.Tensor:
+    """fp32 values of random sign and magnitude U(low, high) * scale: none near zero, so a relative
+    tolerance holds on every element (a bf16 rounding of a value near zero is not a relative error)."""
+    magnitude = torch.rand(shape, generator=generator, device=device) * (high - low) + low
+    sign = torch.randint(0, 2, shape, generator=generator, device=device) * 2 - 1
+    return sign * magnitude * scale
+
+
+def mlp_init(generator, device, d_in: int, d_hidden: int, d_out: int, dtype=torch.float32) -> list[torch.Tensor]:
+    """W1, b1, W2, b2 with |W1| ~ 1/sqrt(Din), |W2| ~ 1/sqrt(Dh), |b| ~ 0.1 (``away_from_zero``), in ``dtype``."""
     scales = (d_in**-0.5, 0.1, d_hidden**-0.5, 0.1)
-    return [torch.randn(shape, generator=generator, device=device) * scale
+    return [away_from_zero(generator, device, shape, scale).to(dtype)
             for shape, scale in zip(mlp_shapes(d_in, d_hidden, d_out), scales)]
 
 
-def mlp_grad_scales(d_in: int, d_hidden: int, d_out: int, batch: int) -> list[float]:
-    """Typical |gradient| of W1, b1, W2, b2 for ``mlp_init`` weights and N(0,1) data (within a factor ~3).
+def mlp_grad_scales(d_in: int, d_hidden: int, d_out: int, batch: int, world_size: int) -> list[float]:
+    """Typical |gradient| of W1, b1, W2, b2 averaged over ``world_size`` ranks of ``batch`` rows each, for
+    ``mlp_init`` weights and N(0,1) data (within a factor ~2).
 
-    residual r = out - y has std ~1.2; dL/dout = 2r/(B*Do); h = gelu(z) has rms ~0.65, gelu' rms ~0.65.
+    dL/dout = a * (out - y), a = 2/(B*Do); out - y has a part that varies by row (rms ~1.3) and a
+    part shared by the rows (rms ~0.5: relu(z) has mean ~0.4, and b2); the first sums like a random
+    walk over the W*B rows, the second adds up coherently. h = relu(z): mean square ~0.55, mean ~0.4;
+    relu' has mean 0.5; a row of d_z has rms ~0.7 * a * sqrt(Do/Dh) times the residual's.
     """
     batch = max(batch, 1)
-    d_out_grad = 2 * 1.2 / (batch * d_out)
-    d_z = d_out_grad * math.sqrt(d_out / d_hidden) * 0.65
-    return [math.sqrt(batch) * d_z, math.sqrt(batch) * d_z, math.sqrt(batch) * d_out_grad * 0.65,
-            math.sqrt(batch) * d_out_grad]
+    a = 2 / (batch * d_out)
+    row, shared = 1.3**2 / world_size, 0.5**2  # residual: per-row variance (averaged over ranks), shared part
+    to_hidden = 0.7 * math.sqrt(d_out / d_hidden)
+    return [a * to_hidden * math.sqrt(batch * (row + shared / world_size)),
+            a * to_hidden * math.sqrt(batch * row + batch**2 * shared * 0.25),
+            a * math.sqrt(batch * row * 0.55 + batch**2 * shared * 0.17),
+            a * math.sqrt(batch * row + batch**2 * shared)]
 
 
 def mlp_grads(x, y, w1, b1, w2, b2) -> list[torch.Tensor]:
-    """Gradients of mean((gelu(x W1^T + b1) W2^T + b2 - y)^2) w.r.t. (W1, b1, W2, b2), in fp32.
+    """Gradients of mean((relu(x W1^T + b1) W2^T + b2 - y)^2) w.r.t. (W1, b1, W2, b2), returned in fp32.
 
     Written out by hand (what autograd computes), so the backward a kernel must match is in plain view.
+    The GEMMs run in the inputs' dtype (bf16 GEMMs accumulate in fp32 and round their outputs, as
+    autograd's do); the loss gradient and the bias sums are fp32.
     """
-    x, y = x.float(), y.float()
-    z = x @ w1.T + b1
-    h = torch.nn.functional.gelu(z)
-    out = h @ w2.T + b2
-    d_out = 2.0 * (out - y) / out.numel()
-    d_w2 = d_out.T @ h
-    d_b2 = d_out.sum(0)
-    d_h = d_out @ w2
-    gelu_grad = 0.5 * (1.0 + torch.erf(z * 2**-0.5)) + z * torch.exp(-0.5 * z * z) * (2 * math.pi) ** -0.5
-    d_z = d_h * gelu_grad
-    return [d_z.T @ x, d_z.sum(0), d_w2, d_b2]
+    dtype = x.dtype
+    z = torch.addmm(b1, x, w1.T)
+    h = torch.relu(z)
+    out = torch.addmm(b2, h, w2.T)
+    d_out = 2.0 * (out.float() - y.float()) / out.numel()
+    d_w2 = d_out.to(dtype).T @ h
+    d_z = (d_out.to(dtype) @ w2) * (z > 0)
+    return [(d_z.T @ x).float(), d_z.float().sum(0), d_w2.float(), d_out.sum(0)]
 
 
 def mlp_flops(d_in: int, d_hidden: int, d_out: int, batch: int) -> int:
@@ -158,27 +180,52 @@ def mlp_flops(d_in: int, d_hidden: int, d_out: int, batch: int) -> int:
     return 6 * batch * (d_in * d_hidden + d_hidden * d_out)
 
 
+def mlp_dtype(case) -> torch.dtype:
+    return getattr(torch, case.get("dtype", "float32"))
+
+
+def batch_rows(case, world_size: int) -> int:
+    """Rows of this rank's batch: ``batch_per_rank``, or ``batch_total`` split evenly over the ranks."""
+    if "batch_per_rank" in case.params:
+        return case["batch_per_rank"]
+    return case["batch_total"] // world_size
+
+
 def mlp_batch(case, gen, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's batch X [B_local, Din], y [B_local, Do] (fp32, distinct per rank)."""
-    batch = case["batch_per_rank"]
-    return randn(gen, batch, case["d_in"]), randn(gen, batch, case["d_out"])
+    """This rank's batch X [B_local, Din], y [B_local, Do] (N(0, 1), the case's dtype, distinct per rank)."""
+    batch, dtype = batch_rows(case, world_size), mlp_dtype(case)
+    return randn(gen, batch, case["d_in"], dtype=dtype), randn(gen, batch, case["d_out"], dtype=dtype)
 
 
 def dims(case) -> tuple[int, int, int]:
     return case["d_in"], case["d_hidden"], case["d_out"]
 
 
-def mlp_adam_states(case, gen, world_size: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Adam moments (exp_avgs, exp_avg_sqs) of W1, b1, W2, b2, replicated (drawn from ``gen.shared``),
-    sized for the gradients a step of this case averages over ``world_size`` ranks."""
+def mlp_adam_states(case, generator, device, world_size: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Adam moments (exp_avgs, exp_avg_sqs) of W1, b1, W2, b2 in the case's dtype, drawn from ``generator``,
+    for gradients of typical size g averaged over ``world_size`` ranks: |m| in [2g, 3g] (``away_from_zero``:
+    one new gradient moves m by ~5% and cannot cancel it), v in [6g^2, 12g^2]."""
     d_in, d_hidden, d_out = dims(case)
-    scales = mlp_grad_scales(d_in, d_hidden, d_out, case["batch_per_rank"])
+    scales = mlp_grad_scales(d_in, d_hidden, d_out, batch_rows(case, world_size), world_size)
     exp_avgs, exp_avg_sqs = [], []
-    for shape, scale in zip(mlp_shapes(d_in, d_hidden, d_out), scales):
-        exp_avg, exp_avg_sq = adam_states(gen, scale / math.sqrt(world_size), math.prod(shape), generator=gen.shared)
-        exp_avgs.append(exp_avg.view(shape))
-        exp_avg_sqs.append(exp_avg_sq.view(shape))
+    for shape, grad in zip(mlp_shapes(d_in, d_hidden, d_out), scales):
+        exp_avgs.append(away_from_zero(generator, device, shape, grad, 2.0, 3.0).to(mlp_dtype(case)))
+        uniform = torch.rand(shape, generator=generator, device=device)
+        exp_avg_sqs.append(((uniform * 6 + 6) * grad**2).to(mlp_dtype(case)))
     return exp_avgs, exp_avg_sqs
+
+
+def mlp_hyperparameters(case, gen) -> tuple[float, float, float, float, int]:
+    """(lr, beta1, beta2, eps, step): upstream's values, the step drawn in [1, ``max_step``] (default 2000)."""
+    step = int(torch.randint(1, case.get("max_step", 2000) + 1, (1,), generator=gen.shared, device=gen.device))
+    return 1e-3, 0.9, 0.999, 1e-8, step
+
+
+def mlp_tolerance(case, world_size, dtype):
+    """Relative only: no output of the step is near zero (``away_from_zero``), and gradients, moments
+    and parameters differ in scale by orders of magnitude. rtol is the dtype's default: two roundings
+    of a bf16 parameter, or fp32 summation orders; a rank's missing gradient share moves m by more."""
+    return Tolerance(0.0, default_tolerance(dtype).rtol)
 
 
 def shard_numel(num_params: int, world_size: int) -> int:
@@ -186,15 +233,8 @@ def shard_numel(num_params: int, world_size: int) -> int:
     return -(-num_params // world_size)
 
 
-def flat_padded(tensors, world_size: int) -> torch.Tensor:
-    """The tensors flattened and concatenated in order, zero-padded to W * shard_numel (fp32)."""
-    flat = torch.cat([t.reshape(-1).float() for t in tensors])
-    padding = shard_numel(flat.numel(), world_size) * world_size - flat.numel()
-    return torch.nn.functional.pad(flat, (0, padding))
-
-
 def shard(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """Rank ``rank``'s contiguous 1/W of a padded flat buffer (a copy)."""
+    """Rank ``rank``'s contiguous 1/W of a flat buffer whose length is a multiple of W (a copy)."""
     return flat.view(world_size, -1)[rank].clone()
 
 
@@ -208,30 +248,48 @@ def unflatten(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
     return views
 
 
-def mlp_cases() -> tuple[list, list]:
-    """(tests, benchmarks) shared by the DDP / ZeRO / FSDP step problems.
+def broadcast_flat(tensors, src: int = 0) -> torch.Tensor:
+    """The tensors flattened into one new buffer (their dtype) and broadcast from ``src``; inputs untouched."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.broadcast(flat, src=src)
+    return flat
 
+
+def mlp_cases() -> tuple[list, list, list]:
+    """(upstream, tests, benchmarks) shared by the DDP / ZeRO / FSDP step problems.
+
+    Upstream (create_input_tensor at M = N = 1024, bf16): a 256 -> 512 -> 256 MLP (P = 262,912, a
+    multiple of 8), 1024 rows split evenly over the ranks, step 1 + trial % 7.
+    Tests: P is a multiple of 8, as upstream's ZeRO / FSDP references assert (P = W * shard), with odd
+    widths so the shard boundaries fall inside the tensors; fp32 and bf16.
     Benchmarks: a two-layer MLP with the hidden and FFN widths of Llama-3-8B (4096 -> 14336 -> 4096,
-    117M parameters) and Llama-3-70B (8192 -> 28672 -> 8192, 470M), 4096 and 2048 tokens per rank.
+    117M parameters) and Llama-3-70B (8192 -> 28672 -> 8192, 470M), 4096 and 2048 tokens per rank, bf16.
     """
     from pkb.problem import Case
 
+    upstream = [
+        Case("upstream", {"d_in": 256, "d_hidden": 512, "d_out": 256, "batch_total": 1024, "dtype": "bfloat16",
+                          "max_step": 7}, note="upstream create_input_tensor at M = N = 1024, bf16"),
+    ]
     tests = [
-        Case("odd_mlp_3_rows", {"d_in": 5, "d_hidden": 7, "d_out": 3, "batch_per_rank": 3}),
-        Case("one_row_per_rank", {"d_in": 16, "d_hidden": 33, "d_out": 9, "batch_per_rank": 1}),
+        Case("odd_mlp_3_rows", {"d_in": 5, "d_hidden": 13, "d_out": 3, "batch_per_rank": 3}),  # P = 120
+        Case("one_row_per_rank", {"d_in": 15, "d_hidden": 31, "d_out": 9, "batch_per_rank": 1}),  # P = 784
+        Case("bf16_mlp_5_rows", {"d_in": 24, "d_hidden": 16, "d_out": 8, "batch_per_rank": 5,
+                                 "dtype": "bfloat16"}),  # P = 536
     ]
     benchmarks = [
         Case("llama3_8b_mlp_widths_4k_tokens", {"d_in": 4096, "d_hidden": 14336, "d_out": 4096,
-                                                "batch_per_rank": 4096}),
+                                                "batch_per_rank": 4096, "dtype": "bfloat16"}),
         Case("llama3_70b_mlp_widths_2k_tokens", {"d_in": 8192, "d_hidden": 28672, "d_out": 8192,
-                                                 "batch_per_rank": 2048}),
+                                                 "batch_per_rank": 2048, "dtype": "bfloat16"}),
     ]
-    return tests, benchmarks
+    return upstream, tests, benchmarks
 
 
-def mlp_step_hbm_bytes(case, adam_numel: int) -> int:
-    """HBM lower bound of a step: the batch read once, the weights read once for the forward, and the
-    Adam update of ``adam_numel`` elements (ADAM_BYTES_PER_ELEMENT each)."""
+def mlp_step_hbm_bytes(case, world_size: int, adam_numel: int) -> int:
+    """HBM lower bound of a step, in the case's dtype: the batch read once, the weights read once for
+    the forward, and the Adam update of ``adam_numel`` elements (read p, g, m, v; write p, m, v)."""
     d_in, d_hidden, d_out = dims(case)
-    batch = case["batch_per_rank"]
-    return 4 * batch * (d_in + d_out) + 4 * mlp_num_params(d_in, d_hidden, d_out) + ADAM_BYTES_PER_ELEMENT * adam_numel
+    itemsize = mlp_dtype(case).itemsize
+    batch = batch_rows(case, world_size)
+    return itemsize * (batch * (d_in + d_out) + mlp_num_params(d_in, d_hidden, d_out) + 7 * adam_numel)

@@ -1,72 +1,71 @@
 """One DistributedDataParallel training step with Adam (PyTorch DDP semantics) on a two-layer MLP.
 
-Per rank: X_local [B, Din], y_local [B, Do] (this rank's batch, fp32); W1 [Dh, Din], b1 [Dh], W2 [Do, Dh],
-b2 [Do] (fp32; distinct on every rank: DDP makes them rank 0's); exp_avg_* and exp_avg_sq_* (the Adam
-moments of each parameter, fp32, the same on every rank as DDP keeps them); lr, beta1, beta2, eps
-(floats), step (int, the step being taken, >= 1).
-Reference (MLP and Adam in ``_common``): broadcast the parameters from rank 0 (DDP's module sync) into
-W1..b2 in place; forward and hand-written backward of mean((gelu(X W1^T + b1) W2^T + b2 - y)^2) on the
-local batch; all-reduce the flat gradient bucket and divide by W (DDP's gradient average); one
-torch.optim.Adam step on every parameter, in place.
-Output: the 12 updated tensors (W1, b1, W2, b2, the four exp_avg, the four exp_avg_sq), which are
-also the inputs updated in place. Upstream drew the parameters on rank 0 only (zeros elsewhere) and
-zero moments; here every tensor is random and the moments are those of a run in progress, so the
-update is not a sign function of the gradient.
+Per rank: X_local [B, Din], y_local [B, Do] (this rank's batch); W1 [Dh, Din], b1 [Dh], W2 [Do, Dh],
+b2 [Do] and their Adam moments exp_avg_* and exp_avg_sq_* (distinct per rank: rank 0's are the
+model and optimizer state); all in one dtype (bf16 upstream); lr, beta1, beta2, eps (floats), step
+(int, the step being taken, >= 1).
+Reference (MLP and Adam in ``_common``): broadcast the parameters, the exp_avg and the exp_avg_sq
+from rank 0, each flattened into one buffer (DDP's module sync; the upstream syncs the moments too);
+forward and hand-written backward of mean((relu(X W1^T + b1) W2^T + b2 - y)^2) on the local batch;
+all-reduce (sum) the flat gradient and divide by W (DDP's gradient average); one torch.optim.Adam
+step (no weight decay) on every parameter. Gradients and Adam in fp32, each output rounded once.
+Output: 12 new tensors in the inputs' dtype (W1, b1, W2, b2, the four exp_avg, the four exp_avg_sq):
+rank 0's model and moments after the step, the same on every rank. Inputs are left unchanged.
+Tolerance: relative (``_common.mlp_tolerance``): no output is near zero, moments and parameters
+differ in scale by orders of magnitude.
 
-Cost per rank, P parameters (fp32): link bytes 4P (broadcast, nccl-tests counts the buffer once) +
-2(W-1)/W * 4P (gradient all-reduce); flops 6*B*(Din*Dh + Dh*Do) (forward and backward GEMMs) + 10P
-(Adam); HBM 4B(Din + Do) + 4P + 28P (batch, weights, Adam's reads and writes).
-Benchmarks: see ``_common.mlp_cases``.
+Cost per rank, P parameters of b bytes: link bytes 3*P*b (three broadcasts, nccl-tests counts each
+buffer once) + 2(W-1)/W * P*b (gradient all-reduce; the reference reduces in fp32, a kernel may
+reduce in the parameters' dtype as the upstream does); flops 6*B*(Din*Dh + Dh*Do) (forward and
+backward GEMMs) + 10P (Adam); HBM b*(B(Din + Do) + P + 7P) (batch, weights, Adam's reads and writes).
+Upstream case: 256 -> 512 -> 256 (P = 262,912), 1024/W rows per rank, bf16. Benchmarks: ``_common.mlp_cases``.
 """
 
 import torch
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem
-from pkb.problems.data_parallel._common import (ADAM_FLOPS_PER_ELEMENT, adam_hyperparameters, adam_step_, dims,
-                                                mlp_adam_states, mlp_batch, mlp_cases, mlp_flops, mlp_grads, mlp_init,
-                                                mlp_num_params, mlp_step_hbm_bytes, unflatten)
+from pkb.problems.data_parallel._common import (ADAM_FLOPS_PER_ELEMENT, adam_step, batch_rows, broadcast_flat, dims,
+                                                mlp_adam_states, mlp_batch, mlp_cases, mlp_dtype, mlp_flops, mlp_grads,
+                                                mlp_hyperparameters, mlp_init, mlp_num_params, mlp_step_hbm_bytes,
+                                                mlp_tolerance, unflatten)
 
 
 def make_inputs(case, rank, world_size, gen):
     x, y = mlp_batch(case, gen, world_size)
-    params = mlp_init(gen, gen.device, *dims(case))
-    exp_avgs, exp_avg_sqs = mlp_adam_states(case, gen, world_size)
-    return (x, y, *params, *exp_avgs, *exp_avg_sqs, *adam_hyperparameters(gen))
+    params = mlp_init(gen, gen.device, *dims(case), dtype=mlp_dtype(case))
+    exp_avgs, exp_avg_sqs = mlp_adam_states(case, gen, gen.device, world_size)
+    return (x, y, *params, *exp_avgs, *exp_avg_sqs, *mlp_hyperparameters(case, gen))
 
 
 def reference(X_local, y_local, W1, b1, W2, b2, exp_avg_W1, exp_avg_b1, exp_avg_W2, exp_avg_b2, exp_avg_sq_W1,
               exp_avg_sq_b1, exp_avg_sq_W2, exp_avg_sq_b2, lr, beta1, beta2, eps, step):
-    params = [W1, b1, W2, b2]
-    flat = torch.cat([p.reshape(-1) for p in params])
-    dist.broadcast(flat, src=0)
-    for param, synced in zip(params, unflatten(flat, [p.shape for p in params])):
-        param.copy_(synced)
-    grads = mlp_grads(X_local, y_local, *params)
+    shapes = [p.shape for p in (W1, b1, W2, b2)]
+    flat_params = broadcast_flat([W1, b1, W2, b2])
+    flat_exp_avg = broadcast_flat([exp_avg_W1, exp_avg_b1, exp_avg_W2, exp_avg_b2])
+    flat_exp_avg_sq = broadcast_flat([exp_avg_sq_W1, exp_avg_sq_b1, exp_avg_sq_W2, exp_avg_sq_b2])
+    grads = mlp_grads(X_local, y_local, *unflatten(flat_params, shapes))
     flat_grad = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat_grad)
     flat_grad /= dist.get_world_size()
-    exp_avgs = [exp_avg_W1, exp_avg_b1, exp_avg_W2, exp_avg_b2]
-    exp_avg_sqs = [exp_avg_sq_W1, exp_avg_sq_b1, exp_avg_sq_W2, exp_avg_sq_b2]
-    for param, grad, exp_avg, exp_avg_sq in zip(params, unflatten(flat_grad, [p.shape for p in params]), exp_avgs,
-                                                exp_avg_sqs):
-        adam_step_(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, step)
-    return (*params, *exp_avgs, *exp_avg_sqs)
+    updated = adam_step(flat_params, flat_grad, flat_exp_avg, flat_exp_avg_sq, lr, beta1, beta2, eps, step)
+    return tuple(view for flat in updated for view in unflatten(flat, shapes))
 
 
 def cost(case, world_size):
     num_params = mlp_num_params(*dims(case))
-    return Cost(link_bytes=4 * num_params + 2 * (world_size - 1) / world_size * 4 * num_params,
-                flops=mlp_flops(*dims(case), case["batch_per_rank"]) + ADAM_FLOPS_PER_ELEMENT * num_params,
-                hbm_bytes=mlp_step_hbm_bytes(case, num_params), pattern="broadcast+all_reduce")
+    param_bytes = num_params * mlp_dtype(case).itemsize
+    return Cost(link_bytes=3 * param_bytes + 2 * (world_size - 1) / world_size * param_bytes,
+                flops=mlp_flops(*dims(case), batch_rows(case, world_size)) + ADAM_FLOPS_PER_ELEMENT * num_params,
+                hbm_bytes=mlp_step_hbm_bytes(case, world_size, num_params), pattern="broadcast+all_reduce")
 
 
-_TESTS, _BENCHMARKS = mlp_cases()
+_UPSTREAM, _TESTS, _BENCHMARKS = mlp_cases()
 
 PROBLEM = Problem(
-    name="ddp", version=1, upstream_id=40, category="data_parallel",
+    name="ddp", version=2, upstream_id=40, category="data_parallel",
     source="PyTorch DistributedDataParallel step (rank-0 parameter broadcast, bucketed gradient all-reduce "
            "average) + torch.optim.Adam",
-    world_sizes=(2, 4, 8), tests=_TESTS, benchmarks=_BENCHMARKS,
+    world_sizes=(2, 4, 8), upstream=_UPSTREAM, tests=_TESTS, benchmarks=_BENCHMARKS, tolerance=mlp_tolerance,
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -21,6 +21,8 @@ Cost per rank, B_f rows, bf16: link bytes (n_fsdp-1)/n_fsdp * 3*D*H/n_tp*2 (the 
 all-gathers) + 2(n_tp-1)/n_tp * B_f*D*2 (the output all-reduce); flops 3 * 2*B_f*D*H/n_tp (three GEMMs)
 + 5*B_f*H/n_tp (SiLU and the gate product); HBM 3*D*H/n_tp*2 (the gathered weights) + 2*B_f*D*2.
 
+Upstream case (create_input_tensor at M = N = 1024, bf16): D = 256, H = 1024, 2048 rows split
+over the FSDP groups, the upstream layout.
 Benchmarks: the MLP of Llama-3-8B (D 4096, H 14336) and of Llama-3-70B (D 8192, H 28672) on 8192
 tokens per FSDP group, with the upstream layout (n_tp = 2 for W >= 4, 1 at W = 2) and, at W = 8,
 Llama-3-70B with n_tp = 4 x n_fsdp = 2.
@@ -94,9 +96,13 @@ def tolerance(case, world_size):
 
 
 PROBLEM = Problem(
-    name="fsdp_and_tp", version=1, upstream_id=48, category="data_parallel",
+    name="fsdp_and_tp", version=2, upstream_id=48, category="data_parallel",
     source="torchtitan FSDP2 x TP SwiGLU FeedForward (ColwiseParallel w1/w3, RowwiseParallel w2, fully_shard)",
     world_sizes=(2, 4, 8),
+    upstream=[
+        Case("upstream", {"tokens": 2048, "d_model": 256, "d_ffn": 1024, "tp": "upstream"},
+             note="upstream create_input_tensor at M = N = 1024, bf16: D 256, D_ff 1024, 2048 rows"),
+    ],
     tests=[
         Case("upstream_layout_uneven_rows", {"tokens": 7, "d_model": 24, "d_ffn": 40, "tp": "upstream"}),
         Case("all_tp", {"tokens": 5, "d_model": 16, "d_ffn": 24, "tp": "world"}),

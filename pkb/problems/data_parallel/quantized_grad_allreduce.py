@@ -8,8 +8,11 @@ may be shorter); scale = max |g| over the block / 127; q = clamp(round_half_to_e
 Output: [n] bf16 = (sum over ranks of the dequantized fp32 values) / W, rounded once.
 The reference all-reduces the dequantized fp32 values; a kernel may instead ship the int8 codes and
 fp32 scales (that is qgZ's point) as long as it reproduces this rounding. A test case holds an
-all-zero block. Gradients are N(0, 1): quantization is scale-invariant, and unit values keep the
-tolerance readable: rtol 2^-7 (one bf16 rounding that falls the other way after another fp32
+all-zero block. Gradients are N(0, 1) (quantization is scale-invariant, and unit values keep the
+tolerance readable), with no knife edge in the rounding: in every block the largest magnitude is set
+to 127 * 2^k (k the smallest that keeps it the largest), so the scale is exactly 2^k and g / scale is
+exact however a kernel computes it (division or reciprocal), and an element whose quotient lands
+exactly on a half-integer moves to its bf16 neighbour toward zero. Tolerance: rtol 2^-7 (one bf16 rounding that falls the other way after another fp32
 summation order) and atol 1e-5 (fp32 cancellation near zero); a code off by one moves an element by
 max|g|/127/W (about 0.01 at W = 2), more than that allows for all but the largest elements.
 
@@ -28,13 +31,28 @@ import torch.distributed as dist
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
 
 
+def without_rounding_ties(flat_grad: torch.Tensor, block_size: int) -> torch.Tensor:
+    """bf16 [n]: each block's largest |g| raised to 127 * 2^k (a power-of-two scale, so every quotient
+    g / scale is exact), and quotients on exactly x.5 moved to the bf16 neighbour toward zero."""
+    numel = flat_grad.numel()
+    blocks = torch.nn.functional.pad(flat_grad.float(), (0, -numel % block_size)).view(-1, block_size)
+    amax, where = blocks.abs().max(dim=1, keepdim=True)
+    scale = torch.exp2(torch.ceil(torch.log2(amax.clamp(min=1e-30) / 127.0)))
+    peak = torch.where(blocks.gather(1, where) < 0, -127.0, 127.0) * scale
+    blocks = blocks.scatter(1, where, torch.where(amax > 0, peak, 0.0)).to(torch.bfloat16)
+    quotient = blocks.float() / scale
+    tie = (quotient - quotient.trunc()).abs() == 0.5
+    toward_zero = torch.nextafter(blocks, torch.zeros_like(blocks))
+    return torch.where(tie, toward_zero, blocks).reshape(-1)[:numel]
+
+
 def make_inputs(case, rank, world_size, gen):
     flat_grad = randn(gen, case["numel"], dtype=torch.bfloat16)
     zero_block = case.get("zero_block")
     if zero_block is not None:
         block = case["block_size"]
         flat_grad[zero_block * block:(zero_block + 1) * block] = 0
-    return flat_grad, case["block_size"]
+    return without_rounding_ties(flat_grad, case["block_size"]).contiguous(), case["block_size"]
 
 
 def dequantized(flat_grad: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -63,9 +81,12 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="quantized_grad_allreduce", version=1, upstream_id=44, category="data_parallel",
+    name="quantized_grad_allreduce", version=2, upstream_id=44, category="data_parallel",
     source="DeepSpeed ZeRO++ qgZ (block-wise int8 quantized gradient reduction)",
     world_sizes=(2, 4, 8),
+    upstream=[
+        Case("upstream", {"numel": 1024 * 1024, "block_size": 128}, note="a 1M-element bf16 gradient, block 128"),
+    ],
     tests=[
         Case("partial_last_block", {"numel": 1000, "block_size": 128}),
         Case("tiny_blocks_with_zero_block", {"numel": 29, "block_size": 4, "zero_block": 2}),

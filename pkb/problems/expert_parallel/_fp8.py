@@ -1,11 +1,14 @@
-"""FP8 (e4m3) delayed scaling shared by the fp8 gradient and parameter problems.
+"""FP8 (e4m3) delayed scaling shared by the fp8 gradient and parameter problems (upstream 52 and 53).
 
-Delayed scaling (Transformer Engine's recipe, margin 0, amax_compute_algo="max"): the scale of this
-step comes from the history of past amaxes, scale = 448 / max(history) in fp32 (1 when the history
-is all zero); values are multiplied by it, saturated to +-448 and rounded to nearest-even e4m3, and
-decoded as code / scale. This step's amax, max |x| over the whole tensor (all ranks, reduced with
-MAX as Transformer Engine reduces amaxes), enters the history at position 0; the oldest entry drops:
-updated = [amax, history[0], ..., history[-2]].
+The upstream recipe, per rank and per call (each rank keeps its own history; nothing is reduced):
+    amax    = max |x| over this rank's tensor (fp32)
+    history = [history[1], ..., history[L-1], amax]  (the oldest entry drops, the newest goes last;
+              stored in the history's dtype, so amax is rounded to bf16 there)
+    scale   = max(max(history), 1e-12) / 448         (fp32; a dequantization scale: code * scale ~ x)
+    code    = e4m3(x / scale)                        (IEEE fp32 quotient, round to nearest even)
+    decoded = (float(code) * scale), rounded to x's dtype
+The history includes this step's amax, so |x / scale| <= 448 up to amax's bf16 rounding (at most
+448 * (1 + 2^-9)), which rounds to 448: no value saturates or overflows.
 """
 
 from __future__ import annotations
@@ -17,25 +20,36 @@ import torch.distributed as dist
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
+MIN_AMAX = 1e-12
 
 
-def delayed_scale(amax_history: torch.Tensor) -> torch.Tensor:
-    """0-d fp32 scale from the history: 448 / max(history), or 1 if the history holds only zeros."""
-    amax = amax_history.float().max()
-    return torch.where(amax > 0, FP8_MAX / amax, torch.ones_like(amax))
+def updated_history(amax_history: torch.Tensor, local_values: torch.Tensor) -> torch.Tensor:
+    """[history[1:], max |local_values|]: this rank's amax pushed in last (in the history's dtype)."""
+    amax = local_values.abs().max().float()
+    return torch.cat([amax_history[1:], amax.reshape(1).to(amax_history.dtype)])
 
 
-def quantize(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """e4m3 codes of values * scale, saturated to +-448."""
-    return (values.float() * scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+def dequant_scale(history: torch.Tensor) -> torch.Tensor:
+    """0-d fp32 scale max(max(history), 1e-12) / 448 (the max taken in the history's dtype)."""
+    return history.max().clamp(min=MIN_AMAX).float() / FP8_MAX
 
 
-def updated_history(amax_history: torch.Tensor, local_values: torch.Tensor, group=None) -> torch.Tensor:
-    """The history with the global amax of this step (MAX over ranks of max |x|) pushed in front."""
-    amax = local_values.abs().max().float() if local_values.numel() else torch.zeros((), device=local_values.device)
-    amax = amax.reshape(1).clone()
-    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
-    return torch.cat([amax.to(amax_history.dtype), amax_history[:-1]])
+def encode(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """e4m3 codes of values / scale."""
+    return (values.float() / scale).to(FP8_DTYPE)
+
+
+def decode(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """code * scale in fp32, rounded to ``dtype``; ``scale`` broadcasts (one per source rank)."""
+    return (codes.float() * scale).to(dtype)
+
+
+def gather_scales(scale: torch.Tensor, group=None) -> torch.Tensor:
+    """Every rank's 0-d fp32 scale, [W] in rank order."""
+    world_size = dist.get_world_size(group)
+    scales = torch.empty(world_size, dtype=torch.float32, device=scale.device)
+    dist.all_gather_into_tensor(scales, scale.reshape(1).contiguous(), group=group)
+    return scales
 
 
 def gaussian_amax(num_values: int) -> float:
@@ -44,7 +58,7 @@ def gaussian_amax(num_values: int) -> float:
 
 
 def history_like(gen, length: int, typical_amax: float, dtype: torch.dtype) -> torch.Tensor:
-    """An amax history of 0.4x to 1.1x ``typical_amax``: its max is near the amax this step will have,
-    so in some trials the largest values saturate at +-448 and in others they do not."""
+    """An amax history of 0.4x to 1.1x ``typical_amax``: in some trials its max sets the scale, in
+    others this step's amax (pushed in last) does."""
     values = typical_amax * (0.4 + 0.7 * torch.rand(length, generator=gen, device=gen.device))
     return values.to(dtype)

@@ -1,27 +1,30 @@
 """The expert-parallel MoE layer shared by fused_moe_fwd, fused_moe_fwd_lora and moe_ep_{balanced,wide,narrow}.
 
-One forward (VeOmni MoE layer): router -> split sizes (moe_token_preprocess) -> dispatch
-(moe_pre_all2all) -> SwiGLU experts -> combine (moe_post_all2all), all in fp32 after the bf16 inputs,
-the output rounded once to bf16.
+One forward (VeOmni MoE layer, the upstream benchmark's layout): router -> split sizes
+(moe_token_preprocess) -> dispatch (moe_pre_all2all) -> SwiGLU MLP -> combine (moe_post_all2all).
 
-    logits = hidden @ gate_weight.T + gate_bias                      [T, E] fp32
-    routing_weights, selected_experts = top-k(softmax(logits)); routing_weights /= their sum
-    y_e(x) = down_e( silu(gate_e(x)) * up_e(x) )                     expert e's SwiGLU MLP
-    out[t] = sum_j routing_weights[t, j] * y_{selected_experts[t, j]}(hidden[t])
+    logits = hidden @ gate_weight.T + gate_bias                        [T, E]
+    routing_weights, selected_experts = top-k(softmax(logits))         not renormalised
+    y(x) = down_proj( silu(gate_proj(x)) * up_proj(x) )                this rank's MLP (nn.Linear, with bias)
+    out[t] = sum_j routing_weights[t, j] * y_{rank of expert selected_experts[t, j]}(hidden[t])   [T, H]
 
-Expert weights per local expert (VeOmni's fused layout): gate_proj, up_proj [E_local, I, H],
-down_proj [E_local, H, I], no biases; every expert's weights are distinct (the upstream shared one
-nn.Linear set among all local experts, so every expert computed the same function). With LoRA, the
-factors on the hidden side are shared by all experts (gate/up A [r, H], down B [H, r]; these are the
-gradients moe_epgroupgemm_lora_backward all-reduces) and those on the intermediate side are per
-expert (gate/up B [E_local, I, r], down A [E_local, r, I]):
-    gate_e(x) = x W_g[e].T + (x A_g.T) B_g[e].T, and so on; the LoRA scale is folded into B.
+Argument kinds follow the upstream: gate_proj, up_proj [I <- H] and down_proj [H <- I] are
+``nn.Linear`` modules, one set per rank that all of the rank's local experts share (so an expert's
+output depends on the rank holding it, not on which of its local experts it is); with LoRA, six
+adapter tensors (gate/up A [r, H], B [I, r]; down A [r, I], B [H, r]) added to the three
+projections, likewise shared. Every rank's modules and adapters are drawn from its own generator, so
+a token sent to the wrong rank gets a different answer.
 
-Tie rule: router inputs lie on grids that make every logit exact in fp32 in any summation order:
-hidden is a multiple of 1/4 in [-1, 1], gate_weight a multiple of 2^-s, and gate_bias adds a distinct
-multiple of 2^-(s+10) per expert (j / 256 of a grid step, j a permutation of the experts). So the
-logits of one token are distinct and exact, top-k is unique, and a kernel that takes top-k of the
-logits or of the fp32 softmax picks the same experts as the reference.
+Precision: the router runs in fp32 (its inputs make the logits exact, below), the softmax weights
+stay fp32, the MLP runs in the tokens' dtype as the modules run it (fp32 accumulation inside the
+GEMM), and the weighted combine sums in fp32 and rounds once. The upstream ran the router and the
+combine in bf16; both agree with this within the dtype's tolerance, and choose the same experts.
+
+Tie rule (top-k is a discrete choice): hidden is a multiple of 1/4 in [-1, 1], gate_weight a
+multiple of 2^-s and gate_bias of 1/16, so the logits are exact in fp32 in any summation order and
+a bf16 router rounds each of them once. Every token's k-th and (k+1)-th largest logits are at
+least 8 bf16 ulps of the row's largest magnitude apart (tokens closer than that are redrawn), so a
+router in fp32 or bf16, on logits or on softmax probabilities, picks the same k experts.
 
 Skewed cases add a constant feature hidden[:, 0] = 1 whose router weights are +8 for the last EP
 rank's experts and -8 for EP rank 0's: the last rank receives (nearly) every token, rank 0 none.
@@ -41,7 +44,10 @@ from pkb.problems.expert_parallel.moe_pre_all2all import reference as token_pre_
 from pkb.problems.expert_parallel.moe_token_preprocess import reference as preprocess
 
 HIDDEN_STEP = 0.25  # hidden_states are multiples of 1/4 in [-1, 1]
+BIAS_STEP = 1.0 / 16  # gate_bias is a multiple of 1/16 in [-1/2, 1/2]
 SKEW_LOGIT = 8.0
+GAP_ULPS = 8  # the k-th and (k+1)-th logits of a token are at least this many bf16 ulps apart
+MAX_REDRAWS = 10_000
 
 
 def router_weight_step(hidden: int) -> float:
@@ -52,122 +58,120 @@ def router_weight_step(hidden: int) -> float:
 # -- inputs ---------------------------------------------------------------------------------------------
 
 
-def _grid(gen, shape, low: int, high: int, step: float, dtype) -> torch.Tensor:
-    """Integers in [low, high] times ``step`` (exact in bf16 for small integers and power-of-two steps)."""
-    return (torch.randint(low, high + 1, shape, generator=gen, device=gen.device).float() * step).to(dtype)
+def _grid(gen, shape, low: int, high: int, step: float) -> torch.Tensor:
+    """fp32 integers in [low, high] times ``step`` (exact in bf16 for small integers and power-of-two steps)."""
+    return torch.randint(low, high + 1, shape, generator=gen, device=gen.device).float() * step
 
 
-def router_inputs(case, rank: int, num_tokens: int, num_experts: int, ep_size: int, gen):
-    """(hidden_states [T, H], gate_weight [E, H], gate_bias [E]): hidden per rank, router replicated."""
+def _too_close(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """[T] bool: rows whose k-th and (k+1)-th largest logits are under GAP_ULPS bf16 ulps apart."""
+    if top_k >= logits.shape[1] or logits.shape[0] == 0:
+        return torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    top = logits.topk(top_k + 1, dim=1).values
+    magnitude = logits.abs().amax(dim=1).clamp_min(1.0)
+    ulp = torch.exp2(torch.floor(torch.log2(magnitude)) - 7)  # bf16 spacing at the row's largest logit
+    return top[:, top_k - 1] - top[:, top_k] < GAP_ULPS * ulp
+
+
+def router_inputs(case, num_tokens: int, num_experts: int, top_k: int, ep_size: int, gen):
+    """(hidden_states [T, H], gate_weight [E, H], gate_bias [E]): hidden per rank, router replicated.
+
+    Rows whose top-k choice is close to a tie are redrawn (see the module docstring)."""
     hidden, dtype = case["hidden"], dtype_of(case)
-    step = router_weight_step(hidden)
-    hidden_states = _grid(gen, (num_tokens, hidden), -4, 4, HIDDEN_STEP, dtype)
-    gate_weight = _grid(gen.shared, (num_experts, hidden), -3, 3, step, dtype)
-    order = torch.randperm(num_experts, generator=gen.shared, device=gen.device)
-    gate_bias = (order.float() * (HIDDEN_STEP * step / 256)).to(dtype)
-    if case.get("skew"):
+    gate_weight = _grid(gen.shared, (num_experts, hidden), -3, 3, router_weight_step(hidden))
+    gate_bias = _grid(gen.shared, (num_experts,), -8, 8, BIAS_STEP)
+    skew = case.get("skew", False)
+    if skew:
         local = num_experts // ep_size
-        hidden_states[:, 0] = 1.0
         gate_weight[:, 0] = 0.0
         gate_weight[num_experts - local:, 0] = SKEW_LOGIT
         gate_weight[:local, 0] = -SKEW_LOGIT
-    return hidden_states, gate_weight, gate_bias
+    hidden_states = _grid(gen, (num_tokens, hidden), -4, 4, HIDDEN_STEP)
+    weight64, bias64 = gate_weight.double(), gate_bias.double()
+    redraw = torch.arange(num_tokens, device=gen.device)
+    for _ in range(MAX_REDRAWS):
+        if skew:
+            hidden_states[redraw, 0] = 1.0
+        logits = hidden_states[redraw].double() @ weight64.T + bias64
+        redraw = redraw[_too_close(logits, top_k)]
+        if redraw.numel() == 0:
+            break
+        hidden_states[redraw] = _grid(gen, (redraw.numel(), hidden), -4, 4, HIDDEN_STEP)
+    else:
+        raise RuntimeError(f"no well-separated routing after {MAX_REDRAWS} redraws ({redraw.numel()} tokens left)")
+    return hidden_states.to(dtype), gate_weight.to(dtype), gate_bias.to(dtype)
 
 
-def _expert_generator(base_seed: int, expert: int, device) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    gen.manual_seed((base_seed + 1_000_003 * expert) % (2**63 - 1))
-    return gen
+def linear_module(gen, in_features: int, out_features: int, dtype, scale: float) -> torch.nn.Linear:
+    """An ``nn.Linear`` on ``gen``'s device with weight ~ N(0, scale^2) and bias ~ N(0, (scale/4)^2)."""
+    layer = torch.nn.utils.skip_init(torch.nn.Linear, in_features, out_features, device=gen.device, dtype=dtype)
+    with torch.no_grad():
+        layer.weight.copy_(randn(gen, out_features, in_features, scale=scale))
+        layer.bias.copy_(randn(gen, out_features, scale=scale / 4))
+    return layer
 
 
-def expert_inputs(case, ep_rank: int, num_experts: int, ep_size: int, gen, lora_rank: int = 0) -> tuple:
-    """Weights of EP rank ``ep_rank``'s experts, drawn per global expert id from a seed shared by all ranks
-    (so EP replicas of one expert hold the same weights and different experts never do).
-
-    Returns (gate_proj, up_proj, down_proj) and, with ``lora_rank``, then
-    (lora_gate_A, lora_gate_B, lora_up_A, lora_up_B, lora_down_A, lora_down_B).
-    """
+def expert_inputs(case, gen, lora_rank: int = 0) -> tuple:
+    """This rank's MLP: (gate_proj, up_proj, down_proj) as nn.Linear and, with ``lora_rank``, then
+    (lora_gate_A [r, H], lora_gate_B [I, r], lora_up_A [r, H], lora_up_B [I, r], lora_down_A [r, I],
+    lora_down_B [H, r]). Scaled so the layer's output has a spread of about 0.15 (a bf16 combine like
+    the upstream's then rounds well inside the dtype's default tolerance) and each LoRA path adds
+    about half its base projection."""
     hidden, inter, dtype = case["hidden"], case["intermediate"], dtype_of(case)
-    local = num_experts // ep_size
-    base_seed = int(torch.randint(0, 2**62, (1,), generator=gen.shared, device=gen.device))
-    lora_shared = [randn(gen.shared, lora_rank, hidden, dtype=dtype, scale=hidden ** -0.5),   # gate A
-                   randn(gen.shared, lora_rank, hidden, dtype=dtype, scale=hidden ** -0.5),   # up A
-                   randn(gen.shared, hidden, lora_rank, dtype=dtype, scale=0.5 * max(lora_rank, 1) ** -0.5)]  # down B
-    per_expert = []
-    for expert in range(ep_rank * local, (ep_rank + 1) * local):
-        g = _expert_generator(base_seed, expert, gen.device)
-        weights = [randn(g, inter, hidden, dtype=dtype, scale=hidden ** -0.5),              # gate
-                   randn(g, inter, hidden, dtype=dtype, scale=hidden ** -0.5),              # up
-                   randn(g, hidden, inter, dtype=dtype, scale=2.0 * inter ** -0.5)]         # down
-        if lora_rank:
-            weights += [randn(g, inter, lora_rank, dtype=dtype, scale=0.5 * lora_rank ** -0.5),  # gate B
-                        randn(g, inter, lora_rank, dtype=dtype, scale=0.5 * lora_rank ** -0.5),  # up B
-                        randn(g, lora_rank, inter, dtype=dtype, scale=inter ** -0.5)]            # down A
-        per_expert.append(weights)
-    stacked = [torch.stack([w[i] for w in per_expert]) for i in range(len(per_expert[0]))]
-    base = tuple(stacked[:3])
+    modules = (linear_module(gen, hidden, inter, dtype, 2.0 * hidden ** -0.5),        # gate
+               linear_module(gen, hidden, inter, dtype, 2.0 * hidden ** -0.5),        # up
+               linear_module(gen, inter, hidden, dtype, 0.25 * inter ** -0.5))        # down
     if not lora_rank:
-        return base
-    gate_B, up_B, down_A = stacked[3:]
-    return base + (lora_shared[0], gate_B, lora_shared[1], up_B, down_A, lora_shared[2])
+        return modules
+    r = lora_rank
+    shapes_scales = (((r, hidden), hidden ** -0.5), ((inter, r), r ** -0.5),          # gate A, B
+                     ((r, hidden), hidden ** -0.5), ((inter, r), r ** -0.5),          # up A, B
+                     ((r, inter), inter ** -0.5), ((hidden, r), 0.125 * r ** -0.5))   # down A, B
+    return modules + tuple(randn(gen, *shape, dtype=dtype, scale=scale) for shape, scale in shapes_scales)
 
 
 def layer_inputs(case, rank: int, world_size: int, gen, num_experts: int, top_k: int, ep_size: int,
                  lora_rank: int = 0) -> tuple:
-    """The whole argument list of the layer for ``rank`` (EP rank = rank % ep_size)."""
+    """The whole argument list of the layer for ``rank`` (its EP group has ``ep_size`` ranks)."""
     num_tokens = tokens_per_rank(case, world_size)[rank]
-    ep_rank = rank % ep_size
-    hidden_states, gate_weight, gate_bias = router_inputs(case, ep_rank, num_tokens, num_experts, ep_size, gen)
-    experts = expert_inputs(case, ep_rank, num_experts, ep_size, gen, lora_rank)
-    return (hidden_states, gate_weight, gate_bias, *experts, num_experts, top_k)
+    hidden_states, gate_weight, gate_bias = router_inputs(case, num_tokens, num_experts, top_k, ep_size, gen)
+    return (hidden_states, gate_weight, gate_bias, *expert_inputs(case, gen, lora_rank), num_experts, top_k)
 
 
 # -- the forward ----------------------------------------------------------------------------------------
 
 
-def _linear(x, weight):
-    return x @ weight.to(x.dtype).T
-
-
-def _experts(tokens, tokens_per_expert, gate_proj, up_proj, down_proj, lora):
-    """SwiGLU of each local expert over its contiguous block of ``tokens``, in the tokens' dtype as
-    grouped-GEMM MoE kernels run it (fp32 accumulation inside the GEMM library); the combine that
-    follows weights and sums in fp32."""
-    out = torch.empty(tokens.shape[0], down_proj.shape[1], dtype=tokens.dtype, device=tokens.device)
-    start = 0
-    for expert, count in enumerate(int(c) for c in tokens_per_expert.tolist()):
-        x = tokens[start:start + count]
-        gate, up = _linear(x, gate_proj[expert]), _linear(x, up_proj[expert])
-        if lora is not None:
-            gate_A, gate_B, up_A, up_B, down_A, down_B = lora
-            gate = gate + _linear(_linear(x, gate_A), gate_B[expert])
-            up = up + _linear(_linear(x, up_A), up_B[expert])
-        act = F.silu(gate) * up
-        y = _linear(act, down_proj[expert])
-        if lora is not None:
-            y = y + _linear(_linear(act, down_A[expert]), down_B)
-        out[start:start + count] = y
-        start += count
+def _mlp(x, gate_proj, up_proj, down_proj, lora):
+    """The rank's SwiGLU MLP over every dispatched row, in the rows' dtype as the modules run it."""
+    gate, up = gate_proj(x), up_proj(x)
+    if lora is not None:
+        gate_A, gate_B, up_A, up_B, down_A, down_B = lora
+        gate = gate + F.linear(F.linear(x, gate_A), gate_B)
+        up = up + F.linear(F.linear(x, up_A), up_B)
+    act = F.silu(gate) * up
+    out = down_proj(act)
+    if lora is not None:
+        out = out + F.linear(F.linear(act, down_A), down_B)
     return out
 
 
 def moe_forward(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, num_experts, top_k,
                 group=None, lora=None):
     """[T, H] output of the EP MoE layer on this rank (see the module docstring)."""
-    hidden_dim = hidden_states.shape[-1]
-    tokens = hidden_states.reshape(-1, hidden_dim)
-    logits = tokens.float() @ gate_weight.float().T + gate_bias.float()
+    tokens = hidden_states.reshape(-1, hidden_states.shape[-1])
+    logits = tokens.float() @ gate_weight.float().T
+    if gate_bias is not None:
+        logits = logits + gate_bias.float()
     routing_weights, selected_experts = torch.softmax(logits, dim=-1).topk(top_k, dim=-1)
-    routing_weights = routing_weights / routing_weights.sum(dim=-1, keepdim=True)
-    expert_mask = F.one_hot(selected_experts, num_experts).permute(2, 1, 0)               # [E, k, T]
-    input_splits, output_splits, per_local, sum_per_local = preprocess(expert_mask, num_experts, group)
+    expert_mask = F.one_hot(selected_experts, num_experts).permute(2, 1, 0)               # [E, k, T] int64
+    input_splits, output_splits, per_local, _ = preprocess(expert_mask, num_experts, group)
     input_splits, output_splits = input_splits.tolist(), output_splits.tolist()
     dispatched, routing_map, mapping, shape = token_pre_all2all(tokens, expert_mask, num_experts, input_splits,
                                                                output_splits, per_local, group)
-    expert_out = _experts(dispatched, sum_per_local, gate_proj, up_proj, down_proj, lora)
+    expert_out = _mlp(dispatched, gate_proj, up_proj, down_proj, lora)
     combined = tokens_post_all2all(expert_out, routing_weights, selected_experts, num_experts, input_splits,
                                    output_splits, per_local, routing_map, mapping, shape, group)
-    return combined.to(hidden_states.dtype).reshape(hidden_states.shape)
+    return combined.to(hidden_states.dtype)
 
 
 # -- cost -----------------------------------------------------------------------------------------------
@@ -179,20 +183,20 @@ def moe_cost(case, num_experts: int, top_k: int, ep_size: int, lora_rank: int = 
     link: dispatch and combine each move a token's row once per other EP rank holding one of its
           experts (expected_remote_ranks), 2 * T * H * bytes * R, plus the all-gather of E int64
           counts, (ep-1) * E * 8.
-    flops: router 2*T*H*E; on average T*k token-expert pairs per rank (balanced), each 3 GEMVs of
+    flops: router 2*T*H*E; on average T*k dispatched rows per rank (balanced), each 3 GEMVs of
           H x I (2*3*H*I) plus, with LoRA rank r, 2*r*(3H + 3I); the weighted combine 2*T*k*H.
-    hbm: the local experts' weights and the router, read once; hidden in and out.
+    hbm: the rank's MLP (3 H x I weights and 2I + H biases, one set for all its local experts) and
+          adapters, and the router, read once; hidden in and out.
     """
     tokens, hidden, inter = case["tokens"], case["hidden"], case["intermediate"]
     item = dtype_of(case).itemsize
-    local = num_experts // ep_size
     remote = expected_remote_ranks(num_experts, top_k, ep_size)
     link = 2 * tokens * hidden * item * remote + (ep_size - 1) * num_experts * 8
     pairs = tokens * top_k
-    flops = 2 * tokens * hidden * num_experts + pairs * (6 * hidden * inter + 2 * lora_rank * (3 * hidden + 3 * inter)) \
-        + 2 * pairs * hidden
-    weights = local * 3 * hidden * inter + num_experts * (hidden + 1)
+    per_row = 6 * hidden * inter + 2 * lora_rank * (3 * hidden + 3 * inter)
+    flops = 2 * tokens * hidden * num_experts + pairs * per_row + 2 * pairs * hidden
+    weights = 3 * hidden * inter + 2 * inter + hidden + num_experts * (hidden + 1)
     if lora_rank:
-        weights += 3 * lora_rank * hidden + local * 3 * lora_rank * inter
+        weights += 3 * lora_rank * hidden + 3 * lora_rank * inter
     return Cost(link_bytes=link, flops=flops, hbm_bytes=(weights + 2 * tokens * hidden) * item,
                 pattern="all_gather + all_to_all x2 (dispatch, combine)")

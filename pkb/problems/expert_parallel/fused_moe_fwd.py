@@ -1,25 +1,25 @@
-"""Expert-parallel MoE forward: router, dispatch all-to-all, SwiGLU experts, combine all-to-all (VeOmni MoE layer).
+"""Expert-parallel MoE forward: router, dispatch all-to-all, SwiGLU MLP, combine all-to-all (VeOmni MoE layer).
 
-Per rank r (EP over all W ranks; E experts, rank r holds experts [r*E/W, (r+1)*E/W)):
+Per rank r (EP over all W ranks; E experts, E % W == 0, rank r holds experts [r*E/W, (r+1)*E/W)):
   hidden_states [T_r, H] bf16 (distinct per rank); gate_weight [E, H], gate_bias [E] bf16 (router,
-  replicated); gate_proj, up_proj [E/W, I, H] and down_proj [E/W, H, I] bf16 (r's experts, each
-  distinct); num_experts E; top_k k
-->  [T_r, H] bf16: each token's top-k experts' SwiGLU outputs, weighted by the renormalised softmax
-of its router logits. The math, the fp32 policy, the tie rule and the skew construction are in
-_moe.py. Tokens of one rank need experts held by the others, so no rank can answer alone.
+  replicated); gate_proj, up_proj nn.Linear(H -> I) and down_proj nn.Linear(I -> H) bf16 with bias
+  (r's MLP, shared by its local experts, distinct per rank); num_experts E; top_k k
+->  [T_r, H] bf16: each token's top-k softmax router weights (not renormalised) times the MLP
+outputs of the ranks holding those experts, summed. The math, the fp32 policy, the tie rule and
+the skew construction are in _moe.py. Tokens of one rank need the MLPs of the others, so no rank can
+answer alone.
 
-The upstream passed nn.Linear modules (with biases) shared by all local experts; here each expert
-has its own bias-free weights, in VeOmni's stacked [E_local, ...] layout.
+The upstream case: 1024 tokens of hidden 1024, 8 experts, top-2, intermediate 128.
 
 Cost (moe_cost in _moe.py): dispatch + combine move 2 * T * H * bytes * R with
 R = (W-1)(1 - C(E-E/W, k)/C(E, k)) the expected other ranks per token, plus the count all-gather;
-flops 2*T*H*E (router) + T*k*(6*H*I + 2*H) (experts, combine); HBM the local experts' weights.
+flops 2*T*H*E (router) + T*k*(6*H*I + 2*H) (MLP on the dispatched rows, combine); HBM the rank's MLP.
 
-Benchmarks (config.json of each model; per-rank tokens T: 4096 for prefill, 128 for decode):
-DeepSeek-V3 (256 routed experts, top-8, hidden 7168, expert intermediate 2048; its sigmoid router
-and shared expert are left out) at EP 8, prefill and decode; Qwen3-235B-A22B (128, top-8, 4096,
-1536) at EP 8; Qwen3-30B-A3B (128, top-8, 2048, 768) at EP 4; Mixtral 8x7B (8, top-2, 4096, 14336)
-at EP 4 and EP 8.
+Benchmarks (config.json of each model; per-rank tokens T: 4096 for prefill, 128 for decode): the
+routing and shapes of DeepSeek-V3 (256 routed experts, top-8, hidden 7168, expert intermediate 2048;
+its sigmoid router and shared expert are left out) at EP 8, prefill and decode; Qwen3-235B-A22B (128,
+top-8, 4096, 1536) at EP 8; Qwen3-30B-A3B (128, top-8, 2048, 768) at EP 4; Mixtral 8x7B (8, top-2,
+4096, 14336) at EP 4 and EP 8. As in the upstream, one MLP per rank serves all its local experts.
 """
 
 from pkb.problem import Case, Problem
@@ -38,6 +38,11 @@ def reference(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_pr
 def cost(case, world_size):
     return moe_cost(case, case["experts"], case["top_k"], world_size)
 
+
+UPSTREAM = (
+    Case("upstream", {"tokens": 1024, "experts": 8, "top_k": 2, "hidden": 1024, "intermediate": 128},
+         note="the upstream factory's defaults: [1024, 1024] bf16 tokens, 8 experts, top-2, nn.Linear 1024 <-> 128"),
+)
 
 TESTS = (
     Case("uneven_tokens_top3", {"tokens": 7, "tokens_step": 3, "experts": 8, "top_k": 3, "hidden": 24,
@@ -62,9 +67,9 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="fused_moe_fwd", version=1, upstream_id=31, category="expert_parallel",
-    source="VeOmni MoE layer forward (router -> preprocess -> token_pre_all2all -> SwiGLU experts -> "
+    name="fused_moe_fwd", version=2, upstream_id=31, category="expert_parallel",
+    source="VeOmni MoE layer forward (router -> preprocess -> token_pre_all2all -> SwiGLU MLP -> "
            "tokens_post_all2all)",
-    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS,
+    world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

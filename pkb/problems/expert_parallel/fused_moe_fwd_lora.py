@@ -1,24 +1,24 @@
-"""Expert-parallel MoE forward whose experts carry LoRA adapters (VeOmni MoE layer with LoRA experts).
+"""Expert-parallel MoE forward whose MLP carries LoRA adapters (VeOmni MoE layer with LoRA experts).
 
-Per rank r (EP over all W ranks; E experts, rank r holds experts [r*E/W, (r+1)*E/W)), as fused_moe_fwd
-plus six LoRA factors of rank R (bf16):
-  lora_gate_A [R, H], lora_up_A [R, H], lora_down_B [H, R]          shared by all experts (replicated)
-  lora_gate_B [E/W, I, R], lora_up_B [E/W, I, R], lora_down_A [E/W, R, I]   one per local expert
-->  [T_r, H] bf16, where expert e computes
-    gate = x W_g[e].T + (x A_g.T) B_g[e].T,  up likewise,  y = h W_d[e].T + (h A_d[e].T) B_d.T,
-    h = silu(gate) * up
-(the LoRA scale is folded into B). The split into shared and per-expert factors follows VeOmni's
-EPGroupGemm LoRA, whose backward all-reduces exactly the shared ones (moe_epgroupgemm_lora_backward);
-the upstream used one adapter set (and one base nn.Linear set) for all experts. The LoRA path is sized
-to change the output by about half the base path, so dropping it fails. Routing, fp32 policy, tie
-rule and skew: _moe.py.
+Per rank r (EP over all W ranks; E experts, E % W == 0, rank r holds experts [r*E/W, (r+1)*E/W)), as
+fused_moe_fwd plus six LoRA factors of rank R (bf16, r's own, shared by its local experts like its
+nn.Linear MLP):
+  lora_gate_A [R, H], lora_gate_B [I, R], lora_up_A [R, H], lora_up_B [I, R],
+  lora_down_A [R, I], lora_down_B [H, R]
+->  [T_r, H] bf16, where the MLP of rank r computes
+    gate = gate_proj(x) + (x A_g.T) B_g.T,  up likewise,  h = silu(gate) * up,
+    y = down_proj(h) + (h A_d.T) B_d.T
+(the LoRA scale is folded into B). The LoRA path is sized to change the output by about half the
+base path, so dropping it fails. Routing, fp32 policy, tie rule and skew: _moe.py.
 
-Cost (moe_cost in _moe.py): as fused_moe_fwd, plus 2*R*(3H + 3I) flops per token-expert pair and the
+The upstream case: 1024 tokens of hidden 1024, 8 experts, top-2, intermediate 128, LoRA rank 8.
+
+Cost (moe_cost in _moe.py): as fused_moe_fwd, plus 2*R*(3H + 3I) flops per dispatched row and the
 adapter weights in HBM.
 
-Benchmarks: rank-16 adapters on DeepSeek-V3 (256 experts, top-8, 7168 / 2048) at EP 8, Qwen3-30B-A3B
-(128, top-8, 2048 / 768) at EP 4 and Mixtral 8x7B (8, top-2, 4096 / 14336) at EP 8 (config.json),
-4096 tokens per rank.
+Benchmarks: rank-16 adapters on the routing and shapes of DeepSeek-V3 (256 experts, top-8, 7168 /
+2048) at EP 8, Qwen3-30B-A3B (128, top-8, 2048 / 768) at EP 4 and Mixtral 8x7B (8, top-2, 4096 /
+14336) at EP 8 (config.json), 4096 tokens per rank.
 """
 
 from pkb.problem import Case, Problem
@@ -40,6 +40,13 @@ def cost(case, world_size):
     return moe_cost(case, case["experts"], case["top_k"], world_size, lora_rank=case["lora_rank"])
 
 
+UPSTREAM = (
+    Case("upstream", {"tokens": 1024, "experts": 8, "top_k": 2, "hidden": 1024, "intermediate": 128,
+                      "lora_rank": 8},
+         note="the upstream factory's defaults: [1024, 1024] bf16 tokens, 8 experts, top-2, nn.Linear 1024 <-> 128, "
+              "LoRA rank 8"),
+)
+
 TESTS = (
     Case("uneven_tokens_rank3", {"tokens": 8, "tokens_step": 3, "experts": 8, "top_k": 3, "hidden": 24,
                                  "intermediate": 10, "lora_rank": 3}, note="a different token count on every rank"),
@@ -58,8 +65,8 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="fused_moe_fwd_lora", version=1, upstream_id=32, category="expert_parallel",
+    name="fused_moe_fwd_lora", version=2, upstream_id=32, category="expert_parallel",
     source="VeOmni MoE layer forward with LoRA experts (EPGroupGemm with LoRA)",
-    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS,
+    world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -7,7 +7,8 @@ rows/W rows to every rank. The split lists of all ranks agree: output_split_size
 input_split_sizes[r] on rank s.
 
 Inputs: the W x W split matrix is drawn from ``gen.shared`` (rank r sends row r and receives column r);
-tests include an empty split, a rank that sends nothing and a rank that receives everything.
+tests include an empty split, a rank that sends nothing and a rank that receives everything. The
+upstream case: 1024 x 1024 bf16 rows per rank with explicit equal split lists [1024/W] * W.
 
 Cost (nccl-tests all-to-all): each rank must send the rows it does not keep and receive the rows it
 did not have. Equal splits: (W-1)/W * rows * H * bytes per rank. Zipf splits: the busiest rank's
@@ -31,6 +32,8 @@ def split_matrix(case, world_size, gen_shared) -> list[list[int]] | None:
     rows, kind = case["rows"], case["splits"]
     if kind == "equal":
         return None
+    if kind == "equal_lists":  # the upstream's explicit lists: rows/W to every rank
+        return [[rows // world_size] * world_size for _ in range(world_size)]
     if kind == "random":  # random sizes, about 30% of them zero
         sizes = torch.randint(0, 2 * rows // world_size + 2, (world_size, world_size), generator=gen_shared,
                               device=gen_shared.device)
@@ -75,7 +78,7 @@ def reference(local_tensor, input_split_sizes=None, output_split_sizes=None, gro
 
 def cost(case, world_size):
     row_bytes = case["hidden"] * dtype_of(case).itemsize
-    matrix = None if case["splits"] in ("equal", "random") else split_matrix(case, world_size, None)
+    matrix = None if case["splits"] in ("equal", "equal_lists", "random") else split_matrix(case, world_size, None)
     if matrix is None:  # equal splits (random test splits are costed as their equal-split estimate)
         return Cost(link_bytes=(world_size - 1) / world_size * case["rows"] * row_bytes,
                     hbm_bytes=2 * case["rows"] * row_bytes, pattern="all_to_all")
@@ -85,6 +88,11 @@ def cost(case, world_size):
     busiest = max(max(sent), max(received))
     return Cost(link_bytes=busiest * row_bytes, hbm_bytes=2 * case["rows"] * row_bytes, pattern="all_to_all (uneven)")
 
+
+UPSTREAM = (
+    Case("upstream", {"rows": 1024, "hidden": 1024, "splits": "equal_lists"},
+         note="the upstream factory's defaults: [1024, 1024] bf16, split lists [1024/W] * W"),
+)
 
 TESTS = (
     Case("random_splits_with_zeros", {"rows": 11, "hidden": 33, "splits": "random", "dtype": "bfloat16"}),
@@ -102,8 +110,8 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_all2all_primitive", version=1, upstream_id=27, category="expert_parallel",
+    name="moe_all2all_primitive", version=2, upstream_id=27, category="expert_parallel",
     source="VeOmni MoE all_to_all (all_to_all_single with split sizes)", world_sizes=(2, 4, 8),
-    tests=TESTS, benchmarks=BENCHMARKS, tolerance=Tolerance.exact(),
+    upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=Tolerance.exact(),
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -2,9 +2,12 @@
 
 Per rank r: as fused_moe_fwd with num_experts = W, so rank r holds expert r alone:
   hidden_states [T_r, H] bf16; gate_weight [W, H], gate_bias [W] (router, replicated);
-  gate_proj, up_proj [1, I, H], down_proj [1, H, I] (expert r); num_experts W; top_k k (<= W)
+  gate_proj, up_proj nn.Linear(H -> I), down_proj nn.Linear(I -> H) (expert r's MLP, with bias);
+  num_experts W; top_k k (<= W)
 ->  [T_r, H] bf16. Every token needs k - 1 or k experts on other ranks. Math, fp32 policy, tie rule
 and skew: _moe.py.
+
+The upstream case: 1024 tokens of hidden 1024, W experts, top-2, intermediate 128.
 
 Cost (moe_cost in _moe.py): with one expert per rank a token reaches R = (W-1)(1 - C(W-1, k)/C(W, k))
 = (W-1) * k/W other ranks on average; dispatch + combine move 2 * T * H * bytes * R.
@@ -31,6 +34,11 @@ def cost(case, world_size):
     return moe_cost(case, world_size, min(case["top_k"], world_size), world_size)
 
 
+UPSTREAM = (
+    Case("upstream", {"tokens": 1024, "top_k": 2, "hidden": 1024, "intermediate": 128},
+         note="the upstream factory's defaults: [1024, 1024] bf16 tokens, W experts, top-2, nn.Linear 1024 <-> 128"),
+)
+
 TESTS = (
     Case("uneven_tokens_top2", {"tokens": 6, "tokens_step": 5, "top_k": 2, "hidden": 16, "intermediate": 12},
          note="a different token count on every rank"),
@@ -48,7 +56,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_ep_balanced", version=1, upstream_id=49, category="expert_parallel",
+    name="moe_ep_balanced", version=2, upstream_id=49, category="expert_parallel",
     source="VeOmni MoE layer forward, one expert per EP rank", world_sizes=(2, 4, 8),
-    tests=TESTS, benchmarks=BENCHMARKS, reference=reference, make_inputs=make_inputs, cost=cost,
+    upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, reference=reference, make_inputs=make_inputs, cost=cost,
 )

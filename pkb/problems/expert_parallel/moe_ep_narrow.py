@@ -1,27 +1,29 @@
-"""Expert-parallel MoE forward on EP groups of half the world, data-parallel over the two groups
-(VeOmni MoE layer with an EP size smaller than the world size).
+"""Expert-parallel MoE forward on EP groups smaller than the world, data-parallel over the groups
+(VeOmni MoE layer with an EP size below the world size).
 
-Ranks [0, P) and [P, W) form two EP groups of size P = W/2 (P = 2, one group, at W = 2: see below); each group holds all E experts
-(E % P == 0), EP rank p = r mod P holding experts [p*E/P, (p+1)*E/P), and rank r and r + P hold the
-same experts with the same weights (the DP replicas). ``group=None`` means this rank's EP group; both
-groups are created with dist.new_group once per process, in the same order on every rank, and cached.
+With E experts and E < W (W % E == 0), ``group=None`` means this rank's EP group: ranks
+[g*E, (g+1)*E) form group g, one expert per rank (EP rank p = r mod E holds expert p), and the W/E
+groups are data-parallel replicas of the layer. The groups are created with dist.new_group on the
+first call, in the same order on every rank, and cached per (W, E). With E >= W the EP group is the
+whole world (E % W == 0, E/W experts per rank), as in fused_moe_fwd.
 
 Per rank r: hidden_states [T_r, H] bf16 (distinct per rank); gate_weight [E, H], gate_bias [E]
-(router, replicated); gate_proj, up_proj [E/P, I, H], down_proj [E/P, H, I] (EP rank p's experts);
-num_experts E; top_k k  ->  [T_r, H] bf16. Tokens are exchanged only inside the EP group. Math, fp32
-policy, tie rule and skew (hot and cold EP ranks inside each group): _moe.py.
+(router, replicated); gate_proj, up_proj nn.Linear(H -> I), down_proj nn.Linear(I -> H) (r's MLP,
+with bias, distinct per rank); num_experts E; top_k k  ->  [T_r, H] bf16. Tokens are exchanged only
+inside the EP group. Math, fp32 policy, tie rule and skew (hot and cold EP ranks inside each group):
+_moe.py.
 
-The upstream used E = largest divisor of W not above W/2 with one expert per rank, which is E = W/2
-at W = 2, 4, 8; here E may be any multiple of P. At W = 2 a half-world EP group would be a single rank
-that communicates nothing (the upstream's W = 2 case could be answered locally), so there the EP
-group is the whole world: P = max(2, W/2).
+The upstream case: E = the largest divisor of W in [2, W/2], else 1 (W = 8: 4, W = 4: 2, W = 2: 1,
+so at W = 2 every rank is its own EP group and nothing is communicated), top-k = min(2, E), 1024
+tokens of hidden 1024, intermediate 128. Tests add groups of two at W = 4 and 8 and the whole-world
+group (E = 2W) at every W.
 
-Cost (moe_cost in _moe.py with EP size P): dispatch + combine move 2 * T * H * bytes * R,
+Cost (moe_cost in _moe.py with EP size P = min(E, W)): dispatch + combine move 2 * T * H * bytes * R,
 R = (P-1)(1 - C(E-E/P, k)/C(E, k)), plus the count all-gather inside the group.
 
-Benchmarks (config.json): Mixtral 8x7B on 8 GPUs as EP 4 x DP 2 (8 experts, top-2, 4096 / 14336),
-DeepSeek-V3 on 8 GPUs as EP 4 x DP 2 (256 experts, 64 per rank, top-8, 7168 / 2048), 4096 tokens per
-rank; Mixtral 8x7B on 4 GPUs as EP 2 x DP 2.
+Benchmarks (config.json): Mixtral 8x7B's expert shapes (hidden 4096, intermediate 14336, top-2) on
+8 GPUs as EP 4 x DP 2 (4 experts) for prefill (4096 tokens per rank) and decode (128), and on 4 GPUs
+as EP 2 x DP 2 (2 experts, top-1, Switch-style routing, so that routing still chooses).
 """
 
 import torch.distributed as dist
@@ -29,65 +31,86 @@ import torch.distributed as dist
 from pkb.problem import Case, Problem
 from pkb.problems.expert_parallel._moe import layer_inputs, moe_cost, moe_forward
 
-_EP_GROUPS: dict[tuple[int, ...], dist.ProcessGroup] = {}
+_EP_GROUPS: dict[tuple[int, int], list] = {}
 
 
-def ep_size(world_size: int) -> int:
-    return max(2, world_size // 2)
+def narrow_num_experts(world_size: int) -> int:
+    """The upstream's expert count: the largest divisor of W in [2, W/2], else 1."""
+    return next((e for e in range(world_size // 2, 1, -1) if world_size % e == 0), 1)
 
 
-def ep_group(world_size: int) -> dist.ProcessGroup:
-    """This rank's EP group; all EP groups are created on first use, by every rank in the same order."""
-    size = ep_size(world_size)
-    spans = [tuple(range(start, start + size)) for start in range(0, world_size, size)]
-    for ranks in spans:
-        if ranks not in _EP_GROUPS:
-            _EP_GROUPS[ranks] = dist.new_group(list(ranks))
-    return _EP_GROUPS[spans[dist.get_rank() // size]]
+def num_experts_of(case, world_size: int) -> int:
+    experts = case["experts"]
+    return {"narrow": narrow_num_experts(world_size), "twice_world": 2 * world_size}.get(experts, experts)
 
 
-def _num_experts(case, world_size):
-    return case["experts"] if "experts" in case.params else case["experts_per_rank"] * ep_size(world_size)
+def ep_size(num_experts: int, world_size: int) -> int:
+    return min(num_experts, world_size)
+
+
+def ep_group(num_experts: int):
+    """This rank's EP group for ``num_experts`` experts (see the module docstring)."""
+    world_size = dist.get_world_size()
+    if num_experts >= world_size:
+        return dist.group.WORLD
+    key = (world_size, num_experts)
+    if key not in _EP_GROUPS:
+        if world_size % num_experts:
+            raise ValueError(f"EP groups of {num_experts} ranks do not tile a world of {world_size}")
+        _EP_GROUPS[key] = [dist.new_group(list(range(start, start + num_experts)))
+                           for start in range(0, world_size, num_experts)]
+    return _EP_GROUPS[key][dist.get_rank() // num_experts]
 
 
 def make_inputs(case, rank, world_size, gen):
-    num_experts = _num_experts(case, world_size)
-    return layer_inputs(case, rank, world_size, gen, num_experts, min(case["top_k"], num_experts), ep_size(world_size))
+    num_experts = num_experts_of(case, world_size)
+    return layer_inputs(case, rank, world_size, gen, num_experts, min(case["top_k"], num_experts),
+                        ep_size(num_experts, world_size))
 
 
 def reference(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, num_experts, top_k, group=None):
     if group is None:
-        group = ep_group(dist.get_world_size())
+        group = ep_group(num_experts)
     return moe_forward(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, num_experts, top_k,
                        group)
 
 
 def cost(case, world_size):
-    num_experts = _num_experts(case, world_size)
-    return moe_cost(case, num_experts, min(case["top_k"], num_experts), ep_size(world_size))
+    num_experts = num_experts_of(case, world_size)
+    return moe_cost(case, num_experts, min(case["top_k"], num_experts), ep_size(num_experts, world_size))
 
 
-TESTS = (
-    Case("one_expert_per_rank_uneven", {"tokens": 6, "tokens_step": 4, "experts_per_rank": 1, "top_k": 2,
-                                        "hidden": 16, "intermediate": 8},
-         note="the upstream layout (E = W/2), a different token count on every rank"),
-    Case("skewed_with_empty_rank", {"tokens": 10, "empty_rank": 1, "experts_per_rank": 2, "top_k": 2,
-                                    "hidden": 12, "intermediate": 6, "skew": True},
-         note="in each EP group the last EP rank's experts win nearly every token; rank 1 holds none"),
+UPSTREAM = (
+    Case("upstream", {"tokens": 1024, "experts": "narrow", "top_k": 2, "hidden": 1024, "intermediate": 128},
+         note="the upstream factory's defaults: [1024, 1024] bf16 tokens, E = largest divisor of W in [2, W/2] "
+              "(1 at W = 2), top-min(2, E), nn.Linear 1024 <-> 128"),
 )
 
+TESTS = (
+    Case("narrow_uneven", {"tokens": 6, "tokens_step": 4, "experts": "narrow", "top_k": 2, "hidden": 16,
+                           "intermediate": 8}, world_sizes=(4, 8),
+         note="the upstream layout (W/2 experts, two EP groups), a different token count on every rank"),
+    Case("pairs_skewed_with_empty_rank", {"tokens": 10, "empty_rank": 1, "experts": 2, "top_k": 1, "hidden": 12,
+                                          "intermediate": 6, "skew": True}, world_sizes=(4, 8),
+         note="EP groups of two (W/2 of them); in each, the second rank's expert wins nearly every token; "
+              "rank 1 holds none"),
+    Case("whole_world_uneven", {"tokens": 5, "tokens_step": 3, "experts": "twice_world", "top_k": 2, "hidden": 12,
+                                "intermediate": 7},
+         note="E = 2W >= W: the EP group is the whole world (group=WORLD), two experts per rank"),
+)
+
+_MIXTRAL = {"hidden": 4096, "intermediate": 14336}
+
 BENCHMARKS = (
-    Case("mixtral_8x7b_ep4_dp2_prefill", {"experts": 8, "top_k": 2, "hidden": 4096, "intermediate": 14336,
-                                          "tokens": 4096}, world_sizes=(8,)),
-    Case("deepseek_v3_ep4_dp2_prefill", {"experts": 256, "top_k": 8, "hidden": 7168, "intermediate": 2048,
-                                         "tokens": 4096}, world_sizes=(8,)),
-    Case("mixtral_8x7b_ep2_dp2_prefill", {"experts": 8, "top_k": 2, "hidden": 4096, "intermediate": 14336,
-                                          "tokens": 4096}, world_sizes=(4,)),
+    Case("mixtral_shape_ep4_dp2_prefill", {**_MIXTRAL, "experts": 4, "top_k": 2, "tokens": 4096}, world_sizes=(8,)),
+    Case("mixtral_shape_ep4_dp2_decode", {**_MIXTRAL, "experts": 4, "top_k": 2, "tokens": 128}, world_sizes=(8,)),
+    Case("mixtral_shape_ep2_dp2_top1_prefill", {**_MIXTRAL, "experts": 2, "top_k": 1, "tokens": 4096},
+         world_sizes=(4,)),
 )
 
 PROBLEM = Problem(
-    name="moe_ep_narrow", version=1, upstream_id=51, category="expert_parallel",
-    source="VeOmni MoE layer forward on EP sub-groups (EP = W/2, DP over the two EP groups)",
-    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS,
+    name="moe_ep_narrow", version=2, upstream_id=51, category="expert_parallel",
+    source="VeOmni MoE layer forward on EP sub-groups (one expert per rank, DP over the EP groups)",
+    world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -2,15 +2,18 @@
 
 Per rank r: as fused_moe_fwd with num_experts = 2W, rank r holding experts 2r and 2r+1:
   hidden_states [T_r, H] bf16; gate_weight [2W, H], gate_bias [2W] (router, replicated);
-  gate_proj, up_proj [2, I, H], down_proj [2, H, I] (r's two experts); num_experts 2W; top_k k
+  gate_proj, up_proj nn.Linear(H -> I), down_proj nn.Linear(I -> H) (the MLP r's two experts share,
+  with bias); num_experts 2W; top_k k
 ->  [T_r, H] bf16. Math, fp32 policy, tie rule and skew: _moe.py.
+
+The upstream case: 1024 tokens of hidden 1024, 2W experts, top-2, intermediate 128.
 
 Cost (moe_cost in _moe.py): R = (W-1)(1 - C(2W-2, k)/C(2W, k)) other ranks per token on average;
 dispatch + combine move 2 * T * H * bytes * R.
 
-Benchmarks: Mixtral 8x7B at EP 4 is exactly this layout (8 experts, top-2, hidden 4096, intermediate
-14336, config.json), 4096 tokens per rank for prefill and 128 for decode; Mixtral's expert shape
-with 16 experts at W = 8.
+Benchmarks: Mixtral 8x7B's routing at EP 4 has this layout (8 experts, top-2, hidden 4096,
+intermediate 14336, config.json; as in the upstream, a rank's two experts share one MLP), 4096 tokens
+per rank for prefill and 128 for decode; Mixtral's shapes with 16 experts at W = 8.
 """
 
 from pkb.problem import Case, Problem
@@ -30,6 +33,11 @@ def cost(case, world_size):
     return moe_cost(case, 2 * world_size, case["top_k"], world_size)
 
 
+UPSTREAM = (
+    Case("upstream", {"tokens": 1024, "top_k": 2, "hidden": 1024, "intermediate": 128},
+         note="the upstream factory's defaults: [1024, 1024] bf16 tokens, 2W experts, top-2, nn.Linear 1024 <-> 128"),
+)
+
 TESTS = (
     Case("uneven_tokens_top3", {"tokens": 5, "tokens_step": 4, "top_k": 3, "hidden": 16, "intermediate": 9},
          note="a different token count on every rank"),
@@ -47,7 +55,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_ep_wide", version=1, upstream_id=50, category="expert_parallel",
+    name="moe_ep_wide", version=2, upstream_id=50, category="expert_parallel",
     source="VeOmni MoE layer forward, two experts per EP rank", world_sizes=(2, 4, 8),
-    tests=TESTS, benchmarks=BENCHMARKS, reference=reference, make_inputs=make_inputs, cost=cost,
+    upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -8,8 +8,9 @@ Per rank r (E experts, rank r holds experts [r*E/W, (r+1)*E/W)):
   num_experts E; input_splits / output_splits [W] Python ints; num_global_tokens_per_local_expert
   [W, E/W] int64; routing_map [E, T] bool; local_input_permutation_mapping [T*k] int64 (expert-major
   token indices); org_hidden_states_shape torch.Size([T, H])
-->  [T, H] bf16: out[t] = sum_j routing_weights[t, j] * (output of expert selected_experts[t, j] for t),
-computed in fp32 and rounded once.
+->  [T, H]: out[t] = sum_j routing_weights[t, j] * (output of expert selected_experts[t, j] for t),
+computed in fp32 and rounded once to the dtype the upstream's product has (that of expert_outputs
+and routing_weights together: bf16 here; the upstream multiplied and summed in bf16).
 
 The routing of all ranks is drawn from ``gen.shared``, so the split sizes follow it (the upstream's
 were synthetic). Tests include a rank with no tokens and skewed routing (the last rank's experts get
@@ -63,7 +64,7 @@ def reference(expert_outputs, routing_weights, selected_experts, num_experts, in
     permuted_probs = probs_TE.T.contiguous().masked_select(routing_map.bool())
     combined = torch.zeros(tuple(org_hidden_states_shape), dtype=torch.float32, device=returned.device)
     combined.index_add_(0, local_input_permutation_mapping, returned.float() * permuted_probs.unsqueeze(-1))
-    return combined.to(expert_outputs.dtype)
+    return combined.to(torch.promote_types(expert_outputs.dtype, routing_weights.dtype))
 
 
 def cost(case, world_size):
@@ -74,6 +75,12 @@ def cost(case, world_size):
     return Cost(link_bytes=tokens * hidden * item * remote, flops=2 * tokens * top_k * hidden, hbm_bytes=hbm,
                 pattern="all_to_all (combine)")
 
+
+UPSTREAM = (
+    Case("upstream", {"tokens": 1024, "experts": 8, "top_k": 2, "hidden": 1024},
+         note="the upstream factory's defaults: 1024 tokens of 1024 bf16, 8 experts, top-2 (about 2048 "
+              "expert-output rows per rank; here the splits follow the routing)"),
+)
 
 TESTS = (
     Case("uneven_with_empty_rank", {"tokens": 9, "tokens_step": 5, "empty_rank": 1, "experts": 8, "top_k": 3,
@@ -89,8 +96,8 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_post_all2all", version=1, upstream_id=29, category="expert_parallel",
+    name="moe_post_all2all", version=2, upstream_id=29, category="expert_parallel",
     source="VeOmni MoE tokens_post_all2all (sort chunks back, combine all-to-all, weighted unpermute)",
-    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS,
+    world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

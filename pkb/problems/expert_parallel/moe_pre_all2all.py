@@ -71,6 +71,11 @@ def cost(case, world_size):
     return Cost(link_bytes=tokens * hidden * item * remote, hbm_bytes=hbm, pattern="all_to_all (dispatch)")
 
 
+UPSTREAM = (
+    Case("upstream", {"tokens": 1024, "experts": 8, "top_k": 2, "hidden": 1024},
+         note="the upstream factory's defaults: hidden [1024, 1024] bf16, mask [8, 2, 1024] fp32, 8 experts, top-2"),
+)
+
 TESTS = (
     Case("uneven_with_empty_rank", {"tokens": 9, "tokens_step": 5, "empty_rank": 1, "experts": 8, "top_k": 3,
                                     "hidden": 19}, note="rank 1 holds no tokens and sends nothing"),
@@ -85,8 +90,8 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_pre_all2all", version=1, upstream_id=28, category="expert_parallel",
+    name="moe_pre_all2all", version=2, upstream_id=28, category="expert_parallel",
     source="VeOmni MoE token_pre_all2all (permute, dispatch all-to-all, sort chunks by local expert)",
-    world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, tolerance=Tolerance.exact(),
+    world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=Tolerance.exact(),
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -1,20 +1,21 @@
 """EP split sizes from the routing mask (VeOmni MoE ``preprocess``).
 
-Per rank: expert_mask [E, k, T] fp32, the one-hot of each token's k distinct experts (VeOmni's
-``one_hot(selected_experts, E).permute(2, 1, 0)``), num_experts E (E % W == 0; rank r holds experts
-[r*E/W, (r+1)*E/W))  ->  on rank r:
-    input_splits       [W]        int64: tokens r sends to rank d (sum of its counts for d's experts)
-    output_splits      [W]        int64: tokens r receives from rank s
-    tokens_per_local_expert [W, E/W]  : tokens rank s routes to each of r's experts (all-gathered counts)
-    sum_per_local_expert    [E/W]     : tokens each of r's experts receives in all
-All four are int64 and checked exactly (VeOmni's mask is the int64 one-hot; the fp32 mask here sums
-to exact integers). They stay on the input's device (the upstream copied them to the CPU with host
-syncs, which is not part of the workload).
+Per rank r: expert_mask [E, k, T] (fp32 in the upstream benchmark), the one-hot of each token's k
+experts (VeOmni's ``one_hot(selected_experts, E).permute(2, 1, 0)``), num_experts E (E % W == 0;
+rank r holds experts [r*E/W, (r+1)*E/W))  ->  on rank r, four CPU tensors:
+    input_splits            [W]       int64: tokens r sends to rank d (its counts for d's experts)
+    output_splits           [W]       int64: tokens r receives from rank s
+    tokens_per_local_expert [W, E/W]  mask dtype: tokens rank s routes to each of r's experts
+    sum_per_local_expert    [E/W]     mask dtype: tokens each of r's experts receives in all
+The counts are the mask's sums in its own dtype (fp32 sums of 0/1 are exact integers), all-gathered
+as such; the split lists are int64, and all four are copied to the host as the upstream does (its
+callers turn the splits into Python lists). All outputs are checked exactly.
 
-Inputs: tests include a rank with no tokens (it sends nothing) and skewed routing where the last
-rank's experts receive nearly every token and rank 0's experts none.
+Inputs: every rank's routing is drawn from ``gen.shared`` (k distinct experts per token). Tests
+include a rank with no tokens (it sends nothing) and skewed routing where the last rank's experts
+receive nearly every token and rank 0's experts none. The upstream case: 1024 tokens, 8 experts, top-2.
 
-Cost: all-gather of E int64 counts per rank: each rank receives (W-1) * E * 8 bytes.
+Cost: all-gather of E counts (4 bytes each in fp32) per rank: each rank receives (W-1) * E * 4 bytes.
 HBM: read the mask (E*k*T*4 bytes). No flops worth counting (a reduction of the mask).
 
 Benchmarks: 4096 tokens per rank routed the way Mixtral 8x7B (8 experts, top-2), Qwen3-30B-A3B
@@ -41,21 +42,28 @@ def reference(expert_mask, num_experts, group=None):
     world_size = dist.get_world_size(group)
     rank = dist.get_rank(group)
     num_local_experts = num_experts // world_size
-    tokens_per_expert = expert_mask.sum(dim=(1, 2)).to(torch.int64)                          # [E]
+    tokens_per_expert = expert_mask.sum(dim=(1, 2))                                          # [E], mask dtype
     input_splits = tokens_per_expert.view(world_size, num_local_experts).sum(dim=1)
-    gathered = torch.empty(world_size * num_experts, dtype=torch.int64, device=expert_mask.device)
+    gathered = tokens_per_expert.new_empty(world_size * num_experts)
     dist.all_gather_into_tensor(gathered, tokens_per_expert.contiguous(), group=group)
     tokens_per_local_expert = gathered.view(world_size, num_experts)[
         :, rank * num_local_experts:(rank + 1) * num_local_experts].contiguous()                 # [W, E/W]
     output_splits = tokens_per_local_expert.sum(dim=1)
-    sum_per_local_expert = tokens_per_local_expert.sum(dim=0)
-    return input_splits, output_splits, tokens_per_local_expert, sum_per_local_expert
+    host = torch.device("cpu")
+    return (input_splits.to(host, torch.int64), output_splits.to(host, torch.int64),
+            tokens_per_local_expert.to(host),
+            tokens_per_local_expert.sum(dim=0).to(host))
 
 
 def cost(case, world_size):
     mask_bytes = case["experts"] * case["top_k"] * case["tokens"] * 4
-    return Cost(link_bytes=(world_size - 1) * case["experts"] * 8, hbm_bytes=mask_bytes, pattern="all_gather")
+    return Cost(link_bytes=(world_size - 1) * case["experts"] * 4, hbm_bytes=mask_bytes, pattern="all_gather")
 
+
+UPSTREAM = (
+    Case("upstream", {"tokens": 1024, "experts": 8, "top_k": 2},
+         note="the upstream factory's defaults: M = 1024 tokens, 8 experts, top-2, fp32 mask"),
+)
 
 TESTS = (
     Case("uneven_with_empty_rank", {"tokens": 13, "tokens_step": 4, "empty_rank": 1, "experts": 8, "top_k": 3},
@@ -71,7 +79,8 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_token_preprocess", version=1, upstream_id=26, category="expert_parallel",
-    source="VeOmni MoE preprocess (EP split sizes)", world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS,
+    name="moe_token_preprocess", version=2, upstream_id=26, category="expert_parallel",
+    source="VeOmni MoE preprocess (EP split sizes)", world_sizes=(2, 4, 8),
+    upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
     tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
 )

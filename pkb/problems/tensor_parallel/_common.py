@@ -18,6 +18,20 @@ def itemsize(case, key: str = "dtype") -> int:
     return dtype_of(case, key).itemsize
 
 
+def local_size(case, key: str, world_size: int) -> int:
+    """A rank's share of the sharded size ``key``: ``case[key + "_per_rank"]`` where the case fixes the
+    share (the upstream factory fixes per-rank shapes, e.g. ``k_per_rank`` 512 at every W), else
+    ``case[key] // world_size``."""
+    per_rank = case.get(f"{key}_per_rank")
+    return per_rank if per_rank is not None else case[key] // world_size
+
+
+def global_size(case, key: str, world_size: int) -> int:
+    """The whole size ``key`` across ranks: ``case[key]``, or the fixed per-rank share times W."""
+    per_rank = case.get(f"{key}_per_rank")
+    return per_rank * world_size if per_rank is not None else case[key]
+
+
 def divides_all(*sizes: int, world_sizes=(2, 4, 8)) -> tuple[int, ...]:
     """The world sizes among ``world_sizes`` that divide every one of ``sizes``."""
     return tuple(w for w in world_sizes if all(size % w == 0 for size in sizes))

@@ -3,7 +3,8 @@
 Sizes are global: ``m`` tokens, ``k`` the reduction dimension, ``n`` output features. Inputs are
 N(0, 1) activations and weights scaled by 1/sqrt(fan-in), so every output element is O(1).
 Tests use sizes that 8 divides into odd shares (24 -> 12, 6, 3; 40 -> 20, 10, 5) and odd other
-dimensions.
+dimensions. A ``<key>_per_rank`` parameter fixes a rank's share instead (``_common.local_size``): the
+upstream factory's shapes at M = N = 1024 are per rank (K = 512, B [512, 1024] on every rank).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 
 from pkb.problem import Case, Cost, randn
-from pkb.problems.tensor_parallel._common import dtype_of
+from pkb.problems.tensor_parallel._common import dtype_of, global_size, local_size
 
 
 def activations(case, gen, rows, cols):
@@ -56,15 +57,22 @@ K_SHARDED_TESTS = [
 ]
 
 
+# The upstream factory at M = N = 1024 (K = 512): every rank holds A_local [1024, 512/W] and its own
+# B [512, 1024], so B's columns are a fixed 1024 per rank (N = 1024 * W).
+UPSTREAM_M, UPSTREAM_K, UPSTREAM_N = 1024, 512, 1024
+K_GATHERED_UPSTREAM = [Case("upstream", {"m": UPSTREAM_M, "k": UPSTREAM_K, "n_per_rank": UPSTREAM_N},
+                            note="the upstream factory: A_local [1024, 512/W], B [512, 1024] bf16 per rank")]
+
+
 def k_gathered_inputs(case, world_size, gen):
     """A_local [M, K/W] and this rank's weight shard B [K, N/W] (the all-gather + GEMM problems)."""
-    m, k, n = case["m"], case["k"], case["n"]
-    return activations(case, gen, m, k // world_size), weight(case, gen, k, n // world_size, fan_in=k)
+    m, k, n_local = case["m"], case["k"], local_size(case, "n", world_size)
+    return activations(case, gen, m, k // world_size), weight(case, gen, k, n_local, fan_in=k)
 
 
 def k_gathered_cost(case, world_size):
     """All-gather of A's K shards ((W-1)/W of M*K) then an [M, K] x [K, N/W] GEMM."""
-    m, k, n = case["m"], case["k"], case["n"] / world_size
+    m, k, n = case["m"], case["k"], global_size(case, "n", world_size) / world_size
     size = dtype_of(case).itemsize
     return Cost(link_bytes=(world_size - 1) / world_size * m * k * size, flops=2 * m * n * k,
                 hbm_bytes=(m * k + k * n + m * n) * size, pattern="all_gather + gemm")
@@ -72,8 +80,9 @@ def k_gathered_cost(case, world_size):
 
 def k_sharded_inputs(case, world_size, gen):
     """Row-parallel inputs: A_local [M, K/W] and B_local [K/W, N], both this rank's own shards."""
-    m, k, n = case["m"], case["k"], case["n"]
-    return activations(case, gen, m, k // world_size), weight(case, gen, k // world_size, n, fan_in=k)
+    m, n = case["m"], case["n"]
+    k_local, k = local_size(case, "k", world_size), global_size(case, "k", world_size)
+    return activations(case, gen, m, k_local), weight(case, gen, k_local, n, fan_in=k)
 
 
 def partial_sum_tolerance(case, world_size):

@@ -8,6 +8,9 @@ gathered as a list and concatenated along dim 1, as the upstream reference does.
 Cost per rank: the all-gather brings (W-1)/W of A (M*K*itemsize) in; the GEMM is 2*M*(N/W)*K flops;
 HBM reads A and B and writes C: (M*K + K*N/W + M*N/W) * itemsize.
 
+Cases: ``upstream`` is the upstream factory: A_local [1024, 512/W], B [512, 1024] bf16 (N/W = 1024
+at every W).
+
 Benchmarks: Llama-3 70B / 8B column-parallel projections (QKV, MLP up; K = hidden) at prefill
 (8192 tokens) and decode (64 tokens), as in allgather_gemm_at.
 """
@@ -16,7 +19,7 @@ Benchmarks: Llama-3 70B / 8B column-parallel projections (QKV, MLP up; K = hidde
 from pkb.problem import Problem
 from pkb.problems.tensor_parallel._common import all_gather_list_cat
 from pkb.problems.tensor_parallel._gemm import (
-    K_SHARDED_TESTS, column_parallel_cases, k_gathered_cost, k_gathered_inputs)
+    K_GATHERED_UPSTREAM, K_SHARDED_TESTS, column_parallel_cases, k_gathered_cost, k_gathered_inputs)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -33,8 +36,8 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="allgather_gemm", version=1, upstream_id=12, category="tensor_parallel",
+    name="allgather_gemm", version=2, upstream_id=12, category="tensor_parallel",
     source="PyTorch async-TP style all-gather + GEMM (K-sharded activations)",
-    world_sizes=(2, 4, 8), tests=K_SHARDED_TESTS, benchmarks=column_parallel_cases(),
+    world_sizes=(2, 4, 8), upstream=K_GATHERED_UPSTREAM, tests=K_SHARDED_TESTS, benchmarks=column_parallel_cases(),
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -13,6 +13,9 @@ gathered with the list all-gather and a concatenation.
 Cost per rank: the all-gather brings (W-1)/W of A (M*K*itemsize) in; the GEMM is 2*M*(N/W)*K flops;
 HBM reads A (gathered) and B, writes C: (M*K + K*N/W + M*N/W) * itemsize.
 
+Cases: ``upstream`` is the upstream factory: A_local [1024, 512/W], B [512, 1024] bf16 (N/W = 1024
+at every W).
+
 Benchmarks: Llama-3 70B / 8B column-parallel projections at TP W: QKV (N = 8192 + 2*1024 for 70B,
 4096 + 2*1024 for 8B) and the MLP up projection (N = 28672), K = hidden; prefill = one 8192-token
 sequence, decode = 64 sequences of one token.
@@ -26,7 +29,7 @@ import torch.distributed as dist
 
 from pkb.problem import Problem
 from pkb.problems.tensor_parallel._gemm import (
-    K_SHARDED_TESTS, column_parallel_cases, k_gathered_cost, k_gathered_inputs)
+    K_GATHERED_UPSTREAM, K_SHARDED_TESTS, column_parallel_cases, k_gathered_cost, k_gathered_inputs)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -47,8 +50,8 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="allgather_gemm_at", version=1, upstream_id=11, category="tensor_parallel",
+    name="allgather_gemm_at", version=2, upstream_id=11, category="tensor_parallel",
     source="PyTorch async-TP all-gather + matmul (torch.distributed._symmetric_memory recipes)",
-    world_sizes=(2, 4, 8), tests=K_SHARDED_TESTS, benchmarks=column_parallel_cases(),
+    world_sizes=(2, 4, 8), upstream=K_GATHERED_UPSTREAM, tests=K_SHARDED_TESTS, benchmarks=column_parallel_cases(),
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

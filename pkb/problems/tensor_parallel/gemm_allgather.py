@@ -1,13 +1,15 @@
 """Column-parallel linear with gathered output (Megatron-LM ColumnParallelLinear, gather_output=True).
 
-Per rank: A [M, K] (the layer input, replicated: the same on every rank), B [K, N/W] (this rank's
-column block of the weight)  ->  [M, N] on every rank = [A @ B_0 | A @ B_1 | ... | A @ B_{W-1}].
-Each block is computed with fp32 accumulation and rounded once; the blocks are gathered along the
-columns.
+Per rank: A [M, K] (this rank's layer input), B [K, N/W] (this rank's column block of the weight)
+->  [M, N] on every rank = [A_0 @ B_0 | A_1 @ B_1 | ... | A_{W-1} @ B_{W-1}]. Each block is computed
+with fp32 accumulation and rounded once; the blocks are gathered along the columns. In Megatron A
+is replicated; the upstream factory draws it per rank, so A differs per rank here too and a kernel
+must gather the output blocks (or each rank's A and B), not assume one A.
 
 Cost per rank: the all-gather brings (W-1)/W of the [M, N] output in; the GEMM is 2*M*(N/W)*K flops;
 HBM reads A and B and writes the whole output: (M*K + K*N/W + M*N) * itemsize.
 
+Cases: ``upstream`` is the upstream factory: A [1024, 512], B [512, 1024/W] bf16.
 Benchmarks: the Llama-3 LM head (vocab 128256) gathered for sampling: 8B (K = 4096) at prefill
 (8192 tokens) and decode (64 tokens), 70B (K = 8192) at decode.
 """
@@ -15,14 +17,15 @@ Benchmarks: the Llama-3 LM head (vocab 128256) gathered for sampling: 8B (K = 40
 
 from pkb.problem import Case, Cost, Problem
 from pkb.problems.tensor_parallel._common import all_gather_cat, divides_all, itemsize
-from pkb.problems.tensor_parallel._gemm import DECODE_TOKENS, LLAMA3_70B, LLAMA3_8B, PREFILL_TOKENS, activations, weight
+from pkb.problems.tensor_parallel._gemm import (
+    DECODE_TOKENS, LLAMA3_70B, LLAMA3_8B, PREFILL_TOKENS, UPSTREAM_K, UPSTREAM_M, UPSTREAM_N, activations, weight)
 
 VOCAB = 128256
 
 
 def make_inputs(case, rank, world_size, gen):
     m, k, n = case["m"], case["k"], case["n"]
-    return activations(case, gen.shared, m, k), weight(case, gen, k, n // world_size, fan_in=k)
+    return activations(case, gen, m, k), weight(case, gen, k, n // world_size, fan_in=k)
 
 
 def reference(A, B):
@@ -38,9 +41,11 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="gemm_allgather", version=1, upstream_id=14, category="tensor_parallel",
+    name="gemm_allgather", version=2, upstream_id=14, category="tensor_parallel",
     source="Megatron-LM ColumnParallelLinear (gather_output=True)",
     world_sizes=(2, 4, 8),
+    upstream=[Case("upstream", {"m": UPSTREAM_M, "k": UPSTREAM_K, "n": UPSTREAM_N},
+                   note="the upstream factory: A [1024, 512], B [512, 1024/W] bf16 per rank")],
     tests=[
         Case("odd", {"m": 37, "k": 29, "n": 24}, note="3 output columns per rank at W=8"),
         Case("one_row", {"m": 1, "k": 131, "n": 40}),

@@ -13,6 +13,9 @@ would); the GEMM is 2*M*N*K/W flops; HBM reads A_local and B_local and writes C:
 Tolerance: a sum over W ranks of partials of magnitude at most N(0, 1):
 ``reduction_tolerance(dtype, W)``; a result missing any rank's partial is off by O(1/sqrt(W)).
 
+Cases: ``upstream`` is the upstream factory: A_local [1024, 512], B_local [512, 1024] bf16 on every
+rank (K/W = 512 at every W).
+
 Benchmarks: Llama-3 70B o_proj (K = N = 8192) and down_proj (K = 28672) at prefill (8192 tokens),
 Llama-3 8B down_proj (K = 14336, N = 4096) at decode (64 tokens).
 """
@@ -20,8 +23,9 @@ Llama-3 8B down_proj (K = 14336, N = 4096) at decode (64 tokens).
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem
-from pkb.problems.tensor_parallel._common import itemsize
-from pkb.problems.tensor_parallel._gemm import k_sharded_inputs, partial_sum_tolerance, row_parallel_cases
+from pkb.problems.tensor_parallel._common import global_size, itemsize
+from pkb.problems.tensor_parallel._gemm import (
+    UPSTREAM_K, UPSTREAM_M, UPSTREAM_N, k_sharded_inputs, partial_sum_tolerance, row_parallel_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -35,16 +39,18 @@ def reference(A_local, B_local):
 
 
 def cost(case, world_size):
-    m, k, n = case["m"], case["k"] / world_size, case["n"]
+    m, k, n = case["m"], global_size(case, "k", world_size) / world_size, case["n"]
     size = itemsize(case)
     return Cost(link_bytes=2 * (world_size - 1) / world_size * m * n * size, flops=2 * m * n * k,
                 hbm_bytes=(m * k + k * n + m * n) * size, pattern="gemm + all_reduce")
 
 
 PROBLEM = Problem(
-    name="gemm_allreduce", version=1, upstream_id=13, category="tensor_parallel",
+    name="gemm_allreduce", version=2, upstream_id=13, category="tensor_parallel",
     source="Megatron-LM RowParallelLinear (input_is_parallel=True, no sequence parallelism)",
     world_sizes=(2, 4, 8),
+    upstream=[Case("upstream", {"m": UPSTREAM_M, "k_per_rank": UPSTREAM_K, "n": UPSTREAM_N},
+                   note="the upstream factory: A_local [1024, 512], B_local [512, 1024] bf16 per rank")],
     tests=[
         Case("odd", {"m": 37, "k": 24, "n": 29}),
         Case("one_row", {"m": 1, "k": 8, "n": 131}, note="a single decode token; one K column per rank at W=8"),

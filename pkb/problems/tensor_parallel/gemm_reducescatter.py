@@ -4,7 +4,9 @@ Megatron-LM's RowParallelLinear with ``sequence_parallel=True`` ends in a reduce
 of an all-reduce: rank r keeps the summed rows r*M/W ... (r+1)*M/W - 1.
 
 Per rank: A_local [M, K/W], B_local [K/W, N] (this rank's shards)  ->  [M/W, N], rows block r of
-sum over ranks s of A_s @ B_s. Partials in fp32, reduce-scattered in fp32, rounded once.
+sum over ranks s of A_s @ B_s. Each partial is a GEMM in the input dtype (fp32 accumulation inside
+the GEMM library) and the partials are reduce-scattered in that dtype, as Megatron and upstream do.
+M must be a multiple of W.
 
 Cost per rank: the reduce-scatter moves (W-1)/W of the [M, N] partial (input dtype, as NCCL would);
 the GEMM is 2*M*N*K/W flops; HBM reads A_local and B_local, writes the [M/W, N] block:
@@ -12,6 +14,7 @@ the GEMM is 2*M*N*K/W flops; HBM reads A_local and B_local, writes the [M/W, N] 
 
 Tolerance: as gemm_allreduce, a sum over W ranks of partials of magnitude at most N(0, 1).
 
+Cases: ``upstream`` is the upstream factory: A_local [1024, 512/W], B_local [512/W, 1024] bf16.
 Benchmarks: Llama-3 70B o_proj / down_proj at prefill (8192 tokens), Llama-3 8B down_proj at
 decode (64 tokens), as gemm_allreduce.
 """
@@ -21,7 +24,8 @@ import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem
 from pkb.problems.tensor_parallel._common import itemsize
-from pkb.problems.tensor_parallel._gemm import k_sharded_inputs, partial_sum_tolerance, row_parallel_cases
+from pkb.problems.tensor_parallel._gemm import (
+    UPSTREAM_K, UPSTREAM_M, UPSTREAM_N, k_sharded_inputs, partial_sum_tolerance, row_parallel_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -44,9 +48,11 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="gemm_reducescatter", version=1, upstream_id=16, category="tensor_parallel",
+    name="gemm_reducescatter", version=2, upstream_id=16, category="tensor_parallel",
     source="Megatron-LM RowParallelLinear (sequence_parallel=True)",
     world_sizes=(2, 4, 8),
+    upstream=[Case("upstream", {"m": UPSTREAM_M, "k": UPSTREAM_K, "n": UPSTREAM_N},
+                   note="the upstream factory: A_local [1024, 512/W], B_local [512/W, 1024] bf16 per rank")],
     tests=[
         Case("odd", {"m": 24, "k": 40, "n": 29}, note="3 rows per rank at W=8"),
         Case("one_row_per_rank", {"m": 8, "k": 8, "n": 131}),

@@ -3,12 +3,16 @@
 Per rank: hidden_states [T, H] (the decode batch's last hidden states, the same on every rank),
 weight_shard [V/W, H] (this rank's vocab rows of the LM head, nn.Linear layout), bias_shard [V/W]
 ->  [T, V] logits on every rank, vocab blocks in rank order:
-    logits_r = hidden_states @ weight_shard^T + bias_shard     (fp32 accumulation, one rounding)
+    logits_r = hidden_states @ weight_shard^T + bias_shard
+(as upstream: the GEMM accumulates in fp32 and is rounded to the input dtype, then the bias is added
+and the sum rounded again)
 The weight is stored [out, in] as in Megatron and vLLM; upstream's square [1024, 1024] shard did
 not say which way round it is.
 
 Cost per rank: the all-gather brings (W-1)/W of the [T, V] logits in; flops 2*T*H*V/W (+ T*V/W for
 the bias); HBM is dominated by reading the weight shard: (V/W*H + V/W + T*H + T*V) * itemsize.
+
+Cases: ``upstream`` is the upstream factory: one token, H 1024, 1024 vocab rows per rank (V = 1024*W).
 
 Benchmarks: Llama-3 8B (H 4096, vocab 128256) decoding one sequence and a batch of 64, Llama-3
 70B (H 8192) with a batch of 64, Qwen2.5-72B (H 8192, vocab 152064) with a batch of 8.
@@ -19,24 +23,26 @@ import math
 import torch
 
 from pkb.problem import Case, Cost, Problem, randn
-from pkb.problems.tensor_parallel._common import all_gather_cat, divides_all, dtype_of, itemsize
+from pkb.problems.tensor_parallel._common import all_gather_cat, divides_all, dtype_of, itemsize, local_size
 
 
 def make_inputs(case, rank, world_size, gen):
-    tokens, hidden, vocab_local, dtype = case["tokens"], case["hidden"], case["vocab"] // world_size, dtype_of(case)
+    tokens, hidden, dtype = case["tokens"], case["hidden"], dtype_of(case)
+    vocab_local = local_size(case, "vocab", world_size)
     return (randn(gen.shared, tokens, hidden, dtype=dtype),
             randn(gen, vocab_local, hidden, dtype=dtype, scale=1.0 / math.sqrt(hidden)),
             randn(gen, vocab_local, dtype=dtype, scale=0.5))
 
 
 def reference(hidden_states, weight_shard, bias_shard):
-    logits = torch.nn.functional.linear(hidden_states, weight_shard, bias_shard)  # input dtype, fp32 accumulation
+    logits = hidden_states @ weight_shard.t() + bias_shard  # [T, V/W]
     return all_gather_cat(logits, dim=1)
 
 
 def cost(case, world_size):
-    tokens, hidden, vocab, size = case["tokens"], case["hidden"], case["vocab"], itemsize(case)
-    vocab_local = vocab / world_size
+    tokens, hidden, size = case["tokens"], case["hidden"], itemsize(case)
+    vocab_local = local_size(case, "vocab", world_size)
+    vocab = vocab_local * world_size
     return Cost(link_bytes=(world_size - 1) / world_size * tokens * vocab * size,
                 flops=2 * tokens * hidden * vocab_local + tokens * vocab_local,
                 hbm_bytes=(vocab_local * hidden + vocab_local + tokens * hidden + tokens * vocab) * size,
@@ -46,9 +52,11 @@ def cost(case, world_size):
 LLAMA3_VOCAB, QWEN25_VOCAB = 128256, 152064
 
 PROBLEM = Problem(
-    name="gemv_decode", version=1, upstream_id=46, category="tensor_parallel",
+    name="gemv_decode", version=2, upstream_id=46, category="tensor_parallel",
     source="Megatron-LM / vLLM vocab-parallel LM head at decode (ParallelLMHead, gathered logits)",
     world_sizes=(2, 4, 8),
+    upstream=[Case("upstream", {"tokens": 1, "hidden": 1024, "vocab_per_rank": 1024},
+                   note="the upstream factory: hidden [1, 1024], weight_shard [1024, 1024], bias_shard [1024]")],
     tests=[
         Case("one_token_odd", {"tokens": 1, "hidden": 37, "vocab": 40}, note="5 vocab rows per rank at W=8"),
         Case("batch3", {"tokens": 3, "hidden": 130, "vocab": 24}),

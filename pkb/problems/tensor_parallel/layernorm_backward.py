@@ -7,16 +7,18 @@ beta gradients are partial sums that Megatron all-reduces across the tensor-para
 Per rank: X_hat [rows_r, H] (this rank's normalised inputs, each row zero-mean unit-variance),
 dY [rows_r, H] (the upstream gradient)  ->  (d_gamma [H], d_beta [H]), identical on every rank:
     d_gamma = sum over ranks and rows of dY * X_hat,   d_beta = sum over ranks and rows of dY.
-rows_r is ``tokens // W`` plus one for the first ``tokens % W`` ranks (uneven splits allowed).
-Computed in fp32 (both sums all-reduced in one fp32 buffer), cast to the input dtype at the end.
+rows_r is ``tokens // W`` plus one for the first ``tokens % W`` ranks (uneven splits allowed), or
+``tokens_per_rank`` on every rank. Each rank's column sums accumulate in fp32 and are rounded to the
+input dtype; the partials are all-reduced in the input dtype (one buffer for both), as upstream.
 
-Cost per rank (S = the two fp32 gradients, 2*H*4 bytes): the all-reduce moves 2(W-1)/W * S;
+Cost per rank (S = the two gradients, 2*H*itemsize bytes): the all-reduce moves 2(W-1)/W * S;
 flops 3 per element (multiply, two adds): 3 * rows * H with rows = tokens / W; HBM reads both
 inputs once, 2 * rows * H * itemsize, and writes the 2*H outputs.
 
 Tolerance: an honest kernel may all-reduce the bf16 partials in any order; each rank's partial sums
 ``rows`` N(0,1) terms, so the sum over W ranks is ``reduction_tolerance(dtype, W, sqrt(rows))``.
 
+Cases: ``upstream`` is the upstream factory's X_hat and dY [1024, 1024] bf16 on every rank.
 Benchmarks (models that use LayerNorm, micro-batch 1): GPT-3 175B (hidden 12288, sequence 2048,
 Megatron's reference configuration) and Nemotron-4 340B (hidden 18432, sequence 4096).
 """
@@ -27,10 +29,12 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, randn, reduction_tolerance
-from pkb.problems.tensor_parallel._common import dtype_of, itemsize
+from pkb.problems.tensor_parallel._common import dtype_of, global_size, itemsize
 
 
 def rows_of(case, rank, world_size):
+    if case.get("tokens_per_rank") is not None:
+        return case["tokens_per_rank"]
     tokens = case["tokens"]
     return tokens // world_size + (1 if rank < tokens % world_size else 0)
 
@@ -45,26 +49,29 @@ def make_inputs(case, rank, world_size, gen):
 
 def reference(X_hat, dY):
     dy = dY.float()
-    grads = torch.stack([(dy * X_hat.float()).sum(0), dy.sum(0)])  # [2, H]: d_gamma, d_beta
-    dist.all_reduce(grads, op=dist.ReduceOp.SUM)
-    return grads[0].to(dY.dtype), grads[1].to(dY.dtype)
+    partials = torch.stack([(dy * X_hat.float()).sum(0), dy.sum(0)]).to(dY.dtype)  # [2, H]: d_gamma, d_beta
+    dist.all_reduce(partials, op=dist.ReduceOp.SUM)  # in the input dtype, as upstream
+    return partials[0], partials[1]
 
 
 def cost(case, world_size):
-    rows, hidden = case["tokens"] / world_size, case["hidden"]
-    grads_bytes = 2 * hidden * 4
+    rows, hidden = global_size(case, "tokens", world_size) / world_size, case["hidden"]
+    grads_bytes = 2 * hidden * itemsize(case)
     return Cost(link_bytes=2 * (world_size - 1) / world_size * grads_bytes, flops=3 * rows * hidden,
-                hbm_bytes=2 * rows * hidden * itemsize(case) + 2 * hidden * itemsize(case), pattern="all_reduce")
+                hbm_bytes=2 * rows * hidden * itemsize(case) + grads_bytes, pattern="all_reduce")
 
 
 def tolerance(case, world_size):
-    return reduction_tolerance(dtype_of(case), world_size, scale=math.sqrt(max(case["tokens"] // world_size, 1)))
+    rows = global_size(case, "tokens", world_size) // world_size
+    return reduction_tolerance(dtype_of(case), world_size, scale=math.sqrt(max(rows, 1)))
 
 
 PROBLEM = Problem(
-    name="layernorm_backward", version=1, upstream_id=9, category="tensor_parallel",
+    name="layernorm_backward", version=2, upstream_id=9, category="tensor_parallel",
     source="Megatron-LM sequence-parallel LayerNorm weight/bias gradient all-reduce",
     world_sizes=(2, 4, 8),
+    upstream=[Case("upstream", {"tokens_per_rank": 1024, "hidden": 1024},
+                   note="the upstream factory: X_hat, dY [1024, 1024] bf16 per rank")],
     tests=[
         Case("odd_rows_uneven", {"tokens": 37, "hidden": 129}),
         Case("fewer_tokens_than_ranks", {"tokens": 5, "hidden": 48}, note="some ranks hold no token at W=8"),

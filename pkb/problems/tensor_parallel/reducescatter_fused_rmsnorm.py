@@ -6,6 +6,8 @@ Per rank: rs_input_1d [W*rows*H] (flat; block r = rows r*rows ... of this rank's
     y = (sum over ranks of block r) / W        (the mean, as upstream; fp32)
     out = gamma * y * rsqrt(mean(y^2, -1) + eps)
 fp32 throughout, rounded once to the input dtype. H = gamma.numel(); rows = numel / (W*H).
+(Upstream reduce-scatters and divides in the input dtype before the fp32 norm; that rounding is
+within the tolerance below.)
 gloo has no AVG reduction, so the reference sums and divides; a kernel may do either.
 
 Cost per rank: the reduce-scatter moves (W-1)/W of the W*rows*H input (input dtype); flops about
@@ -16,6 +18,9 @@ Tolerance: RMSNorm rescales the mean of W N(0,1) partials to unit size, so an ho
 reduce-scatter's error shrinks by sqrt(W) on the way out; ``reduction_tolerance(dtype, W)`` at
 scale 1 (gamma is about 1) is a safe bound, and a missing rank moves the output by O(1/sqrt(W)).
 
+Cases: ``upstream_*`` are the upstream factory: hidden 128, rs_input [W*rows*128] with 256 rows per
+rank at W = 2 and 4 and 128 at W = 8, eps 1e-5.
+
 Benchmarks: Llama-3 70B (hidden 8192) on an 8192-token prefill and a 64-token decode step;
 Llama-3 8B (hidden 4096) prefill. rows = tokens / W.
 """
@@ -24,11 +29,11 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, randn, reduction_tolerance
-from pkb.problems.tensor_parallel._common import dtype_of, itemsize
+from pkb.problems.tensor_parallel._common import dtype_of, global_size, itemsize
 
 
 def make_inputs(case, rank, world_size, gen):
-    tokens, hidden, dtype = case["tokens"], case["hidden"], dtype_of(case)
+    tokens, hidden, dtype = global_size(case, "tokens", world_size), case["hidden"], dtype_of(case)
     gamma = (1.0 + randn(gen.shared, hidden, scale=0.2)).to(dtype)
     return randn(gen, tokens * hidden, dtype=dtype), gamma, case.get("eps", 1e-5)
 
@@ -44,7 +49,7 @@ def reference(rs_input_1d, gamma, eps):
 
 
 def cost(case, world_size):
-    tokens, hidden, size = case["tokens"], case["hidden"], itemsize(case)
+    tokens, hidden, size = global_size(case, "tokens", world_size), case["hidden"], itemsize(case)
     rows = tokens / world_size
     return Cost(link_bytes=(world_size - 1) / world_size * tokens * hidden * size,
                 flops=(world_size - 1 + 5) * rows * hidden,
@@ -56,9 +61,15 @@ def tolerance(case, world_size):
 
 
 PROBLEM = Problem(
-    name="reducescatter_fused_rmsnorm", version=1, upstream_id=45, category="tensor_parallel",
+    name="reducescatter_fused_rmsnorm", version=2, upstream_id=45, category="tensor_parallel",
     source="TensorRT-LLM / vLLM fused reduce-scatter + RMSNorm (sequence-parallel all-reduce fusion)",
     world_sizes=(2, 4, 8),
+    upstream=[
+        Case("upstream_w2_w4", {"tokens_per_rank": 256, "hidden": 128}, world_sizes=(2, 4),
+             note="the upstream factory at W <= 4: 256 rows of 128 per rank"),
+        Case("upstream_w8", {"tokens_per_rank": 128, "hidden": 128}, world_sizes=(8,),
+             note="the upstream factory at W = 8: 128 rows of 128 per rank"),
+    ],
     tests=[
         Case("odd_hidden", {"tokens": 24, "hidden": 37}, note="3 rows per rank at W=8"),
         Case("one_row_per_rank_big_eps", {"tokens": 8, "hidden": 130, "eps": 0.5}),

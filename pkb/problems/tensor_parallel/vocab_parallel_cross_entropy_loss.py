@@ -3,16 +3,21 @@
 Per rank: vocab_parallel_logits [B, S, V/W] (this rank's vocab block: ids r*V/W ... (r+1)*V/W - 1),
 target [B, S] int64 global vocab ids (the same on every rank), group (None: the default group)
 ->  loss [B, S] on every rank, in the logits' dtype:
-    m = max over the whole vocab (all-reduce MAX),  z = logits - m
+    m = max over the whole vocab (all-reduce MAX)
+    vocab_parallel_logits -= m     IN PLACE, in the logits' dtype (as upstream and Megatron): z
     predicted = z[target] on the rank that owns the target, 0 elsewhere (all-reduce SUM)
     sum_exp = sum over the vocab of exp(z) (all-reduce SUM)
     loss = log(sum_exp) - predicted
-fp32 throughout (Megatron casts the logits up), rounded once. Unlike upstream (and Megatron, which
-subtracts the max in place), the logits are left unchanged.
+The shifted logits z are part of the result: they are compared after the call like an output.
+From z on the reference works in fp32 and rounds the loss once; upstream stays in the logits' dtype
+(exp, sums, log and the all-reduces in bf16), which the bf16 default tolerance covers.
 
-Cost per rank: three all-reduces of B*S fp32 values: 3 * 2(W-1)/W * B*S*4 bytes; about 4 flops per
-local logit (max, subtract, exp, add); HBM reads the logit shard once and writes the loss:
-B*S*V/W*itemsize + B*S*(8 + itemsize).
+Cost per rank: three all-reduces of B*S values in the logits' dtype (as upstream):
+3 * 2(W-1)/W * B*S*itemsize bytes; about 4 flops per local logit (max, subtract, exp, add); HBM
+reads the logit shard, writes it back shifted, and writes the loss: 2*B*S*V/W*itemsize + B*S*(8 + itemsize).
+
+Cases: ``upstream`` is the upstream factory: logits [8, 1024, 512/W] bf16 (vocab 512), targets the
+same on every rank, group None.
 
 Benchmarks: Llama-3 8B (vocab 128256) on an 8192-token sequence, Qwen2.5 (vocab 152064) on a
 4x4096-token batch, at the world sizes that divide the vocab.
@@ -34,10 +39,10 @@ def make_inputs(case, rank, world_size, gen):
 
 def reference(vocab_parallel_logits, target, group=None):
     rank, vocab_local = dist.get_rank(group), vocab_parallel_logits.shape[-1]
-    logits = vocab_parallel_logits.float()
-    logits_max = logits.amax(-1)
+    logits_max = vocab_parallel_logits.amax(-1)  # [B, S], exact in the logits' dtype
     dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=group)
-    shifted = logits - logits_max[..., None]
+    vocab_parallel_logits.sub_(logits_max[..., None])
+    shifted = vocab_parallel_logits.float()
 
     local_target = target - rank * vocab_local
     owned = (local_target >= 0) & (local_target < vocab_local)
@@ -52,16 +57,18 @@ def reference(vocab_parallel_logits, target, group=None):
 
 def cost(case, world_size):
     tokens, vocab_local, size = case["batch"] * case["seq"], case["vocab"] / world_size, itemsize(case)
-    return Cost(link_bytes=3 * 2 * (world_size - 1) / world_size * tokens * 4, flops=4 * tokens * vocab_local,
-                hbm_bytes=tokens * vocab_local * size + tokens * (8 + size), pattern="3x all_reduce")
+    return Cost(link_bytes=3 * 2 * (world_size - 1) / world_size * tokens * size, flops=4 * tokens * vocab_local,
+                hbm_bytes=2 * tokens * vocab_local * size + tokens * (8 + size), pattern="3x all_reduce")
 
 
 LLAMA3_VOCAB, QWEN25_VOCAB = 128256, 152064
 
 PROBLEM = Problem(
-    name="vocab_parallel_cross_entropy_loss", version=1, upstream_id=73, category="tensor_parallel",
+    name="vocab_parallel_cross_entropy_loss", version=2, upstream_id=73, category="tensor_parallel",
     source="Megatron-LM core.tensor_parallel.cross_entropy (_VocabParallelCrossEntropy.forward)",
     world_sizes=(2, 4, 8),
+    upstream=[Case("upstream", {"batch": 8, "seq": 1024, "vocab": 512},
+                   note="the upstream factory: logits [8, 1024, 512/W] bf16, target [8, 1024]")],
     tests=[
         Case("odd", {"batch": 2, "seq": 7, "vocab": 40}, note="5 vocab ids per rank at W=8"),
         Case("one_id_per_rank", {"batch": 3, "seq": 5, "vocab": 8}),
