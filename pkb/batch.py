@@ -2,15 +2,18 @@
 
 A run pairs problems with candidates: each problem's reference against itself (a self-check of the
 suite and the harness) and every solution file found for it, either in a directory the user names
-or in pkb's shipped solutions. Results go to the database one by one; a rerun with the same
-settings skips what is already there, so an interrupted run resumes and loses nothing.
+or in pkb's shipped solutions. Every result names its solution set (pkb.store.db): the folder's name
+(or the name given with ``--set``), ``pkb shipped`` or ``reference``. Results go to the database one by
+one; a rerun with the same settings skips what is already there, so an interrupted run resumes and
+loses nothing.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -19,9 +22,7 @@ from pkb.evaluate.evaluator import EvalConfig, Session, evaluate
 from pkb.evaluate.result import EvalResult
 from pkb.problem import Problem, Status
 from pkb.registry import all_problems
-from pkb.store.db import ResultStore, run_key
-
-SHIPPED_SOLUTIONS = Path(__file__).parent / "solutions"
+from pkb.store.db import REFERENCE_SET, SHIPPED_SET, SHIPPED_SOLUTIONS, ResultStore, run_key
 _UPSTREAM_NAME = re.compile(r"^(\d+)_")
 
 
@@ -29,6 +30,7 @@ _UPSTREAM_NAME = re.compile(r"^(\d+)_")
 class Job:
     problem: Problem
     candidate: Candidate
+    solution_set: str = ""  # the set the result is stored under
 
 
 # Names solution files carry from earlier upstream revisions. The upstream benchmark renumbered its
@@ -105,14 +107,25 @@ def solution_files(directory: Path, notes: list[str] | None = None) -> dict[str,
     return found
 
 
-def plan(problems: Iterable[Problem], solutions_dir: Path | None, include_reference: bool) -> list[Job]:
+def set_name(solutions_dir: Path | None) -> str:
+    """The solution set of a ``--solutions`` folder: its name (``runs/gpt5-oneshot`` -> ``gpt5-oneshot``);
+    ``pkb shipped`` for pkb's own solutions (no folder given)."""
+    if solutions_dir is None:
+        return SHIPPED_SET
+    return solutions_dir.resolve().name or str(solutions_dir)
+
+
+def plan(problems: Iterable[Problem], solutions_dir: Path | None, include_reference: bool,
+         solution_set: str | None = None) -> list[Job]:
+    """The jobs of a run; ``solution_set`` names the files' set (default: ``set_name(solutions_dir)``)."""
     files = solution_files(solutions_dir or SHIPPED_SOLUTIONS)
+    solution_set = solution_set or set_name(solutions_dir)
     jobs = []
     for problem in problems:
         if include_reference:
-            jobs.append(Job(problem, Candidate.reference_of(problem)))
+            jobs.append(Job(problem, Candidate.reference_of(problem), REFERENCE_SET))
         for path in files.get(problem.name, []):
-            jobs.append(Job(problem, Candidate.from_file(path)))
+            jobs.append(Job(problem, Candidate.from_file(path), solution_set))
     return jobs
 
 
@@ -126,18 +139,35 @@ def evaluation_key(problem: Problem, candidate: Candidate, config: EvalConfig) -
 
 def run_jobs(jobs: list[Job], config: EvalConfig, store: ResultStore,
              on_result: Callable[[Job, EvalResult, bool], None] = lambda job, result, resumed: None) -> list[EvalResult]:
-    """Evaluate every job not already in ``store``; ``on_result(job, result, resumed)`` after each."""
+    """Evaluate every job not already in ``store``; ``on_result(job, result, resumed)`` after each.
+
+    A job whose file was judged before with the same settings is not judged again; when that verdict was
+    stored under another set or name (the same file in two folders), it is stored again under this
+    job's, with ``details["verdict_of"]`` naming the row it repeats.
+    """
     results = []
     with Session(config.mode, config.world_size) as session:
         for job in jobs:
             key = evaluation_key(job.problem, job.candidate, config)
             previous = store.latest(key)
             if previous is not None and previous.status is not Status.HARNESS_ERROR:  # pkb's failures are retried
+                if (previous.solution_set, previous.solution) != (job.solution_set, job.candidate.name):
+                    previous = _restored(previous, job, store.latest_id(key))
+                    store.add(previous, key)
                 results.append(previous)
                 on_result(job, previous, True)
                 continue
             result = evaluate(job.problem, job.candidate, config, session)
+            result.solution_set = job.solution_set
             store.add(result, key)
             results.append(result)
             on_result(job, result, False)
     return results
+
+
+def _restored(previous: EvalResult, job: Job, previous_id: int | None) -> EvalResult:
+    """``previous``'s verdict under ``job``'s set and name (the same file, judged with the same settings)."""
+    details = {**previous.details, "verdict_of": previous_id,
+               "solution_path": str(job.candidate.path) if job.candidate.path else None}
+    return replace(previous, solution=job.candidate.name, solution_set=job.solution_set, details=details,
+                   created_at=time.time())

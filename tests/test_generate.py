@@ -18,6 +18,7 @@ pytest.importorskip("openai")
 pytest.importorskip("anthropic")
 
 from pkb.cli import main  # noqa: E402
+from pkb.evaluate.result import SCHEMA_VERSION  # noqa: E402
 from pkb.generate.extract import extract_solution  # noqa: E402
 from pkb.generate.providers import ModelSpec, ProviderError, ProviderSettings, connect  # noqa: E402
 
@@ -392,7 +393,7 @@ def test_a_schema_1_database_gains_the_generations_table_and_keeps_its_results(t
     conn.commit()
     conn.close()
     with ResultStore(path) as store:
-        assert store.schema_version == 2 and store.has("k")
+        assert store.schema_version == SCHEMA_VERSION and store.has("k")
         generation_id = store.add_generation(dict(
             run="r", kind="sample", model="vllm:m", provider="vllm", problem="allreduce", problem_version=1, sample=0,
             step=0, backend="cuda", hardware="h200_sxm_x8", world_size=8, case_name="c", temperature=None,

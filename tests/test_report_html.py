@@ -1,4 +1,5 @@
-"""The HTML report opened in headless Chromium: it renders, the plots are drawn, the numbers are the database's.
+"""The HTML report opened in headless Chromium: it renders, the headline and the plots (the per-set ones
+too) are drawn, the numbers are the database's.
 
 Chromium comes from the system (scripts/ci-system-deps.sh installs Debian's ``chromium``); without it
 this test skips and says so.
@@ -85,7 +86,7 @@ def rendered(tmp_path_factory):
     source = "def solution(tensor):\n    return tensor.clone()  # <kept & escaped>\n"
     solution_file = tmp_path / "alpha_scatter.py"
     solution_file.write_text(source)
-    rows = KNOWN_ROWS + [make_result("scatter", "alpha/scatter", Status.MISMATCH, source=source,
+    rows = KNOWN_ROWS + [make_result("scatter", "alpha/scatter", Status.MISMATCH, source=source, upstream_ok=False,
                                      details={"solution_path": str(solution_file), "rank": 1})]
     report = build(write_db(tmp_path / "r.sqlite", rows), selection={**SELECTION, "scatter": "collectives"})
     page = report_html.write(report, tmp_path / "report.html", source="r.sqlite")
@@ -100,7 +101,8 @@ def test_report_renders_in_chromium_with_plots_and_the_database_numbers(rendered
     parsed = Page()
     parsed.feed(dom.stdout)
 
-    assert parsed.plots == ["leaderboard", "fast-p", "verdicts", "scatter", "roofline"]
+    assert parsed.plots == ["leaderboard", "speedup-by-set", "roofline-by-set", "protocols", "fast-p", "verdicts",
+                            "scatter", "roofline"]
     assert parsed.marks[("leaderboard", "rect")] == 2 * 2  # pass@1 and fast_1 per group
     assert parsed.marks[("fast-p", "circle")] == 2 * 6  # six thresholds per group
     # alpha: ok, mismatch, skipped; beta: ok, compile_error, timeout (its runtime_error was rerun)
@@ -121,10 +123,43 @@ def test_report_renders_in_chromium_with_plots_and_the_database_numbers(rendered
     assert parsed.cells[("alpha", "tensor_parallel.pass@1")][1] == "100.0%"
     assert parsed.cells[("alpha", "collectives.problems")][1] == "4"  # reduce was only skipped
 
+    # the headline: the self-check, then each set on both protocols (alpha's broadcast is ok on the upstream cases)
+    assert parsed.cells[("reference", "self_check.ok")] == ("1", "1")
+    assert parsed.cells[("reference", "self_check.checked")] == ("1", "1")
+    assert parsed.cells[("alpha", "headline.paper.pass@1")] == (str(4 / 5), "80.0%")
+    assert parsed.cells[("alpha", "headline.pkb.pass@1")] == (str(alpha_pass), "60.0%")
+    assert parsed.cells[("beta", "headline.paper.pass@1")] == (str(1 / 6), "16.7%")
+    assert parsed.cells[("alpha", "headline.problems")][1] == "5 of 5 (+1 left out)"  # reduce was only skipped
+    assert parsed.cells[("alpha", "collectives.paper.pass@1")][1] == "75.0%"
+
     for problem in ("allreduce", "allgather", "broadcast", "reduce", "layernorm_backward", "scatter"):
         assert f"problem-{problem}" in parsed.ids
     assert parsed.codes == [source]  # the one stored, unchanged solution file, escaped and read back intact
     assert dom.stdout.count("code unavailable: the result row records no path") == 8
+
+
+@needs_chromium
+def test_the_per_set_plots_hold_every_correct_sample_and_both_protocols_per_category(rendered):
+    tmp_path, page, report, _ = rendered
+    dom = chromium(tmp_path, "--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    parsed = Page()
+    parsed.feed(dom.stdout)
+    marks = lambda plot: [a for p, a in parsed.mark_attrs if p == plot]  # noqa: E731
+    # correct, timed samples of each set (the rows of KNOWN_ROWS with an ok verdict)
+    assert sorted((a["data-group"], float(a["data-value"])) for a in marks("speedup-by-set")) == [
+        ("alpha", 0.8), ("alpha", 1.2), ("alpha", 2.5), ("beta", 1.6)]
+    assert sorted((a["data-group"], float(a["data-value"])) for a in marks("roofline-by-set")) == [
+        ("alpha", 0.3), ("alpha", 0.55), ("alpha", 0.8), ("beta", 0.9)]
+    assert dom.stdout.count('class="summary"') == 4  # a geomean and a median bar per set
+    bars = {(a["data-group"], a["data-category"], a["data-protocol"]): float(a["data-value"])
+            for a in marks("protocols")}
+    assert len(bars) == 2 * 2 * 2  # groups x categories x protocols
+    # collectives: alpha has allreduce, allgather ok; broadcast ok on the upstream cases only; reduce only skipped
+    assert bars[("alpha", "collectives", "paper")] == pytest.approx(3 / 4)
+    assert bars[("alpha", "collectives", "pkb")] == pytest.approx(2 / 4)
+    assert bars[("beta", "collectives", "paper")] == pytest.approx(1 / 5) == bars[("beta", "collectives", "pkb")]
+    assert bars[("alpha", "tensor_parallel", "paper")] == 1.0 and bars[("beta", "tensor_parallel", "pkb")] == 0.0
 
 
 @needs_chromium
@@ -149,3 +184,9 @@ def test_report_screenshot_shows_the_plots(rendered):
     assert all(pixels_near(color) > 2000 for color in group_colors)
     assert pixels_near(report_html.STATUS_COLORS[Status.OK]) > 2000
     assert pixels_near(report_html.STATUS_COLORS[Status.TIMEOUT]) > 1000
+
+    def over_white(hex_color: str, opacity: float) -> str:
+        return "#" + "".join(f"{round(255 - opacity * (255 - int(hex_color[i:i + 2], 16))):02x}" for i in (1, 3, 5))
+
+    # the per-category protocol bars: pkb's (light, at that plot's opacity alone) are on screen for both sets
+    assert all(pixels_near(over_white(color, 0.45), tolerance=3) > 1000 for color in group_colors)

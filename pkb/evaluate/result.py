@@ -9,7 +9,7 @@ from typing import Any
 from pkb import __version__
 from pkb.problem import Status
 
-SCHEMA_VERSION = 2  # bump with a migration in pkb.store.db when the row's fields change
+SCHEMA_VERSION = 3  # bump with a migration in pkb.store.db when the row's fields change
 
 
 @dataclass
@@ -37,6 +37,9 @@ class EvalResult:
     solution: str
     solution_sha256: str
     status: Status
+    # the solution set the result belongs to (pkb.store.db: a --solutions folder's name, a generation run,
+    # "pkb shipped" or "reference"); "" until the caller names it
+    solution_set: str = ""
     message: str = ""
     details: dict[str, Any] = field(default_factory=dict)
     mode: str = "cpu"

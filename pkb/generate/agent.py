@@ -20,6 +20,7 @@ from pkb.generate.prompt import Prompt, build_prompt, feedback
 from pkb.generate.providers import Message, Provider, ProviderError
 from pkb.generate.sampler import Evaluator, GenStatus, RunSettings, generation_row, write_code
 from pkb.problem import Problem
+from pkb.store.db import generated_set
 
 KIND = "agent"
 
@@ -146,7 +147,8 @@ def _judge(problem: Problem, row: dict, settings: AgentSettings, store, evaluato
     result = None
     if row["code"] is not None:
         if row["status"] == GenStatus.GENERATED or row.get("result_id") is None:
-            result, result_id, key = evaluator.evaluate(problem, Path(row["code_path"]), f"{settings.run}/{path.stem}")
+            result, result_id, key = evaluator.evaluate(problem, Path(row["code_path"]), f"{settings.run}/{path.stem}",
+                                                        generated_set(row["model"], settings.run))
             store.set_generation_verdict(row["id"], result.status.value, result_id, key, result.speedup)
         else:
             result = store.result_by_id(row["result_id"])

@@ -26,6 +26,7 @@ from pkb.generate.extract import extract_solution
 from pkb.generate.prompt import DEFAULT_HARDWARE, Prompt, build_prompt
 from pkb.generate.providers import Completion, Message, Provider, ProviderError
 from pkb.problem import Problem
+from pkb.store.db import generated_set
 
 DEFAULT_OUT = "pkb-runs"
 
@@ -208,7 +209,8 @@ def _evaluate_row(row: dict, problem: Problem, settings: GenerateSettings, store
     path = Path(row["code_path"] or settings.run_dir / problem.name / f"sample_{row['sample']}.py")
     if not path.is_file() or path.read_text(encoding="utf-8") != row["code"]:
         write_code(path, row["code"])  # the database holds the code; the file is a copy
-    result, result_id, key = evaluator.evaluate(problem, path, f"{settings.run}/{path.stem}")
+    result, result_id, key = evaluator.evaluate(problem, path, f"{settings.run}/{path.stem}",
+                                                generated_set(row["model"], settings.run))
     store.set_generation_verdict(row["id"], result.status.value, result_id, key, result.speedup)
     return replace(_from_row(row, resumed=False), status=result.status.value, speedup=result.speedup,
                    message=result.message, code_path=str(path))
@@ -237,8 +239,10 @@ class Evaluator:
     config: object  # pkb.evaluate.evaluator.EvalConfig
     sessions: dict = field(default_factory=dict)
 
-    def evaluate(self, problem: Problem, path: Path, name: str):
-        """(EvalResult, results row id, run key) for the file at ``path``."""
+    def evaluate(self, problem: Problem, path: Path, name: str, solution_set: str = ""):
+        """(EvalResult, results row id, run key) for the file at ``path``, stored under ``solution_set``
+        (a file judged before keeps the set it was first stored under; reports take a generated
+        result's set from the generation that links to it)."""
         from pkb.evaluate.candidate import Candidate
         from pkb.evaluate.evaluator import Session, evaluate
         from pkb.batch import evaluation_key
@@ -254,6 +258,7 @@ class Evaluator:
         if config.world_size not in self.sessions:
             self.sessions[config.world_size] = Session(config.mode, config.world_size)
         result = evaluate(problem, candidate, config, self.sessions[config.world_size])
+        result.solution_set = solution_set
         return result, self.store.add(result, key), key
 
     def close(self) -> None:

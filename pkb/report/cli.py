@@ -7,22 +7,30 @@ import sys
 from pathlib import Path
 
 FORMATS = ("table", "json", "csv", "parquet")
+TABLES = ("rows", "metrics")
 
 
 def add_commands(subparsers, add_eval_options) -> None:
-    p = subparsers.add_parser("report", help="metrics, leaderboard and an HTML report from a results database")
+    p = subparsers.add_parser("report", help="headline, metrics, set comparisons and an HTML report "
+                                             "from a results database")
     p.add_argument("--db", help="SQLite file (default: ./pkb-results.sqlite)")
     p.add_argument("--format", default="table", choices=FORMATS,
-                   help="table: leaderboard; json: the metrics; csv/parquet: the result rows")
+                   help="table: the headline in the terminal; json: the metrics; csv/parquet: the result rows "
+                        "(or the table --table or --compare names)")
+    p.add_argument("--table", choices=TABLES,
+                   help="with csv, json or parquet: rows (every stored result) or metrics (every set's metrics, "
+                        "overall and per category, on both protocols)")
+    p.add_argument("--compare", nargs=2, metavar=("SET_A", "SET_B"),
+                   help="two solution sets (or models) side by side, problem by problem")
     p.add_argument("--out", help="write the output here instead of stdout (needed for parquet)")
     p.add_argument("--html", help="also write the HTML report (one static file) here")
-    p.add_argument("--group-by", default="auto", choices=("auto", "model", "set", "solution"),
-                   help="what to compare: model (generations), solution set, or each solution (default: auto)")
+    p.add_argument("--group-by", default="set", choices=("set", "model", "solution"),
+                   help="what to compare: solution sets (default), models (generations), or each solution")
     p.add_argument("--problems", help="the selection the metrics are over, e.g. 1-8,12 or a category; default: all")
     p.add_argument("--mode", choices=("cpu", "cuda", "shared-gpu"), help="only results measured in this mode")
     p.add_argument("--world-size", type=int, help="only results at this world size")
-    p.add_argument("--k", default="1,5,10,100", help="the k of pass@k and fast_p@k (given where every attempted "
-                                                     "problem has at least k samples)")
+    p.add_argument("--k", default="1,3,5,10,100", help="the k of pass@k and fast_p@k (given where every attempted "
+                                                       "problem has at least k samples)")
     p.set_defaults(func=cmd_report)
 
     p = subparsers.add_parser("export-suite", help="the problem suite as a Hugging Face datasets directory")
@@ -32,13 +40,17 @@ def add_commands(subparsers, add_eval_options) -> None:
 
 
 def cmd_report(args) -> int:
-    from pkb.cli import UsageError, print_table
+    from pkb.cli import UsageError
     from pkb.registry import all_problems, select
-    from pkb.report import html, metrics, records, tables
+    from pkb.report import html, metrics, records
     from pkb.store.db import DEFAULT_DB
 
     if args.format == "parquet" and not args.out:
         raise UsageError("--format parquet writes a binary file: add --out FILE.parquet")
+    if args.table and args.format == "table":
+        raise UsageError("--table names what --format csv, json or parquet writes; add one of them")
+    if args.table and args.compare:
+        raise UsageError("--compare writes its own table: leave out --table")
     ks = _parse_ks(args.k)
     registry = {name: p.category for name, p in all_problems().items()}
     selection = {p.name: p.category for p in select(args.problems)} if args.problems else None
@@ -54,41 +66,103 @@ def cmd_report(args) -> int:
         selection.update({r.problem: r.category for r in loaded.rows if r.problem not in registry})
     report = metrics.build_report(loaded.records, selection, loaded.group_by, ks, loaded.notes)
 
-    if args.format == "parquet":
-        try:
-            tables.write_parquet(loaded.rows, args.out)
-        except ImportError as exc:
-            raise UsageError(str(exc)) from None
+    if args.compare:
+        missing = [name for name in args.compare if name not in report.groups]
+        known = f"the {report.group_by}s of these results: {', '.join(report.groups) or 'none'}"
+        if missing:
+            raise UsageError(f"--compare: {', '.join(map(repr, missing))} is not one of {known}")
+        if args.compare[0] == args.compare[1]:
+            raise UsageError(f"--compare takes two different {report.group_by}s; {known}")
+        _write(args, *_comparison_output(report, args.compare, args.format))
     else:
-        text = {"json": lambda: json.dumps(report.to_json(), indent=1) + "\n",
-                "csv": lambda: tables.to_csv(loaded.rows),
-                "table": lambda: _table_text(report, print_table, db)}[args.format]()
-        if args.out:
-            Path(args.out).write_text(text, encoding="utf-8")
-        else:
-            sys.stdout.write(text)
+        _write(args, *_report_output(report, loaded, args.format, args.table, db))
     if args.html:
-        path = html.write(report, args.html, source=str(db))
+        path = html.write(report, args.html, source=Path(db).name)
         print(f"HTML report: {path}", file=sys.stderr)
     return 0
 
 
-def _table_text(report, print_table, db: str) -> str:
+def _report_output(report, loaded, file_format: str, table: str | None, db: str):
+    """(text, or None with a parquet writer) for the report in ``file_format``."""
+    from pkb.report import export, tables
+
+    if file_format == "table":
+        return _headline_text(report, db), None
+    if table == "metrics":
+        rows, columns, types = tables.metrics_table(report), tables.metric_columns(report.ks), \
+            tables.metric_types(report.ks)
+    elif table == "rows" or file_format != "json":
+        rows, columns, types = tables.result_rows(loaded.rows), tables.RESULT_COLUMNS, tables.RESULT_TYPES
+    else:
+        return json.dumps(report.to_json(), indent=1) + "\n", None
+    if file_format == "parquet":
+        return None, lambda path: export.write_parquet_table(rows, columns, types, path)
+    return export.table_text(rows, columns, file_format), None
+
+
+def _comparison_output(report, sets, file_format: str):
+    from pkb.cli import print_table
+    from pkb.report import export, metrics, tables
+
+    comparison = metrics.compare(report, *sets)
+    if file_format == "table":
+        def show() -> None:
+            print_table(tables.compare_text_rows(comparison), list(tables.compare_columns(comparison)))
+            print()
+            for line in tables.compare_summary(comparison):
+                print(line)
+        return _captured(show), None
+    rows, columns, types = tables.compare_table(comparison), tables.compare_columns(comparison), \
+        tables.compare_types(comparison)
+    if file_format == "parquet":
+        return None, lambda path: export.write_parquet_table(rows, columns, types, path)
+    return export.table_text(rows, columns, file_format), None
+
+
+def _write(args, text: str | None, writer) -> None:
+    from pkb.cli import UsageError
+
+    if writer is not None:
+        try:
+            writer(args.out)
+        except ImportError as exc:
+            raise UsageError(str(exc)) from None
+    elif args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+
+
+def headline_lines(report, empty: str) -> None:
+    """Print the headline: the references' self-check, one row per set, what the columns mean."""
+    from pkb.cli import print_table
+    from pkb.report import tables
+
+    print(report.self_check.summary())
+    if not report.groups:
+        print(empty)
+    else:
+        print()
+        print_table(tables.headline_rows(report), list(tables.HEADLINE_COLUMNS),
+                    headers=[report.group_by, *tables.HEADLINE_COLUMNS[1:]])
+        print()
+        print(tables.HEADLINE_FOOTNOTE)
+    for note in tables.headline_notes(report):
+        print(f"note: {note}")
+
+
+def _headline_text(report, db: str) -> str:
+    return _captured(lambda: headline_lines(
+        report, f"no candidate results in {db} for this selection (reference self-checks do not count)"))
+
+
+def _captured(show) -> str:
     import contextlib
     import io
 
-    from pkb.report import tables
-
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        if not report.groups:
-            print(f"no candidate results in {db} for this selection (reference self-checks do not count)")
-        else:
-            print_table(tables.leaderboard_rows(report), list(tables.LEADERBOARD_COLUMNS))
-            print(f"\n{len(report.problems)} problems selected; grouped by {report.group_by}; "
-                  "a problem without a result counts as failed, skipped samples are neither pass nor fail")
-        for note in report.notes:
-            print(f"note: {note}")
+        show()
     return out.getvalue()
 
 

@@ -1,4 +1,12 @@
-"""``pkb export-suite``: the problem suite as a dataset that Hugging Face ``datasets`` loads.
+"""Tables out of pkb: a report's tables as CSV, JSON or parquet, and ``pkb export-suite``.
+
+Report tables (``table_text``, ``write_parquet_table``): a list of rows (dicts) with fixed columns; the
+headline and metrics table (``pkb report --table metrics``), the comparison of two sets
+(``--compare``) and the result rows (``--table rows``) all go through them, so the three formats hold
+the same table. JSON is a list of objects; CSV leaves a missing value empty; parquet types columns as
+the caller says (int, float, bool, else string).
+
+``pkb export-suite``: the problem suite as a dataset that Hugging Face ``datasets`` loads.
 
 Layout (one split, ``train``)::
 
@@ -13,7 +21,9 @@ Columns: ``slug``, ``version``, ``upstream_id``, ``category``, ``source``, ``arg
 
 from __future__ import annotations
 
+import csv
 import inspect
+import io
 import json
 import sys
 from pathlib import Path
@@ -22,6 +32,30 @@ from pkb import __version__
 from pkb.problem import Case, Problem
 
 FORMATS = ("parquet", "jsonl")
+TABLE_FORMATS = ("csv", "json", "parquet")
+
+
+def table_text(rows: list[dict], columns, file_format: str) -> str:
+    """``rows`` as CSV (a header, then one line per row) or JSON (a list of objects), in ``columns`` order."""
+    if file_format == "json":
+        return json.dumps([{c: row.get(c) for c in columns} for row in rows], indent=1, default=str) + "\n"
+    if file_format != "csv":
+        raise ValueError(f"table_text writes csv or json, not {file_format!r}")
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def write_parquet_table(rows: list[dict], columns, types: dict[str, type], path: str | Path) -> None:
+    """``rows`` as a parquet file; ``types`` maps a column to int, float or bool (other columns are strings)."""
+    from pkb.report.tables import require_pyarrow
+
+    pa, pq = require_pyarrow()
+    arrow = {int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+    schema = pa.schema([(c, arrow.get(types.get(c), pa.string())) for c in columns])
+    pq.write_table(pa.Table.from_pylist([{c: row.get(c) for c in columns} for row in rows], schema=schema), str(path))
 COLUMNS = ("slug", "version", "upstream_id", "category", "source", "argument_names", "world_sizes",
            "reference_source", "tests", "benchmarks")
 

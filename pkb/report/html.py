@@ -1,8 +1,10 @@
 """The HTML report: one static file, plots drawn as inline SVG, no script and nothing fetched to view it.
 
-Sections: leaderboard (table and bars), fast_p curves, verdicts stacked by group, speedup against % of
-roofline, % of roofline histogram, per-category table, and one section per problem (anchor
-``#problem-<slug>``) with every result, its verdict details and the candidate's code.
+Sections: the headline (the references' self-check, one row per set on both protocols), leaderboard
+(table and bars), plots by set (speedup distribution, % of roofline distribution, correct on the
+upstream cases against correct on every case per category), fast_p curves, verdicts stacked by group,
+speedup against % of roofline, % of roofline histogram, per-category table, and one section per
+problem (anchor ``#problem-<slug>``) with every result, its verdict details and the candidate's code.
 
 Every number cell carries ``data-group``, ``data-metric`` and ``data-value`` (the unrounded value), and
 every plotted mark is an SVG element of class ``mark``, so a test (or a script) can read the page back.
@@ -19,7 +21,7 @@ from pathlib import Path
 from pkb.problem import Status
 from pkb.report.metrics import FAST_P_THRESHOLDS, Report
 from pkb.report.records import Record
-from pkb.report.tables import percent, times
+from pkb.report.tables import HEADLINE_FOOTNOTE, fast_1, headline_notes, percent, problems_text, times
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")
@@ -27,7 +29,7 @@ STATUS_COLORS = {
     Status.OK: "#59a14f", Status.MISMATCH: "#e15759", Status.COMPILE_ERROR: "#9c755f",
     Status.IMPORT_ERROR: "#b07aa1", Status.SIGNATURE_ERROR: "#ff9da7", Status.RUNTIME_ERROR: "#f28e2b",
     Status.TIMEOUT: "#edc948", Status.CRASH: "#76b7b2", Status.TAMPERED: "#000000", Status.FORBIDDEN: "#555555",
-    Status.SKIPPED: "#bab0ac",
+    Status.SKIPPED: "#bab0ac", Status.HARNESS_ERROR: "#7f3c8d",
 }
 WIDTH, HEIGHT = 620, 300
 MARGIN = {"left": 56, "right": 150, "top": 16, "bottom": 40}
@@ -37,7 +39,8 @@ body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-widt
 h1 { margin: 0 0 4px; } h2 { margin-top: 28px; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; margin: 8px 0; } th, td { padding: 3px 8px; border-bottom: 1px solid #eee; }
 th { text-align: left; background: #f6f6f6; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.plots { display: flex; flex-wrap: wrap; gap: 16px; } figure { margin: 0; } figcaption { color: #555; }
+.plots { display: flex; flex-wrap: wrap; gap: 16px; } figure { margin: 0; max-width: 624px; }
+figcaption { color: #555; }
 svg.plot { background: #fff; border: 1px solid #ddd; } svg text { font: 11px system-ui, sans-serif; fill: #333; }
 .status { padding: 1px 6px; border-radius: 3px; color: #fff; } .note { color: #666; }
 pre { background: #f6f8fa; padding: 8px; overflow-x: auto; max-height: 480px; font-size: 12px; }
@@ -50,8 +53,17 @@ def render(report: Report, title: str = "pkb report", source: str = "") -> str:
     colors = {group: PALETTE[i % len(PALETTE)] for i, group in enumerate(report.groups)}
     parts = [
         _header(report, title, source),
-        _section("leaderboard", "Leaderboard", _leaderboard_table(report) + _figure(
+        _section("headline", "Headline", _headline(report)),
+        _section("leaderboard", "Leaderboard (pkb's protocol)", _leaderboard_table(report) + _figure(
             _leaderboard_bars(report, colors), "pass@1 and fast_1 (correct and faster than the reference) per group")),
+        _section("sets", "By set", '<div class="plots">' + "".join([
+            _figure(_strip(report, colors, "speedup-by-set"),
+                    "speedup over the reference of each correct, timed sample (log); the bar is the geometric mean"),
+            _figure(_strip(report, colors, "roofline-by-set"),
+                    "% of roofline of each correct sample; the bar is the median"),
+            _figure(_protocol_bars(report, colors),
+                    "pass@1 per category: correct on the upstream cases (paper, solid) and on every case (pkb, light)"),
+        ]) + "</div>"),
         _section("plots", "Speed", '<div class="plots">' + "".join([
             _figure(_fast_p_curves(report, colors), "fast_p@1: share of problems solved correctly with speedup > p"),
             _figure(_verdict_stacks(report), "verdicts per group (latest result of each sample)"),
@@ -86,8 +98,47 @@ def _header(report: Report, title: str, source: str) -> str:
             '<p class="note">pass@k and fast_p are averaged over the selected problems: a problem without a result '
             "counts as failed; a skipped sample (it needs what the mode lacks) is neither a pass nor a failure, and "
             f"a problem whose every sample was skipped leaves the denominator.</p>{notes}"
-            '<nav><a href="#leaderboard">leaderboard</a> · <a href="#plots">plots</a> · '
+            '<nav><a href="#headline">headline</a> · <a href="#leaderboard">leaderboard</a> · '
+            '<a href="#sets">by set</a> · <a href="#plots">plots</a> · '
             '<a href="#categories">categories</a> · <a href="#problems">problems</a></nav></header>')
+
+
+def _headline(report: Report) -> str:
+    check = report.self_check
+    if check.num_checked:
+        details = check.details()
+        text = ("<p>references checked against themselves: "
+                f'<span data-group="reference" data-metric="self_check.ok" data-value="{check.num_ok}">'
+                f"{check.num_ok}</span>"
+                f' of <span data-group="reference" data-metric="self_check.checked" data-value="{check.num_checked}">'
+                f"{check.num_checked}</span> ok" + (f" ({_e('; '.join(details))})" if details else "") + "</p>")
+    else:
+        text = f"<p>{_e(check.summary())}</p>"
+    if not report.groups:
+        return text + '<p class="note">No candidate results in this selection (reference self-checks do not count).</p>'
+    head = ("<tr><th>#</th><th>" + _e(report.group_by) + "</th><th>problems</th><th>pass@1 paper</th>"
+            "<th>pass@1 pkb</th><th>fast_1 paper</th><th>fast_1 pkb</th><th>fast_1.5 pkb</th><th>fast_2 pkb</th><th>geomean speedup</th>"
+            "<th>median % roofline</th><th>failures (pkb)</th><th>failures (paper)</th></tr>")
+    rows = []
+    for rank, (group, m) in enumerate(report.overall.items(), 1):
+        paper = report.paper[group]
+        fast = m.fast_p.get(1, {}) if m.timed else {}
+        rows.append(
+            f"<tr><td>{rank}</td><td>{_e(group)}</td>"
+            + _num(group, "headline.problems", m.denominator, problems_text(m))
+            + _num(group, "headline.paper.pass@1", paper.pass_at_k.get(1), percent(paper.pass_at_k.get(1)))
+            + _num(group, "headline.pkb.pass@1", m.pass_at_k.get(1), percent(m.pass_at_k.get(1)))
+            + _num(group, "headline.paper.fast_1", fast_1(paper), percent(fast_1(paper)))
+            + _num(group, "headline.pkb.fast_1", fast_1(m), percent(fast_1(m)))
+            + _num(group, "headline.pkb.fast_1.5", fast.get(1.5), percent(fast.get(1.5)))
+            + _num(group, "headline.pkb.fast_2", fast.get(2.0), percent(fast.get(2.0)))
+            + _num(group, "headline.geomean_speedup", m.geomean_speedup, times(m.geomean_speedup))
+            + _num(group, "headline.median_roofline", m.roofline.quantiles.get("median"),
+                   percent(m.roofline.quantiles.get("median")))
+            + f"<td>{_e(', '.join(f'{n} {s}' for s, n in m.failures.items()) or '-')}</td>"
+            + f"<td>{_e(', '.join(f'{n} {s}' for s, n in paper.failures.items()) or '-')}</td></tr>")
+    notes = "".join(f'<p class="note">{_e(n)}</p>' for n in headline_notes(report) if n not in report.notes)
+    return f"{text}<table>{head}{''.join(rows)}</table><p class=\"note\">{_e(HEADLINE_FOOTNOTE)}</p>{notes}"
 
 
 def _section(anchor: str, title: str, body: str) -> str:
@@ -140,17 +191,19 @@ def _pass_at_k_table(report: Report) -> str:
 def _category_table(report: Report) -> str:
     if not report.groups:
         return '<p class="note">No candidate results.</p>'
-    head = ("<tr><th>category</th><th>group</th><th>problems</th><th>attempted</th><th>pass@1</th><th>fast_1</th>"
-            "<th>geomean speedup</th><th>median % roofline</th><th>failures</th></tr>")
+    head = ("<tr><th>category</th><th>group</th><th>problems</th><th>attempted</th><th>pass@1 paper</th>"
+            "<th>pass@1</th><th>fast_1</th><th>geomean speedup</th><th>median % roofline</th><th>failures</th></tr>")
     rows = []
     for category in report.categories:
         for group in report.groups:
             m = report.by_category[group][category]
+            paper = report.paper_by_category[group][category]
             key = f"{category}."
             rows.append(
                 f"<tr><td>{_e(category)}</td><td>{_e(group)}</td>"
                 + _num(group, key + "problems", m.denominator, str(m.denominator))
                 + _num(group, key + "attempted", m.num_attempted, str(m.num_attempted))
+                + _num(group, key + "paper.pass@1", paper.pass_at_k.get(1), percent(paper.pass_at_k.get(1)))
                 + _num(group, key + "pass@1", m.pass_at_k.get(1), percent(m.pass_at_k.get(1)))
                 + _num(group, key + "fast_1", m.fast_p.get(1, {}).get(1.0), percent(m.fast_p.get(1, {}).get(1.0)))
                 + _num(group, key + "geomean_speedup", m.geomean_speedup, times(m.geomean_speedup))
@@ -361,6 +414,77 @@ def _scatter(report: Report, colors: dict[str, str]) -> str:
               for r in points]
     return _svg("scatter", frame.axes(x_ticks, _PERCENT_TICKS, "speedup over the reference", "% of roofline")
                 + "".join(marks) + _legend([(g, colors[g]) for g in report.groups]), "speedup vs % of roofline")
+
+
+def _strip(report: Report, colors: dict[str, str], name: str) -> str:
+    """One column per set, a dot per correct sample (pkb's protocol): its speedup (log axis) or its % of
+    roofline; a bar at the set's geometric mean speedup or median % of roofline."""
+    speed = name == "speedup-by-set"
+    value_of = (lambda r: r.result.speedup if r.result.speedup and r.result.speedup > 0 else None) if speed else \
+        (lambda r: r.result.roofline_fraction)
+    points = {g: [(r, value_of(r)) for r in report.records if r.group == g and not r.is_reference
+                  and r.status is Status.OK and value_of(r) is not None and r.problem in report.problems]
+              for g in report.groups}
+    values = [v for ps in points.values() for _, v in ps]
+    if not values:
+        return _empty(name, "no correct result was timed" if speed else "no correct result has a % of roofline")
+    if speed:
+        low = 10 ** math.floor(math.log10(min(min(values), 1.0)))
+        high = 10 ** math.ceil(math.log10(max(max(values), 1.0) * 1.0001))
+        frame = _Frame((0, len(report.groups)), (math.log10(low), math.log10(high)))
+        y_of = lambda v: frame.y(math.log10(v))  # noqa: E731
+        y_ticks, tick = [], low
+        while tick <= high * 1.0001:
+            y_ticks.append((math.log10(tick), f"{tick:g}x"))
+            tick *= 10
+        out = [f'<line x1="{frame.left}" y1="{y_of(1.0):.1f}" x2="{frame.right}" y2="{y_of(1.0):.1f}" '
+               'stroke="#aaa" stroke-dasharray="4 3"/>']
+    else:
+        frame = _Frame((0, len(report.groups)), (0, max(1.0, max(values))))
+        y_of, y_ticks, out = frame.y, _PERCENT_TICKS, []
+    band = (frame.right - frame.left) / len(report.groups)
+    for i, group in enumerate(report.groups):
+        for j, (record, value) in enumerate(points[group]):
+            x = frame.left + band * (i + 0.2 + 0.6 * ((j * 0.618034) % 1.0))
+            label = times(value) if speed else percent(value)
+            out.append(f'<circle class="mark" data-group="{_e(group)}" data-problem="{_e(record.problem)}" '
+                       f'data-value="{value}" cx="{x:.1f}" cy="{y_of(value):.1f}" r="4" fill="{colors[group]}" '
+                       f'fill-opacity="0.75"><title>{_e(group)} {_e(record.problem)}: {label}</title></circle>')
+        m = report.overall[group]
+        summary = m.geomean_speedup if speed else m.roofline.quantiles.get("median")
+        if summary is not None:
+            y, x0, x1 = y_of(summary), frame.left + band * (i + 0.1), frame.left + band * (i + 0.9)
+            out.append(f'<line class="summary" data-group="{_e(group)}" data-value="{summary}" x1="{x0:.1f}" '
+                       f'y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" stroke="#222" stroke-width="2"/>')
+    labels = [(i + 0.5, g[:14]) for i, g in enumerate(report.groups)]
+    axis = "speedup over the reference" if speed else "% of roofline"
+    return _svg(name, frame.axes(labels, y_ticks, report.group_by, axis) + "".join(out)
+                + _legend([(g, colors[g]) for g in report.groups]), axis + " by set")
+
+
+def _protocol_bars(report: Report, colors: dict[str, str]) -> str:
+    """Per category, per set: pass@1 on the paper's protocol (solid) beside pkb's (light)."""
+    if not report.groups:
+        return _empty("protocols", "no candidate results")
+    categories = report.categories
+    frame = _Frame((0, len(categories)), (0, 1))
+    band = (frame.right - frame.left) / len(categories)
+    width = band * 0.8 / (2 * len(report.groups))
+    out = []
+    for i, category in enumerate(categories):
+        for j, group in enumerate(report.groups):
+            for k, (protocol, opacity) in enumerate((("paper", 1.0), ("pkb", 0.45))):
+                value = report.on_category(protocol)[group][category].pass_at_k.get(1, 0.0)
+                x = frame.left + band * (i + 0.1) + width * (2 * j + k)
+                out.append(f'<rect class="mark" data-group="{_e(group)}" data-category="{_e(category)}" '
+                           f'data-protocol="{protocol}" data-value="{value}" x="{x:.1f}" y="{frame.y(value):.1f}" '
+                           f'width="{width * 0.95:.1f}" height="{frame.bottom - frame.y(value):.1f}" '
+                           f'fill="{colors[group]}" fill-opacity="{opacity}"><title>{_e(group)} {_e(category)} '
+                           f"pass@1 ({protocol}) {percent(value)}</title></rect>")
+    labels = [(i + 0.5, c[:16]) for i, c in enumerate(categories)]
+    legend = _legend([(g, colors[g]) for g in report.groups] + [("paper: solid", "#555"), ("pkb: light", "#bbb")])
+    return _svg("protocols", frame.axes(labels, _PERCENT_TICKS, "category", "pass@1") + "".join(out) + legend,
+                "correct on the upstream cases against correct on every case, per category")
 
 
 def _roofline_histogram(report: Report, colors: dict[str, str]) -> str:

@@ -1,23 +1,32 @@
-"""The numbers a report shows, per group (model or solution set) and per category, in one place.
+"""The numbers a report shows, per group (solution set, model) and per category, on both protocols, in one place.
+
+Two protocols judge every sample (``PROTOCOLS``): ``paper``, correct when it was ok on the upstream cases
+alone (the benchmark's own inputs, as ParallelKernelBench's paper judged), and ``pkb``, correct when its
+verdict is ``ok`` on every case pkb checked. Every metric exists on both (``Report.paper``,
+``Report.overall``).
 
 - ``pass@k``: the unbiased estimator of Chen et al. 2021, ``1 - C(n-c, k) / C(n, k)`` for a problem with
   ``n`` samples of which ``c`` are correct, averaged over the problems of the selection. It is given for
   the k that every attempted problem has at least k samples for (the estimator needs ``n >= k``).
 - ``fast_p@k``: the same estimator where a sample counts when it is correct *and* its speedup over the
-  reference is above ``p``, for p in ``FAST_P_THRESHOLDS``. ``fast_0`` is correctness (every measured
-  speedup is above 0, and a correct sample without timings counts too); for p > 0 a sample needs a
-  measured speedup.
+  reference is above ``p``, for p in ``FAST_P_THRESHOLDS`` (the paper's fast_1, fast_1.5, fast_2 among
+  them). ``fast_1@3`` is the paper's fast1@3: the chance that of 3 samples of a problem at least one is
+  correct and faster than the reference. ``fast_0`` is correctness (every measured speedup is above 0,
+  and a correct sample without timings counts too); for p > 0 a sample needs a measured speedup.
 - ``geomean_speedup``: the geometric mean of the speedups of correct samples that were timed.
 - ``roofline``: the distribution of % of roofline over correct samples that have one: quantiles and a
   histogram in 10 % bins (and a bin for over 100 %, a sign of a hardware profile that is too slow).
 - ``moves_data_itself``: the share of correct samples that call no stock collective
   (``collectives_used`` empty).
-- ``verdicts``: every verdict's count; ``failures`` are those other than ``ok`` and ``skipped``.
+- ``verdicts``: every verdict's count (on the protocol); ``failures`` are those other than ``ok``,
+  ``skipped`` and ``harness_error``.
 
 How results count: a problem of the selection with no result for a group counts as failed (0 in
-pass@k and fast_p). A ``skipped`` sample (it needs what the mode lacks) is neither a pass nor a
-failure: it is left out of ``n``, and a problem whose every sample was skipped leaves the denominator
-(``num_skipped_problems`` says how many did). Reference self-checks never count.
+pass@k and fast_p). A ``skipped`` sample (it needs what the mode lacks), a ``harness_error`` (pkb's own
+failure, no verdict on the candidate) and, on the paper's protocol, a sample whose upstream verdict is
+unknown (``num_unknown``) are neither a pass nor a failure: they are left out of ``n``, and a problem
+with no other sample leaves the denominator (``num_skipped_problems``). Reference self-checks never
+count; ``SelfCheck`` summarises them.
 """
 
 from __future__ import annotations
@@ -29,13 +38,13 @@ from fractions import Fraction
 from typing import Iterable
 
 from pkb.problem import Status
-from pkb.report.records import Record
+from pkb.report.records import PROTOCOLS, Record
 
 FAST_P_THRESHOLDS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)
 DEFAULT_KS = (1, 5, 10, 100)
 QUANTILES = {"p10": 0.1, "p25": 0.25, "median": 0.5, "p75": 0.75, "p90": 0.9}
 ROOFLINE_BIN_EDGES = tuple(i / 10 for i in range(11))  # 0, 0.1, ..., 1.0, then one bin above 100 %
-NOT_FAILURES = (Status.OK, Status.SKIPPED)
+NOT_FAILURES = (Status.OK, Status.SKIPPED, Status.HARNESS_ERROR)
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
@@ -49,22 +58,24 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
 
 @dataclass(frozen=True)
 class ProblemTally:
-    """One group's samples of one problem: ``num_samples`` excludes skipped ones."""
+    """One group's samples of one problem on one protocol: ``num_samples`` are those with a verdict
+    (not skipped, not a harness error, not unknown)."""
 
     problem: str
     num_samples: int
     num_correct: int
-    num_skipped: int
+    num_skipped: int  # skipped, a harness error or (paper) unknown: left out of num_samples
     num_fast: tuple[int, ...]  # per FAST_P_THRESHOLDS: correct and speedup > p
+    num_unknown: int = 0
 
 
-def tally(problem: str, records: Iterable[Record]) -> ProblemTally:
-    records = list(records)
-    records = [r for r in records if r.status is not Status.HARNESS_ERROR]  # no verdict on the candidate
-    counted = [r for r in records if r.status is not Status.SKIPPED]
-    correct = [r for r in counted if r.status is Status.OK]
+def tally(problem: str, records: Iterable[Record], protocol: str = "pkb") -> ProblemTally:
+    verdicts = [(r, r.verdict(protocol)) for r in records]
+    unknown = sum(1 for _, verdict in verdicts if verdict is None)
+    counted = [(r, v) for r, v in verdicts if v is not None and v not in NOT_FAILURES[1:]]
+    correct = [r for r, verdict in counted if verdict is Status.OK]
     fast = tuple(sum(1 for r in correct if _is_fast(r, p)) for p in FAST_P_THRESHOLDS)
-    return ProblemTally(problem, len(counted), len(correct), len(records) - len(counted), fast)
+    return ProblemTally(problem, len(counted), len(correct), len(verdicts) - len(counted), fast, unknown)
 
 
 def _is_fast(record: Record, p: float) -> bool:
@@ -104,12 +115,12 @@ def _quantile(ordered: list[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class Metrics:
-    """Every metric of one group over one set of problems (the selection, or one category of it)."""
+    """Every metric of one group over one set of problems (the selection, or one category of it), on one protocol."""
 
     num_problems: int  # in the selection
-    num_attempted: int  # with at least one sample that was not skipped
-    num_skipped_problems: int  # every sample skipped: left out of the denominator
-    num_samples: int  # samples counted (not skipped)
+    num_attempted: int  # with at least one sample that has a verdict
+    num_skipped_problems: int  # every sample skipped, a harness error or (paper) unknown: left out of the denominator
+    num_samples: int  # samples counted (with a verdict)
     pass_at_k: dict[int, float]
     fast_p: dict[int, dict[float, float]]  # k -> p -> fast_p@k
     geomean_speedup: float | None
@@ -117,6 +128,9 @@ class Metrics:
     roofline: RooflineSummary
     moves_data_itself: float | None  # share of correct samples with no stock collective
     verdicts: dict[str, int]
+    protocol: str = "pkb"
+    num_unknown: int = 0  # samples whose verdict on this protocol is unknown (paper: upstream cases not checked)
+    timed: bool = False  # some counted sample has a measured speedup (else fast_p for p > 0 says nothing)
 
     @property
     def failures(self) -> dict[str, int]:
@@ -127,14 +141,18 @@ class Metrics:
         return self.num_problems - self.num_skipped_problems
 
 
-def compute(records: Iterable[Record], problems: Iterable[str], ks: Iterable[int] = DEFAULT_KS) -> Metrics:
-    """Metrics of ``records`` (one group's, reference self-checks already left out) over ``problems``."""
+def compute(records: Iterable[Record], problems: Iterable[str], ks: Iterable[int] = DEFAULT_KS,
+            protocol: str = "pkb") -> Metrics:
+    """Metrics of ``records`` (one group's, reference self-checks already left out) over ``problems``,
+    a sample being correct as ``protocol`` (``PROTOCOLS``) judges it."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
     problems = list(dict.fromkeys(problems))
     by_problem: dict[str, list[Record]] = {p: [] for p in problems}
     for record in records:
         if record.problem in by_problem:
             by_problem[record.problem].append(record)
-    tallies = [tally(p, rs) for p, rs in by_problem.items()]
+    tallies = [tally(p, rs, protocol) for p, rs in by_problem.items()]
     skipped_only = [t for t in tallies if t.num_samples == 0 and t.num_skipped > 0]
     denominator = len(problems) - len(skipped_only)
     attempted = [t for t in tallies if t.num_samples > 0]
@@ -144,12 +162,14 @@ def compute(records: Iterable[Record], problems: Iterable[str], ks: Iterable[int
     pass_k = {k: average([pass_at_k(t.num_samples, t.num_correct, k) for t in attempted]) for k in usable_ks}
     fast_p = {k: {p: average([pass_at_k(t.num_samples, t.num_fast[i], k) for t in attempted])
                   for i, p in enumerate(FAST_P_THRESHOLDS)} for k in usable_ks}
-    kept = [r for rs in by_problem.values() for r in rs]
-    correct = [r for r in kept if r.status is Status.OK]
+    judged = [(r, r.verdict(protocol)) for rs in by_problem.values() for r in rs]
+    counted = [r for r, verdict in judged if verdict is not None and verdict not in NOT_FAILURES[1:]]
+    correct = [r for r, verdict in judged if verdict is Status.OK]
     speedups = [r.result.speedup for r in correct if r.result.speedup is not None and r.result.speedup > 0]
     verdicts: dict[str, int] = {}
-    for record in kept:
-        verdicts[record.status.value] = verdicts.get(record.status.value, 0) + 1
+    for _, verdict in judged:
+        if verdict is not None:
+            verdicts[verdict.value] = verdicts.get(verdict.value, 0) + 1
     return Metrics(
         num_problems=len(problems), num_attempted=len(attempted), num_skipped_problems=len(skipped_only),
         num_samples=sum(t.num_samples for t in tallies), pass_at_k=pass_k, fast_p=fast_p,
@@ -157,25 +177,86 @@ def compute(records: Iterable[Record], problems: Iterable[str], ks: Iterable[int
         num_timed=len(speedups),
         roofline=roofline_summary([r.result.roofline_fraction for r in correct if r.result.roofline_fraction is not None]),
         moves_data_itself=(sum(1 for r in correct if not r.result.collectives_used) / len(correct)) if correct else None,
-        verdicts=dict(sorted(verdicts.items())),
+        verdicts=dict(sorted(verdicts.items())), protocol=protocol, num_unknown=sum(t.num_unknown for t in tallies),
+        timed=any(r.result.speedup is not None for r in counted),
     )
 
 
 @dataclass(frozen=True)
+class SelfCheck:
+    """The references checked against themselves: a check of the suite and of the harness, not a set."""
+
+    num_selected: int  # problems in the selection
+    num_checked: int  # of them with a self-check
+    num_ok: int
+    num_skipped: int
+    failed: dict[str, str]  # problem -> its verdict (harness_error included: pkb failed on its own reference)
+
+    def summary(self) -> str:
+        """e.g. ``references: 86 of 87 ok (1 failed: allreduce mismatch)``."""
+        if not self.num_checked:
+            return "references: no self-check in these results"
+        details = self.details()
+        return f"references: {self.num_ok} of {self.num_checked} ok" + (f" ({'; '.join(details)})" if details else "")
+
+    def details(self) -> list[str]:
+        """What the count alone does not say: skipped and failed self-checks, problems left unchecked."""
+        extra = []
+        if self.num_skipped:
+            extra.append(f"{self.num_skipped} skipped")
+        if self.failed:
+            shown = ", ".join(f"{p} {s}" for p, s in list(self.failed.items())[:5])
+            extra.append(f"{len(self.failed)} failed: {shown}" + (", ..." if len(self.failed) > 5 else ""))
+        if self.num_checked < self.num_selected:
+            extra.append(f"{self.num_selected - self.num_checked} of {self.num_selected} selected problems not checked")
+        return extra
+
+
+def self_check(records: Iterable[Record], problems: Iterable[str]) -> SelfCheck:
+    problems = list(dict.fromkeys(problems))
+    latest: dict[str, Record] = {}
+    for record in records:
+        if record.is_reference and record.problem in problems:
+            latest[record.problem] = record  # records are in id order: the latest wins
+    verdicts = {p: latest[p].status for p in problems if p in latest}
+    return SelfCheck(num_selected=len(problems), num_checked=len(verdicts),
+                     num_ok=sum(1 for s in verdicts.values() if s is Status.OK),
+                     num_skipped=sum(1 for s in verdicts.values() if s is Status.SKIPPED),
+                     failed={p: s.value for p, s in verdicts.items() if s not in (Status.OK, Status.SKIPPED)})
+
+
+@dataclass(frozen=True)
 class Report:
-    """Metrics per group, overall and per category, over a selection of problems."""
+    """Metrics per group, overall and per category, on both protocols, over a selection of problems."""
 
     group_by: str
     problems: dict[str, str]  # the selection: slug -> category
-    groups: tuple[str, ...]  # best first (pass@1, then fast_1, then geomean speedup)
-    overall: dict[str, Metrics]
-    by_category: dict[str, dict[str, Metrics]]  # group -> category -> metrics
+    groups: tuple[str, ...]  # best first (pass@1, then fast_1, then geomean speedup, on pkb's protocol)
+    overall: dict[str, Metrics]  # pkb's protocol
+    by_category: dict[str, dict[str, Metrics]]  # group -> category -> metrics (pkb's protocol)
     records: tuple[Record, ...]  # every record, reference self-checks included
     notes: tuple[str, ...] = ()
+    paper: dict[str, Metrics] = field(default_factory=dict)  # the paper's protocol
+    paper_by_category: dict[str, dict[str, Metrics]] = field(default_factory=dict)
+    self_check: SelfCheck = SelfCheck(0, 0, 0, 0, {})
+    ks: tuple[int, ...] = DEFAULT_KS
 
     @property
     def categories(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(self.problems.values()))
+
+    def on(self, protocol: str) -> dict[str, Metrics]:
+        """Overall metrics per group on ``protocol``."""
+        return self.paper if protocol == "paper" else self.overall
+
+    def on_category(self, protocol: str) -> dict[str, dict[str, Metrics]]:
+        return self.paper_by_category if protocol == "paper" else self.by_category
+
+    @property
+    def timed_off_gpu(self) -> bool:
+        """Some counted result was timed in a mode whose times are not GPU performance."""
+        return any(r.result.timings and not r.result.times_are_gpu_performance
+                   for r in self.records if not r.is_reference and r.group in self.overall)
 
     def to_json(self) -> dict:
         """The ``pkb report --format json`` document (keys documented in docs/reports.md)."""
@@ -183,43 +264,115 @@ class Report:
             "group_by": self.group_by,
             "num_problems": len(self.problems),
             "groups": list(self.groups),
-            "pass_at_k": {g: _keyed(m.pass_at_k) for g, m in self.overall.items()},
-            "fast_p": {g: {str(k): _keyed(by_p) for k, by_p in m.fast_p.items()} for g, m in self.overall.items()},
-            "geomean_speedup": {g: m.geomean_speedup for g, m in self.overall.items()},
-            "roofline": {g: _roofline_json(m.roofline) for g, m in self.overall.items()},
-            "failures": {g: m.failures for g, m in self.overall.items()},
-            "verdicts": {g: m.verdicts for g, m in self.overall.items()},
-            "moves_data_itself": {g: m.moves_data_itself for g, m in self.overall.items()},
-            "problems": {g: {"selected": m.num_problems, "attempted": m.num_attempted,
-                             "skipped_only": m.num_skipped_problems, "samples": m.num_samples}
-                         for g, m in self.overall.items()},
-            "by_category": {g: {c: _metrics_json(m) for c, m in cats.items()} for g, cats in self.by_category.items()},
+            "self_check": {"selected": self.self_check.num_selected, "checked": self.self_check.num_checked,
+                           "ok": self.self_check.num_ok, "skipped": self.self_check.num_skipped,
+                           "failed": self.self_check.failed},
+            **_protocol_json(self.overall, self.by_category),
+            "paper": _protocol_json(self.paper, self.paper_by_category),
             "notes": list(self.notes),
         }
 
 
+def _protocol_json(overall: dict[str, Metrics], by_category: dict[str, dict[str, Metrics]]) -> dict:
+    return {
+        "pass_at_k": {g: _keyed(m.pass_at_k) for g, m in overall.items()},
+        "fast_p": {g: {str(k): _keyed(by_p) for k, by_p in m.fast_p.items()} for g, m in overall.items()},
+        "geomean_speedup": {g: m.geomean_speedup for g, m in overall.items()},
+        "roofline": {g: _roofline_json(m.roofline) for g, m in overall.items()},
+        "failures": {g: m.failures for g, m in overall.items()},
+        "verdicts": {g: m.verdicts for g, m in overall.items()},
+        "unknown": {g: m.num_unknown for g, m in overall.items()},
+        "moves_data_itself": {g: m.moves_data_itself for g, m in overall.items()},
+        "problems": {g: {"selected": m.num_problems, "attempted": m.num_attempted,
+                         "skipped_only": m.num_skipped_problems, "samples": m.num_samples}
+                     for g, m in overall.items()},
+        "by_category": {g: {c: _metrics_json(m) for c, m in cats.items()} for g, cats in by_category.items()},
+    }
+
+
 def build_report(records: Iterable[Record], problems: dict[str, str], group_by: str,
                  ks: Iterable[int] = DEFAULT_KS, notes: Iterable[str] = ()) -> Report:
-    """Group ``records`` and compute every metric. ``problems``: the selection, slug -> category."""
+    """Group ``records`` and compute every metric on both protocols. ``problems``: the selection, slug -> category."""
     records = tuple(records)
     ks = tuple(ks)
     by_group: dict[str, list[Record]] = {}
     for record in records:
         if not record.is_reference and record.problem in problems:
             by_group.setdefault(record.group, []).append(record)
-    overall = {g: compute(rs, problems, ks) for g, rs in by_group.items()}
     categories = tuple(dict.fromkeys(problems.values()))
-    by_category = {g: {c: compute([r for r in rs if problems[r.problem] == c],
-                                  [p for p, pc in problems.items() if pc == c], ks) for c in categories}
-                   for g, rs in by_group.items()}
+    on_protocol = {}
+    for protocol in PROTOCOLS:
+        overall = {g: compute(rs, problems, ks, protocol) for g, rs in by_group.items()}
+        by_category = {g: {c: compute([r for r in rs if problems[r.problem] == c],
+                                      [p for p, pc in problems.items() if pc == c], ks, protocol) for c in categories}
+                       for g, rs in by_group.items()}
+        on_protocol[protocol] = (overall, by_category)
+    overall, by_category = on_protocol["pkb"]
+    paper, paper_by_category = on_protocol["paper"]
     groups = tuple(sorted(overall, key=lambda g: _rank_key(g, overall[g])))
     return Report(group_by, dict(problems), groups, {g: overall[g] for g in groups},
-                  {g: by_category[g] for g in groups}, records, tuple(notes))
+                  {g: by_category[g] for g in groups}, records, tuple(notes),
+                  paper={g: paper[g] for g in groups}, paper_by_category={g: paper_by_category[g] for g in groups},
+                  self_check=self_check(records, problems), ks=ks)
 
 
 def _rank_key(group: str, metrics: Metrics) -> tuple:
     return (-metrics.pass_at_k.get(1, 0.0), -metrics.fast_p.get(1, {}).get(1.0, 0.0),
             -(metrics.geomean_speedup or 0.0), group)
+
+
+# -- two sets side by side, problem by problem (pkb report --compare) -----------------------------------
+
+
+@dataclass(frozen=True)
+class Side:
+    """One set's samples of one problem."""
+
+    num_samples: int  # records, whatever their verdict
+    verdicts: dict[str, tuple[str, ...]]  # protocol -> each sample's verdict ("unknown" where the row cannot tell)
+    num_correct: dict[str, int]  # protocol -> correct samples
+    best_speedup: float | None  # the fastest sample correct on pkb's protocol
+    roofline: float | None  # that sample's fraction of roofline
+
+    def solved(self, protocol: str) -> bool:
+        return self.num_correct[protocol] > 0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    sets: tuple[str, str]
+    rows: tuple[tuple[str, str, dict[str, Side | None]], ...]  # (problem, category, set -> side or None)
+    counts: dict[str, dict[str, int]]  # protocol -> {"both", "only <a>", "only <b>", "neither"} over problems
+
+
+def compare(report: Report, set_a: str, set_b: str) -> Comparison:
+    """``set_a`` and ``set_b`` side by side on every selected problem that either has a result for."""
+    sets = (set_a, set_b)
+    by_key: dict[tuple[str, str], list[Record]] = {}
+    for record in report.records:
+        if record.group in sets and not record.is_reference:
+            by_key.setdefault((record.group, record.problem), []).append(record)
+    rows = []
+    counts = {protocol: {"both": 0, f"only {set_a}": 0, f"only {set_b}": 0, "neither": 0} for protocol in PROTOCOLS}
+    for problem, category in report.problems.items():
+        sides = {name: _side(by_key[(name, problem)]) if (name, problem) in by_key else None for name in sets}
+        if all(side is None for side in sides.values()):
+            continue
+        rows.append((problem, category, sides))
+        for protocol in PROTOCOLS:
+            a, b = (sides[name] is not None and sides[name].solved(protocol) for name in sets)
+            counts[protocol]["both" if a and b else f"only {set_a}" if a else f"only {set_b}" if b else "neither"] += 1
+    return Comparison(sets, tuple(rows), counts)
+
+
+def _side(records: list[Record]) -> Side:
+    verdicts = {p: tuple((r.verdict(p).value if r.verdict(p) is not None else "unknown") for r in records)
+                for p in PROTOCOLS}
+    correct = {p: sum(1 for v in verdicts[p] if v == Status.OK.value) for p in PROTOCOLS}
+    timed = [r for r in records if r.status is Status.OK and r.result.speedup is not None]
+    best = max(timed, key=lambda r: r.result.speedup, default=None)
+    return Side(len(records), verdicts, correct, best.result.speedup if best else None,
+                best.result.roofline_fraction if best else None)
 
 
 def _keyed(values: dict) -> dict[str, float]:
@@ -237,4 +390,5 @@ def _roofline_json(summary: RooflineSummary) -> dict:
 def _metrics_json(m: Metrics) -> dict:
     return {"pass_at_k": _keyed(m.pass_at_k), "fast_p": {str(k): _keyed(v) for k, v in m.fast_p.items()},
             "geomean_speedup": m.geomean_speedup, "roofline": _roofline_json(m.roofline), "failures": m.failures,
-            "moves_data_itself": m.moves_data_itself, "problems": m.num_problems, "attempted": m.num_attempted}
+            "moves_data_itself": m.moves_data_itself, "problems": m.num_problems, "attempted": m.num_attempted,
+            "unknown": m.num_unknown}

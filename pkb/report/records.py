@@ -1,41 +1,48 @@
-"""Result rows as report records: each stored result with the group it counts for, its sample and its code.
+"""Result rows as report records: each stored result with the group it counts for, its sample, its
+verdict on both protocols and its code.
 
-A *group* is what a report compares: a model, or a set of solution files. ``group_by`` picks it:
+A *group* is what a report compares. ``group_by`` picks it:
 
-- ``model``: the ``model`` of the ``generations`` rows that link to the result (``result_id``); a result
-  that several generations link to (the same file twice) counts once per generation; results that no
-  generation links to fall back to ``set``.
-- ``set``: the solution set. A solution named ``dir/stem`` belongs to ``dir``; otherwise the name minus
-  the problem's own prefix (``1_allreduce_cuda_peer`` -> ``cuda_peer``), and ``solutions`` when nothing
-  is left (``allreduce.py``).
+- ``set`` (the default): the solution set the result row names (pkb.store.db): the folder given to
+  ``pkb run --solutions`` (or ``--set``), ``pkb shipped``, or, for a result that generations link to
+  (``result_id``), the generation run (``generated_set(model, run)``), once per linked generation.
+- ``model``: the ``model`` of the generations that link to the result; results that no generation links
+  to fall back to their set.
 - ``solution``: every solution name is its own group.
-- ``auto``: ``model`` when a generation links to any of the results read, else ``set``. (The table itself
-  may exist in every database; what matters is whether it links to results.)
+
+Groups never come from a file name's suffix.
+
+Two verdicts per record (``Record.verdict(protocol)``): ``pkb`` is the stored status, strict on every
+checked case; ``paper`` is the verdict on the upstream cases alone, the paper's protocol
+(``paper_status``), ``None`` when the row cannot tell (the upstream cases were not checked).
 
 One row per sample counts: a sample is the generation's run and sample number when one is linked,
 else the solution name. Of several rows of a sample the latest counts (a rerun replaces the earlier
 result); of an agent's steps (generations with a ``step``) the best counts, as the agent keeps the
 best file: correct first, then the fastest, then the latest. Reference self-checks are
-kept as records (for the per-problem pages) and marked ``is_reference``; metrics leave them out.
+kept as records (the headline's self-check, the per-problem pages) and marked ``is_reference``;
+metrics leave them out.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
 from pkb.evaluate.result import EvalResult
 from pkb.problem import Status
+from pkb.store.db import REFERENCE_SET, UNNAMED_SET, ResultStore, StoreError, generated_set
 
-GROUP_KEYS = ("auto", "model", "set", "solution")
-REFERENCE = "reference"
+GROUP_KEYS = ("set", "model", "solution")
+PROTOCOLS = ("paper", "pkb")  # paper: correct on the upstream cases (upstream_ok); pkb: correct on every case
+REFERENCE = REFERENCE_SET
 UNKNOWN_CATEGORY = "unknown"
 
-_UPSTREAM_PREFIX = re.compile(r"^\d+_")
+# verdicts reached before any input was run: the file fails on any inputs, so on the paper's protocol too
+_FAILS_ON_ANY_INPUTS = (Status.COMPILE_ERROR, Status.IMPORT_ERROR, Status.SIGNATURE_ERROR)
 # generations columns read when present (the table belongs to pkb.generate; only model and result_id are needed)
 _OPTIONAL_GENERATION_COLUMNS = ("run", "sample", "step", "code", "code_path")
 
@@ -76,6 +83,7 @@ class Record:
     result: EvalResult
     code: Code
     step: int | None = None  # an agent's step, when a generation with a step links to the result
+    paper_status: Status | None = None  # the verdict on the upstream cases alone; None: unknown
 
     @property
     def problem(self) -> str:
@@ -84,6 +92,10 @@ class Record:
     @property
     def status(self) -> Status:
         return self.result.status
+
+    def verdict(self, protocol: str) -> Status | None:
+        """The verdict under ``protocol`` (``PROTOCOLS``); None when the row cannot tell (paper only)."""
+        return self.paper_status if protocol == "paper" else self.result.status
 
     @property
     def is_reference(self) -> bool:
@@ -105,13 +117,14 @@ class Generation:
 class Loaded:
     records: tuple[Record, ...]  # the latest row of each sample, reference self-checks included
     rows: tuple[Record, ...]  # every row the filter keeps, in id order (csv / parquet exports)
-    group_by: str  # the key actually used (``auto`` resolved)
+    group_by: str  # set, model or solution
     notes: tuple[str, ...]  # what the reader should know (fallbacks, unlinked generations)
 
 
-def load(path: str | Path, group_by: str = "auto", row_filter: Filter = Filter(),
-         categories: dict[str, str] | None = None) -> Loaded:
-    """Read a results database into records. ``categories`` maps problem slug -> category (default: the registry)."""
+def load(path: str | Path, group_by: str = "set", row_filter: Filter = Filter(),
+         categories: dict[str, str] | None = None, upstream_cases: dict[str, frozenset[str]] | None = None) -> Loaded:
+    """Read a results database into records. ``categories`` maps problem slug -> category and
+    ``upstream_cases`` slug -> the names of its upstream cases (both default to the registry's)."""
     if group_by not in GROUP_KEYS:
         raise ReportError(f"unknown group key {group_by!r}; use one of {', '.join(GROUP_KEYS)}")
     path = Path(path)
@@ -119,24 +132,36 @@ def load(path: str | Path, group_by: str = "auto", row_filter: Filter = Filter()
         raise ReportError(f"no results database at {path}: run `pkb run` first, or point --db at one")
     if categories is None:
         categories = registry_categories()
-    from pkb.store.db import ResultStore, StoreError
-
+    if upstream_cases is None:
+        upstream_cases = registry_upstream_cases()
     try:
         store = ResultStore(path)  # checks the schema version (and migrates an older database)
     except (StoreError, sqlite3.DatabaseError) as exc:
         raise ReportError(f"cannot read {path}: {exc}") from None
     with store:
         generations, notes = _generations(store.conn)
-        results = [(result_id, EvalResult.from_dict(json.loads(text)))
-                   for result_id, text in store.conn.execute("SELECT id, result_json FROM results ORDER BY id")]
-    results = [(result_id, result) for result_id, result in results if row_filter.keeps(result)]
-    linked = any(result_id in generations for result_id, _ in results)
-    resolved = ("model" if linked else "set") if group_by == "auto" else group_by
-    if resolved == "model" and not linked:
+        stored = [(result_id, json.loads(text))
+                  for result_id, text in store.conn.execute("SELECT id, result_json FROM results ORDER BY id")]
+    results = [(result_id, EvalResult.from_dict(row), "upstream_ok" in row) for result_id, row in stored]
+    results = [item for item in results if row_filter.keeps(item[1])]
+    if group_by == "model" and not any(result_id in generations for result_id, _, _ in results):
         notes.append("no generation links to these results: grouped by solution set instead of model")
-    rows = [record for result_id, result in results
-            for record in _records(result_id, result, generations.get(result_id, []), resolved, categories)]
-    return Loaded(records=one_per_sample(rows), rows=tuple(rows), group_by=resolved, notes=tuple(notes))
+    rows = [record for result_id, result, recorded in results
+            for record in _records(result_id, result, generations.get(result_id, []), group_by, categories,
+                                   paper_status(result, upstream_cases.get(result.problem), recorded))]
+    return Loaded(records=one_per_sample(rows), rows=tuple(rows), group_by=group_by, notes=tuple(notes))
+
+
+def from_results(results: list[EvalResult], categories: dict[str, str] | None = None,
+                 upstream_cases: dict[str, frozenset[str]] | None = None) -> tuple[Record, ...]:
+    """Records of results not read from a database (``pkb run``'s own), grouped by their set; the
+    latest of each sample counts, as in ``load``."""
+    categories = registry_categories() if categories is None else categories
+    upstream_cases = registry_upstream_cases() if upstream_cases is None else upstream_cases
+    rows = [record for index, result in enumerate(results, 1)
+            for record in _records(index, result, [], "set", categories,
+                                   paper_status(result, upstream_cases.get(result.problem), True))]
+    return one_per_sample(rows)
 
 
 def one_per_sample(rows: list[Record]) -> tuple[Record, ...]:
@@ -155,43 +180,53 @@ def _step_rank(record: Record) -> tuple:
     return (record.status is Status.OK, record.result.speedup or 0.0)
 
 
+def paper_status(result: EvalResult, upstream_cases: frozenset[str] | None, recorded: bool = True) -> Status | None:
+    """The verdict on the upstream cases alone (the paper's protocol), or None when the row cannot tell.
+
+    ``upstream_ok`` decides where the evaluator set it: True is ``ok`` whatever the stricter cases said,
+    False keeps the status (an upstream trial failed). Where it is None: ``skipped`` and ``harness_error``
+    stay what they are; a file that failed before any input ran (compile, import, signature) fails on
+    the paper's inputs too, and so does any other failure of a row that ``recorded`` upstream_ok and
+    had upstream cases among its ``cases`` (it stopped before the first upstream trial finished).
+    Otherwise (an ``ok`` row whose run left the upstream cases out, a row from before upstream_ok was
+    recorded) it is unknown. ``upstream_cases``: the problem's upstream case names (None: unknown problem).
+    """
+    if result.upstream_ok is True:
+        return Status.OK
+    if result.upstream_ok is False or result.status in (Status.SKIPPED, Status.HARNESS_ERROR, *_FAILS_ON_ANY_INPUTS):
+        return result.status
+    if result.status is not Status.OK and recorded and upstream_cases and set(result.cases) & upstream_cases:
+        return result.status
+    return None
+
+
 def registry_categories() -> dict[str, str]:
     from pkb.registry import all_problems
 
     return {name: problem.category for name, problem in all_problems().items()}
 
 
-def solution_set(solution: str, problem: str, upstream_id: int | None = None) -> str:
-    """The solution set a solution name belongs to (see the module docstring)."""
-    if "/" in solution:
-        return solution.rsplit("/", 1)[0]
-    rest = solution
-    if upstream_id is not None and rest.startswith(f"{upstream_id}_"):
-        rest = rest[len(f"{upstream_id}_"):]
-    else:
-        rest = _UPSTREAM_PREFIX.sub("", rest)
-    if rest == problem:
-        rest = ""
-    elif rest.startswith(problem + "_"):
-        rest = rest[len(problem) + 1:]
-    return rest or "solutions"
+def registry_upstream_cases() -> dict[str, frozenset[str]]:
+    from pkb.registry import all_problems
+
+    return {name: frozenset(case.name for case in problem.upstream) for name, problem in all_problems().items()}
 
 
 def _records(result_id: int, result: EvalResult, generations: list[Generation], group_by: str,
-             categories: dict[str, str]) -> list[Record]:
-    """One record per generation that links to the result (one record when none does)."""
+             categories: dict[str, str], paper: Status | None) -> list[Record]:
+    """One record per generation that links to the result (one record when none does, or by solution)."""
     category = categories.get(result.problem, UNKNOWN_CATEGORY)
     if result.solution == REFERENCE:
         return [Record(str(result_id), result_id, REFERENCE, REFERENCE, category, result,
-                       Code(None, "the problem's reference (`pkb show` prints it)"))]
-    if group_by == "solution":
-        group = result.solution
-    else:
-        group = solution_set(result.solution, result.problem)
-    if group_by != "model" or not generations:
-        return [Record(str(result_id), result_id, group, result.solution, category, result, _code(result, None))]
-    return [Record(f"{result_id}-{g.id}", result_id, g.model, f"{g.run or 'run'} sample {g.sample}", category,
-                   result, _code(result, g), g.step) for g in generations]
+                       Code(None, "the problem's reference (`pkb show` prints it)"), paper_status=paper)]
+    if group_by == "solution" or not generations:
+        group = result.solution if group_by == "solution" else (result.solution_set or UNNAMED_SET)
+        return [Record(str(result_id), result_id, group, result.solution, category, result, _code(result, None),
+                       paper_status=paper)]
+    return [Record(f"{result_id}-{g.id}", result_id,
+                   g.model if group_by == "model" else generated_set(g.model, g.run or ""),
+                   f"{g.run or 'run'} sample {g.sample}", category, result, _code(result, g), g.step, paper)
+            for g in generations]
 
 
 def _code(result: EvalResult, generation: Generation | None) -> Code:

@@ -1,27 +1,33 @@
-"""Tables of a report: the leaderboard and per-category rows (terminal, HTML), and the result rows
-(``--format csv|parquet``). Formatting of a number lives here once, so the terminal and the HTML agree.
+"""Tables of a report: the headline (one row per set), the metrics table, two sets compared problem by
+problem, and the result rows. Formatting of a number lives here once, so the terminal and the HTML agree;
+the machine-readable tables (``*_table``) keep raw values (fractions in 0..1) for CSV, JSON and parquet.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 
-from pkb.report.metrics import Metrics, Report
-from pkb.report.records import Record
+from pkb.report.metrics import FAST_P_THRESHOLDS, Comparison, Metrics, Report, Side
+from pkb.report.records import PROTOCOLS, Record
 
-LEADERBOARD_COLUMNS = ("group", "problems", "attempted", "pass@1", "fast_1", "fast_2", "geomean_speedup",
-                       "median_roofline", "moves_data_itself", "failures")
-CATEGORY_COLUMNS = ("group", "category", "problems", "attempted", "pass@1", "fast_1", "geomean_speedup")
+HEADLINE_COLUMNS = ("set", "problems", "pass@1 paper / pkb", "fast_1 paper / pkb", "geomean speedup",
+                    "median roofline", "failures (pkb)")
+HEADLINE_FOOTNOTE = ("paper: correct on the upstream cases alone (the paper's protocol); pkb: correct on every case "
+                     "pkb checks.\nproblems: attempted of counted; a problem without a result counts as failed, one "
+                     "whose samples were all skipped (or pkb's own failures) is left out.")
+ALL_CATEGORIES = "all"
 
 # The result rows' columns, in order, for csv and parquet (JSON-valued columns hold JSON text).
 RESULT_COLUMNS = ("result_id", "group", "sample", "problem", "category", "problem_version", "solution",
-                  "solution_sha256", "status", "message", "mode", "world_size", "num_trials", "speedup",
-                  "roofline_fraction", "busbw_gbps", "times_are_gpu_performance", "collectives_used", "hardware",
-                  "pkb_version", "schema_version", "created_at", "wall_s", "timings", "details")
+                  "solution_set", "solution_sha256", "status", "upstream_ok", "paper_verdict", "message", "mode",
+                  "world_size", "num_trials", "speedup", "roofline_fraction", "busbw_gbps",
+                  "times_are_gpu_performance", "collectives_used", "hardware", "pkb_version", "schema_version",
+                  "created_at", "wall_s", "timings", "details")
 _JSON_COLUMNS = ("collectives_used", "timings", "details")
+RESULT_TYPES = {"result_id": int, "problem_version": int, "world_size": int, "num_trials": int, "schema_version": int,
+                "speedup": float, "roofline_fraction": float, "busbw_gbps": float, "created_at": float,
+                "wall_s": float, "times_are_gpu_performance": bool, "upstream_ok": bool}
 
 
 def percent(value: float | None) -> str:
@@ -32,31 +38,163 @@ def times(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def leaderboard_rows(report: Report) -> list[dict[str, str]]:
-    return [{"group": group, **_metric_cells(m), "median_roofline": percent(m.roofline.quantiles.get("median")),
-             "moves_data_itself": percent(m.moves_data_itself),
-             "failures": ", ".join(f"{n} {s}" for s, n in m.failures.items()) or "-"}
-            for group, m in report.overall.items()]
+def fast_1(m: Metrics, k: int = 1) -> float | None:
+    """fast_1@k, or None where no sample was timed (then it would only repeat that nothing was measured)."""
+    return m.fast_p.get(k, {}).get(1.0) if m.timed else None
 
 
-def category_rows(report: Report) -> list[dict[str, str]]:
-    return [{"group": group, "category": category, **_metric_cells(m)}
-            for group, by_category in report.by_category.items() for category, m in by_category.items()]
+def pair(paper: str, pkb: str) -> str:
+    return f"{paper} / {pkb}"
 
 
-def _metric_cells(m: Metrics) -> dict[str, str]:
-    fast_1 = m.fast_p.get(1, {})
-    return {"problems": str(m.denominator), "attempted": str(m.num_attempted), "pass@1": percent(m.pass_at_k.get(1)),
-            "fast_1": percent(fast_1.get(1.0)), "fast_2": percent(fast_1.get(2.0)),
-            "geomean_speedup": times(m.geomean_speedup)}
+def problems_text(m: Metrics) -> str:
+    """e.g. ``3 of 5`` (attempted of counted), ``1 of 1 (+1 left out)``."""
+    return f"{m.num_attempted} of {m.denominator}" + (f" (+{m.num_skipped_problems} left out)"
+                                                       if m.num_skipped_problems else "")
+
+
+def failures_text(m: Metrics) -> str:
+    return ", ".join(f"{n} {s}" for s, n in m.failures.items()) or "-"
+
+
+# -- the headline ----------------------------------------------------------------------------------------
+
+
+def headline_rows(report: Report) -> list[dict[str, str]]:
+    """One row per group, best first: the headline of ``pkb run`` and of ``pkb report``."""
+    rows = []
+    for group, m in report.overall.items():
+        paper = report.paper[group]
+        rows.append({"set": group, "problems": problems_text(m),
+                     "pass@1 paper / pkb": pair(percent(paper.pass_at_k.get(1)), percent(m.pass_at_k.get(1))),
+                     "fast_1 paper / pkb": pair(percent(fast_1(paper)), percent(fast_1(m))),
+                     "geomean speedup": times(m.geomean_speedup),
+                     "median roofline": percent(m.roofline.quantiles.get("median")),
+                     "failures (pkb)": failures_text(m)})
+    return rows
+
+
+def headline_notes(report: Report) -> list[str]:
+    """What the reader of the headline should know beyond the footnote."""
+    notes = []
+    for group, m in report.paper.items():
+        if m.num_unknown:
+            notes.append(f"{group}: {m.num_unknown} sample(s) without an upstream verdict (their run left the "
+                         "upstream cases out, or they predate it) are left out of the paper's protocol")
+    if report.timed_off_gpu:
+        notes.append("some speedups were measured in cpu or shared-gpu mode: not GPU performance")
+    return notes + list(report.notes)
+
+
+# -- the metrics table: one row per (group, category, protocol) ---------------------------------------------
+
+
+def metric_columns(ks) -> tuple[str, ...]:
+    ks = sorted(set(ks))
+    return (("group", "category", "protocol", "problems", "attempted", "samples", "unknown")
+            + tuple(f"pass@{k}" for k in ks)
+            + tuple(f"fast_{p:g}" for p in FAST_P_THRESHOLDS if p >= 1)
+            + tuple(f"fast_1@{k}" for k in ks if k > 1)
+            + ("geomean_speedup", "num_timed", "median_roofline", "moves_data_itself", "failures"))
+
+
+def metrics_table(report: Report) -> list[dict]:
+    """Every group's metrics overall (category ``all``) and per category, on both protocols; raw values."""
+    rows = []
+    for group in report.groups:
+        for protocol in PROTOCOLS:
+            cells = [(ALL_CATEGORIES, report.on(protocol)[group])]
+            cells += list(report.on_category(protocol)[group].items())
+            rows += [_metric_row(group, category, protocol, m, report.ks) for category, m in cells]
+    return rows
+
+
+def _metric_row(group: str, category: str, protocol: str, m: Metrics, ks) -> dict:
+    row = {"group": group, "category": category, "protocol": protocol, "problems": m.denominator,
+           "attempted": m.num_attempted, "samples": m.num_samples, "unknown": m.num_unknown}
+    for k in sorted(set(ks)):
+        row[f"pass@{k}"] = m.pass_at_k.get(k)
+    for p in FAST_P_THRESHOLDS:
+        if p >= 1:
+            row[f"fast_{p:g}"] = m.fast_p.get(1, {}).get(p) if m.timed else None
+    for k in sorted(set(ks)):
+        if k > 1:
+            row[f"fast_1@{k}"] = fast_1(m, k)
+    row.update(geomean_speedup=m.geomean_speedup, num_timed=m.num_timed,
+               median_roofline=m.roofline.quantiles.get("median"), moves_data_itself=m.moves_data_itself,
+               failures=json.dumps(m.failures))
+    return row
+
+
+def metric_types(ks) -> dict[str, type]:
+    return {c: (str if c in ("group", "category", "protocol", "failures") else
+                int if c in ("problems", "attempted", "samples", "unknown", "num_timed") else float)
+            for c in metric_columns(ks)}
+
+
+# -- two sets, problem by problem ----------------------------------------------------------------------
+
+
+def compare_columns(comparison: Comparison) -> tuple[str, ...]:
+    return ("problem", "category") + tuple(f"{name} {what}" for name in comparison.sets
+                                           for what in ("paper", "pkb", "speedup", "roofline"))
+
+
+def compare_table(comparison: Comparison) -> list[dict]:
+    """One row per problem: each set's verdict on both protocols (``c/n ok`` for several samples), its best
+    speedup and that sample's fraction of roofline; raw numbers."""
+    rows = []
+    for problem, category, sides in comparison.rows:
+        row = {"problem": problem, "category": category}
+        for name, side in sides.items():
+            row[f"{name} paper"] = _verdict_cell(side, "paper")
+            row[f"{name} pkb"] = _verdict_cell(side, "pkb")
+            row[f"{name} speedup"] = side.best_speedup if side else None
+            row[f"{name} roofline"] = side.roofline if side else None
+        rows.append(row)
+    return rows
+
+
+def compare_types(comparison: Comparison) -> dict[str, type]:
+    return {c: float if c.endswith((" speedup", " roofline")) else str for c in compare_columns(comparison)}
+
+
+def compare_text_rows(comparison: Comparison) -> list[dict[str, str]]:
+    """``compare_table`` with numbers formatted for the terminal."""
+    return [{c: (times(v) if c.endswith(" speedup") else percent(v) if c.endswith(" roofline") else v)
+             for c, v in row.items()} for row in compare_table(comparison)]
+
+
+def compare_summary(comparison: Comparison) -> list[str]:
+    return [f"{protocol}: " + ", ".join(f"{label} {n}" for label, n in counts.items())
+            + " (problems with a correct sample)" for protocol, counts in comparison.counts.items()]
+
+
+def _verdict_cell(side: Side | None, protocol: str) -> str:
+    """The one sample's verdict, or ``c/n ok`` over the samples with a verdict (``+2 skipped`` for the rest)."""
+    if side is None:
+        return "no result"
+    verdicts = side.verdicts[protocol]
+    if len(verdicts) == 1:
+        return verdicts[0]
+    left_out = ("skipped", "harness_error", "unknown")
+    judged = [v for v in verdicts if v not in left_out]
+    rest = {v: verdicts.count(v) for v in left_out if v in verdicts}
+    text = f"{side.num_correct[protocol]}/{len(judged)} ok" if judged else ""
+    return " ".join([text, *(f"+{n} {v}" for v, n in rest.items())]).strip()
+
+
+# -- the result rows -------------------------------------------------------------------------------------
 
 
 def result_rows(records: tuple[Record, ...]) -> list[dict]:
     rows = []
     for record in records:
         values = record.result.to_dict()
+        paper = record.verdict("paper")
         row = {"result_id": record.result_id, "group": record.group, "sample": record.sample,
-               "category": record.category, **{c: values.get(c) for c in RESULT_COLUMNS if c in values}}
+               "category": record.category, "paper_verdict": paper.value if paper is not None else None,
+               **{c: values.get(c) for c in RESULT_COLUMNS if c in values}}
         for column in _JSON_COLUMNS:
             row[column] = json.dumps(row[column], default=str)
         rows.append({c: row.get(c) for c in RESULT_COLUMNS})
@@ -64,26 +202,15 @@ def result_rows(records: tuple[Record, ...]) -> list[dict]:
 
 
 def to_csv(records: tuple[Record, ...]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=RESULT_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(result_rows(records))
-    return out.getvalue()
+    from pkb.report.export import table_text
+
+    return table_text(result_rows(records), RESULT_COLUMNS, "csv")
 
 
 def write_parquet(records: tuple[Record, ...], path: str | Path) -> None:
-    pa, pq = require_pyarrow()
-    rows = result_rows(records)
-    table = pa.Table.from_pylist(rows, schema=_result_schema(pa))
-    pq.write_table(table, str(path))
+    from pkb.report.export import write_parquet_table
 
-
-def _result_schema(pa):
-    types = {"result_id": pa.int64(), "problem_version": pa.int64(), "world_size": pa.int64(),
-             "num_trials": pa.int64(), "schema_version": pa.int64(), "speedup": pa.float64(),
-             "roofline_fraction": pa.float64(), "busbw_gbps": pa.float64(), "created_at": pa.float64(),
-             "wall_s": pa.float64(), "times_are_gpu_performance": pa.bool_()}
-    return pa.schema([(c, types.get(c, pa.string())) for c in RESULT_COLUMNS])
+    write_parquet_table(result_rows(records), RESULT_COLUMNS, RESULT_TYPES, path)
 
 
 def require_pyarrow():

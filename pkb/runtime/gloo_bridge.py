@@ -129,15 +129,13 @@ def _done(async_op: bool):
     return DoneWork() if async_op else None
 
 
-def _flat_out(tensor: torch.Tensor) -> torch.Tensor:
-    """A flat buffer for an output: the tensor's own storage when contiguous, else a new one."""
-    return tensor.view(-1) if tensor.is_contiguous() else torch.empty(tensor.numel(), dtype=tensor.dtype,
-                                                                      device=tensor.device)
-
-
-def _copy_back(tensor: torch.Tensor, flat: torch.Tensor) -> None:
-    if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
-        tensor.copy_(flat.view(tensor.shape))
+def _through_flat(name: str, out: torch.Tensor, tensor: torch.Tensor, async_op: bool, **kwargs):
+    """Call ``name`` on flat views of ``out`` and ``tensor`` (what gloo accepts), then fill ``out``."""
+    flat = out.view(-1) if out.is_contiguous() else torch.empty(out.numel(), dtype=out.dtype, device=out.device)
+    _call(name, flat.view(tensor.dtype), tensor.reshape(-1).contiguous(), **kwargs)
+    if flat.data_ptr() != out.data_ptr() or not out.is_contiguous():
+        out.copy_(flat.view(out.shape))
+    return _done(async_op)
 
 
 # -- gathers and scatters of whole tensors ---------------------------------------------------------------
@@ -150,10 +148,7 @@ def all_gather_into_tensor(*args, **kwargs):
     world_size = dist.get_world_size(group)
     if out.numel() != world_size * tensor.numel():
         return _call("all_gather_into_tensor", *args, **kwargs)  # torch's own error
-    flat = _flat_out(out)
-    _call("all_gather_into_tensor", _bytes(flat), _bytes(tensor.reshape(-1).contiguous()), group=group)
-    _copy_back(out, flat)
-    return _done(a["async_op"])
+    return _through_flat("all_gather_into_tensor", out, _bytes(tensor), a["async_op"], group=group)
 
 
 @_bridge("reduce_scatter_tensor")
@@ -162,10 +157,7 @@ def reduce_scatter_tensor(*args, **kwargs):
     out, tensor, group = a["output"], a["input"], a["group"]
     if tensor.numel() != dist.get_world_size(group) * out.numel() or (out.dim() <= 1 and tensor.dim() <= 1):
         return _call("reduce_scatter_tensor", *args, **kwargs)
-    flat = _flat_out(out)
-    _call("reduce_scatter_tensor", flat, tensor.reshape(-1).contiguous(), op=a["op"], group=group)
-    _copy_back(out, flat)
-    return _done(a["async_op"])
+    return _through_flat("reduce_scatter_tensor", out, tensor, a["async_op"], op=a["op"], group=group)
 
 
 @_bridge("all_gather")
@@ -223,44 +215,50 @@ def broadcast(*args, **kwargs):
 
 @_bridge("reduce")
 def reduce(*args, **kwargs):
-    a = _arguments("reduce", args, kwargs)
-    group = a["group"]
-    root = _group_rank_of(group, a.get("dst"), a.get("group_dst"))
-    if dist.get_rank(group) == root:
+    a, group, root, is_root = _rooted("reduce", args, kwargs, "dst")
+    if is_root:
         return _call("reduce", *args, **kwargs)
     _call("reduce", **{**a, "tensor": a["tensor"].clone(), "async_op": False})  # NCCL only reads it here
     return _done(a["async_op"])
 
 
+def _rooted(name: str, args: tuple, kwargs: dict, root_name: str) -> tuple[dict, Any, int, bool]:
+    """(the call's arguments, its group, the root's rank in that group, whether this rank is the root)."""
+    a = _arguments(name, args, kwargs)
+    root = _group_rank_of(a["group"], a.get(root_name), a.get(f"group_{root_name}"))
+    return a, a["group"], root, dist.get_rank(a["group"]) == root
+
+
+def _receive_into(tensor: torch.Tensor, source: int, group) -> None:
+    """Receive from group rank ``source`` into ``tensor`` (any strides) through a contiguous buffer."""
+    buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    _bridges["recv"](buffer, src=_global_rank(group, source), group=group)
+    tensor.copy_(buffer)
+
+
 @_bridge("gather")
 def gather(*args, **kwargs):
     """Always point to point, as NCCL runs it: only the root knows whether its list is uneven."""
-    a = _arguments("gather", args, kwargs)
-    tensor, group = a["tensor"], a["group"]
-    root = _group_rank_of(group, a.get("dst"), a.get("group_dst"))
-    if dist.get_rank(group) != root:
+    a, group, root, is_root = _rooted("gather", args, kwargs, "dst")
+    tensor = a["tensor"]
+    if not is_root:
         _bridges["send"](tensor.contiguous(), dst=_global_rank(group, root), group=group)
         return _done(a["async_op"])
     for source, out in enumerate(a["gather_list"]):
         if source == root:
             out.copy_(tensor.reshape(out.shape))
         else:
-            buffer = torch.empty(out.shape, dtype=out.dtype, device=out.device)
-            _bridges["recv"](buffer, src=_global_rank(group, source), group=group)
-            out.copy_(buffer)
+            _receive_into(out, source, group)
     return _done(a["async_op"])
 
 
 @_bridge("scatter")
 def scatter(*args, **kwargs):
     """Always point to point, as NCCL runs it: only the root knows whether its list is uneven."""
-    a = _arguments("scatter", args, kwargs)
-    tensor, group = a["tensor"], a["group"]
-    root = _group_rank_of(group, a.get("src"), a.get("group_src"))
-    if dist.get_rank(group) != root:
-        buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
-        _bridges["recv"](buffer, src=_global_rank(group, root), group=group)
-        tensor.copy_(buffer)
+    a, group, root, is_root = _rooted("scatter", args, kwargs, "src")
+    tensor = a["tensor"]
+    if not is_root:
+        _receive_into(tensor, root, group)
         return _done(a["async_op"])
     for target, piece in enumerate(a["scatter_list"]):
         if target == root:

@@ -4,8 +4,14 @@ Each row keeps the columns reports filter on (problem, solution, status, speedup
 EvalResult as JSON (details, per-case timings). Rows are committed as they arrive, so an interrupted
 ``pkb run`` loses nothing, and ``run_key`` lets a rerun skip what is already done.
 
-Migrations: ``MIGRATIONS[i]`` takes a database from schema version i to i + 1 (``PRAGMA user_version``).
-A database written by a newer pkb is refused with a message rather than misread.
+Migrations: ``MIGRATIONS[i]`` takes a database from schema version i to i + 1 (``PRAGMA user_version``):
+SQL text, or a function of the connection where old rows need Python to fill a new column. A database
+written by a newer pkb is refused with a message rather than misread.
+
+Solution sets: every result row names the set it belongs to (``solution_set``), which is what reports
+compare: the folder given to ``pkb run --solutions`` (its name, or ``--set``), a generation run of
+``pkb generate`` / ``pkb agent`` (``generated_set``), pkb's shipped solutions (``SHIPPED_SET``) or a
+reference's self-check (``REFERENCE_SET``).
 """
 
 from __future__ import annotations
@@ -13,17 +19,70 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import sqlite3
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from pkb import __version__
 from pkb.evaluate.result import SCHEMA_VERSION, EvalResult
 
 DEFAULT_DB = "pkb-results.sqlite"
 
-MIGRATIONS: list[str] = [
+SHIPPED_SET = "pkb shipped"  # pkb/solutions
+REFERENCE_SET = "reference"  # a problem's reference checked against itself
+UNNAMED_SET = "unnamed"  # a row from before sets whose folder is unknown (see _name_solution_sets)
+SHIPPED_SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
+
+
+def generated_set(model: str, run: str) -> str:
+    """The set of a generation run: the run's name, led by the model unless the name already says it.
+
+    ``generated_set("openai:gpt-5", "openai-gpt-5-cuda") == "openai-gpt-5-cuda"`` (pkb's default run
+    names start with the model); ``generated_set("openai:gpt-5", "trial") == "openai:gpt-5/trial"``.
+    """
+    safe_model = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-")
+    return run if model in run or (safe_model and safe_model in run) else f"{model}/{run}"
+
+
+def _name_solution_sets(conn: sqlite3.Connection) -> None:
+    """2 -> 3: ``solution_set`` and ``upstream_ok`` columns, filled in for the rows already there.
+
+    An old row's set: ``reference`` for a self-check; the generation run that links to it; ``pkb shipped``
+    when its hash is that of a file in pkb/solutions today; the folder of a ``dir/stem`` name; else
+    ``unnamed`` (a ``pkb run --solutions`` row, whose folder was not recorded). ``upstream_ok`` comes
+    from the stored result where it was recorded, else NULL (unknown).
+    """
+    conn.execute("ALTER TABLE results ADD COLUMN solution_set TEXT NOT NULL DEFAULT ''")
+    conn.execute("ALTER TABLE results ADD COLUMN upstream_ok INTEGER")
+    conn.execute("CREATE INDEX results_set ON results (solution_set, problem)")
+    rows = conn.execute("SELECT id, solution, solution_sha256, result_json FROM results").fetchall()
+    if not rows:
+        return
+    runs = {result_id: generated_set(model, run) for result_id, model, run in conn.execute(
+        "SELECT result_id, model, run FROM generations WHERE result_id IS NOT NULL ORDER BY id DESC")}
+    shipped = {hashlib.sha256(path.read_text(encoding="utf-8").encode()).hexdigest()
+               for path in SHIPPED_SOLUTIONS.glob("*.py")}
+    for result_id, solution, sha256, text in rows:
+        row = json.loads(text)
+        if solution == REFERENCE_SET:
+            name = REFERENCE_SET
+        elif result_id in runs:
+            name = runs[result_id]
+        elif sha256 in shipped:
+            name = SHIPPED_SET
+        elif "/" in solution:
+            name = solution.rsplit("/", 1)[0]
+        else:
+            name = UNNAMED_SET
+        row["solution_set"] = name
+        upstream_ok = row.get("upstream_ok")
+        conn.execute("UPDATE results SET solution_set = ?, upstream_ok = ?, result_json = ? WHERE id = ?",
+                     (name, None if upstream_ok is None else int(bool(upstream_ok)), json.dumps(row), result_id))
+
+
+MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     # 0 -> 1: the results table
     """
     CREATE TABLE results (
@@ -92,6 +151,8 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX generations_sample ON generations (run, problem, sample, step);
     """,
+    # 2 -> 3: the solution set each result belongs to, and its verdict on the upstream cases alone
+    _name_solution_sets,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION, "every schema version needs its migration"
 
@@ -103,7 +164,8 @@ _GENERATION_COLUMNS = frozenset((
 
 _COLUMNS = ("problem", "problem_version", "solution", "solution_sha256", "status", "message", "mode",
             "world_size", "num_trials", "speedup", "roofline_fraction", "busbw_gbps",
-            "times_are_gpu_performance", "hardware", "pkb_version", "schema_version", "created_at", "wall_s")
+            "times_are_gpu_performance", "hardware", "pkb_version", "schema_version", "created_at", "wall_s",
+            "solution_set", "upstream_ok")
 
 
 class StoreError(RuntimeError):
@@ -135,9 +197,21 @@ class ResultStore:
             raise StoreError(f"{self.path} has schema version {version}, newer than this pkb's {SCHEMA_VERSION}: "
                              "upgrade pkb or use another --db")
         for target in range(version, SCHEMA_VERSION):
-            with self.conn:
-                self.conn.executescript(MIGRATIONS[target])
-                self.conn.execute(f"PRAGMA user_version = {target + 1}")
+            migration = MIGRATIONS[target]
+            if isinstance(migration, str):
+                with self.conn:
+                    self.conn.executescript(migration)
+                    self.conn.execute(f"PRAGMA user_version = {target + 1}")
+            else:
+                # one transaction, DDL included: a failed migration leaves the database as it was
+                self.conn.execute("BEGIN")
+                try:
+                    migration(self.conn)
+                    self.conn.execute(f"PRAGMA user_version = {target + 1}")
+                except BaseException:
+                    self.conn.rollback()
+                    raise
+                self.conn.commit()
 
     @property
     def schema_version(self) -> int:
