@@ -122,8 +122,9 @@ def test_irfft_cost():
 
 def test_gsplat_cost():
     cost = cost_of("gsplat_3d_gaussian_splatting", "catalog_512x512_1m", 8)
-    # 125,000 Gaussians x 8 cameras x 56-byte records, 7/8 off-rank, plus 8 cameras of 25 floats.
-    assert cost.link_bytes == pytest.approx(49_000_000 + 800)
+    # 125,000 Gaussians x 8 cameras x 64-byte records (2 int64 ids, 2 int32 radii, 10 fp32), 7/8 off-rank,
+    # plus 8 cameras of 25 floats.
+    assert cost.link_bytes == pytest.approx(56_000_000 + 800)
 
 
 def test_spherical_conv_cost():
@@ -162,7 +163,8 @@ def solution(test_features_rank, train_features_rank_T, train_labels_rank, max_k
     sims = (test_features_rank.float() @ train).to(torch.bfloat16)
     rows_s, rows_l = [], []
     for q in range(sims.shape[0]):
-        best = sorted(range(train.shape[1]), key=lambda j: (-float(sims[q, j]), j))[:max_k]
+        row = sims[q].tolist()
+        best = sorted(range(train.shape[1]), key=lambda j: (-row[j], j))[:max_k]
         rows_s.append(sims[q, best])
         rows_l.append(labels[best])
     if not rows_s:
@@ -191,7 +193,8 @@ def solution(x, s, dim, norm="ortho", group=None):
 def solution(x, weight, bias, stride=1, padding=1, group=None):
     bands = gather(x)
     image = torch.cat(bands, dim=2).float()
-    out = torch.nn.functional.conv2d(image, weight.float(), bias.float(), padding=padding)
+    bias = bias.float() if bias is not None else None
+    out = torch.nn.functional.conv2d(image, weight.float(), bias, padding=padding)
     start = sum(b.shape[2] for b in bands[:dist.get_rank()])
     return out[:, :, start:start + x.shape[2]].to(x.dtype)
 ''',
@@ -204,11 +207,11 @@ def solution(x, psi, weight, groups, nlon_out, nlon_in, azimuth_group=None, pola
     pieces = gather((x, psi))
     field = torch.cat([torch.cat([pieces[p * 2 + a][0] for a in range(2)], dim=3) for p in range(num_polar)], dim=2)
     batch, channels, nlat_in, _ = field.shape
-    num_k, nlat_out, band_cols = psi[2]
+    num_k, nlat_out, band_cols = psi.shape
     band = nlat_in // num_polar
     dense = torch.zeros(num_k, nlat_out, nlat_in * nlon_in)
     for p in range(num_polar):
-        idx, vals, _ = pieces[p * 2][1]
+        idx, vals = pieces[p * 2][1].indices(), pieces[p * 2][1].values()
         dense.index_put_((idx[0], idx[1], idx[2] + p * band * nlon_in), vals.float(), accumulate=True)
     rolled = field.float().reshape(batch * channels, nlat_in * nlon_in).T
     out = torch.zeros(batch * channels, num_k, nlat_out, nlon_out)
@@ -238,11 +241,13 @@ def test_an_honest_alternative_kernel_matches(slug, world_size, sessions, tmp_pa
     assert result.status is Status.OK, result.message
 
 
-def test_knn_ties_are_decided_by_global_index(sessions, tmp_path):
-    """The k-NN tie rule matters: a kernel that breaks equal similarities by the highest index fails."""
-    wrong = ALTERNATIVES["dinov2_distributed_knn"].replace("(-float(sims[q, j]), j)", "(-float(sims[q, j]), -j)")
+def test_knn_cases_leave_no_ties_in_the_top_k(sessions, tmp_path):
+    """No knife edge in k-NN: the top max_k + 1 similarities of every query are distinct, so a kernel that
+    breaks equal similarities the other way (highest index first) still gets ``ok``, labels included."""
+    other = ALTERNATIVES["dinov2_distributed_knn"].replace("(-row[j], j)", "(-row[j], -j)")
+    assert other != ALTERNATIVES["dinov2_distributed_knn"]
     path = tmp_path / "knn_highest_index_first.py"
-    path.write_text(_GATHER + textwrap.dedent(wrong))
+    path.write_text(_GATHER + textwrap.dedent(other))
     config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=2, timeout_s=120.0)
     result = evaluate(get_problem("dinov2_distributed_knn"), Candidate.from_file(path), config, sessions(2))
-    assert result.status is Status.MISMATCH, result.message
+    assert result.status is Status.OK, result.message

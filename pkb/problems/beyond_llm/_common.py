@@ -55,6 +55,19 @@ def all_to_all_rows(rows: torch.Tensor, send_counts: list[int], recv_counts: lis
     return out
 
 
+def all_to_all_rows_rotated(rows: torch.Tensor, send_counts: list[int], recv_counts: list[int],
+                            group=None) -> torch.Tensor:
+    """``all_to_all_rows`` in GraphBolt's rank-rotated peer order: entry j of the counts, and chunk j of
+    ``rows`` and of the result, belong to rank (rank + j) % W (entry 0 is this rank itself)."""
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    entry_of = [(peer - rank) % world_size for peer in range(world_size)]
+    send_chunks = rows.split(list(send_counts))
+    received = all_to_all_rows(torch.cat([send_chunks[j] for j in entry_of]), [send_counts[j] for j in entry_of],
+                               [recv_counts[j] for j in entry_of], group)
+    recv_chunks = received.split([recv_counts[j] for j in entry_of])  # in peer order
+    return torch.cat([recv_chunks[(rank + j) % world_size] for j in range(world_size)])
+
+
 def skewed_counts(gen: torch.Generator, num: int, total_mean: int, num_empty: int = 0) -> list[int]:
     """``num`` counts drawn heavy-tailed around ``total_mean`` in all, ``num_empty`` of them zero (at most
     ``num - 1``).

@@ -4,10 +4,11 @@ The reverse of the forward exchange: every rank sends the gradient rows of the f
 back to their owners, and the owner sums them into its seed rows (a sparse COO matrix times the
 received rows in GraphBolt; an index-add here).
 
-Per rank (M[a][b] = rows rank a sent to rank b in the forward pass, skewed, with empty entries):
-  grad_output [sum(counts_sent), D] fp32 (rows grouped by the rank that sent them forward),
-  seed_inverse_ids [sum(counts_received)] int64 in [0, seed_size) (with repeats; some seeds unused),
-  seed_size int, counts_sent = [M[s][rank] for s], counts_received = M[rank]
+Per rank (M[a][b] = rows rank a sent to rank b in the forward pass, skewed, with empty entries; peers
+listed rank-rotated as in the forward problem: entry j belongs to rank p_j = (rank + j) % W):
+  grad_output [sum(counts_sent), D] fp32 (the gradients of the rows received from p_0, p_1, ..., in that
+  order), seed_inverse_ids [sum(counts_received)] int64 in [0, seed_size) (with repeats; some seeds unused),
+  seed_size int, counts_sent = [M[p_j][rank] for j], counts_received = [M[rank][p_j] for j], group=None
   ->  grad [seed_size, D] fp32: grad[i] = sum of the returned rows whose seed_inverse_id is i (zero if none).
 
 Cost: the (W-1)/W of the R = rows_per_rank rows (D*4 bytes each) that leave the rank cross the link:
@@ -17,29 +18,28 @@ and writes the gradient rows: 3*R*D*4 + 2*seed_size*D*4. flops: R*D additions.
 Tolerance: a seed row sums its repeats in any order (atomics on a GPU): a few fp32 roundings of
 values of size ~1 (atol 1e-5); a row missing one contribution is off by ~1.
 
-Benchmarks: the backward of the forward problem's ogbn-papers100M layers (200k rows of 128, 40k of 256).
+Cases: ``upstream`` is the upstream benchmark's input (grad_output [1024, 128] fp32, 1024 ids below
+seed_size = 512, 1024/W rows to and from every peer). Benchmarks: the backward of the forward problem's
+ogbn-papers100M layers (200k rows of 128, 40k of 256).
 """
 
 import torch
 
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
-from pkb.problems.beyond_llm._common import all_to_all_rows, skewed_counts
+from pkb.problems.beyond_llm._common import all_to_all_rows_rotated
+from pkb.problems.beyond_llm.gnn_feature_exchange_all2all import count_matrix, rotated_counts
 
 
 def make_inputs(case, rank, world_size, gen):
-    counts = skewed_counts(gen.shared, world_size * world_size, case["rows_per_rank"] * world_size,
-                           num_empty=case.get("num_empty", 0) * world_size)
-    matrix = [counts[a * world_size:(a + 1) * world_size] for a in range(world_size)]
-    counts_received = matrix[rank]
-    counts_sent = [matrix[src][rank] for src in range(world_size)]
-    seed_size = case["seed_size"] + rank
+    counts_sent, counts_received = rotated_counts(count_matrix(case, world_size, gen), rank)
+    seed_size = case["seed_size"] + case.get("seed_size_step", 1) * rank
     grad_output = randn(gen, sum(counts_sent), case["dim"])
     seed_inverse_ids = torch.randint(0, seed_size, (sum(counts_received),), generator=gen, device=gen.device)
-    return grad_output, seed_inverse_ids, seed_size, counts_sent, counts_received
+    return grad_output, seed_inverse_ids, seed_size, counts_sent, counts_received, None
 
 
 def reference(grad_output, seed_inverse_ids, seed_size, counts_sent, counts_received, group=None):
-    returned = all_to_all_rows(grad_output, counts_sent, counts_received, group)
+    returned = all_to_all_rows_rotated(grad_output, counts_sent, counts_received, group)
     grad = torch.zeros((seed_size, *grad_output.shape[1:]), dtype=torch.float32, device=grad_output.device)
     return grad.index_add_(0, seed_inverse_ids, returned.float()).to(grad_output.dtype)
 
@@ -52,8 +52,10 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="gnn_feature_exchange_all2all_backward", version=1, upstream_id=66, category="beyond_llm",
+    name="gnn_feature_exchange_all2all_backward", version=2, upstream_id=66, category="beyond_llm",
     source="DGL GraphBolt cooperative minibatching (CooperativeConvFunction.backward)", world_sizes=(2, 4, 8),
+    upstream=[Case("upstream", {"rows_per_rank": 1024, "even": True, "seed_size": 512, "seed_size_step": 0,
+                                "dim": 128})],
     tests=[
         Case("skewed_odd_dim", {"rows_per_rank": 41, "seed_size": 9, "dim": 13}),
         Case("empty_pairs", {"rows_per_rank": 19, "seed_size": 4, "dim": 6, "num_empty": 1}),

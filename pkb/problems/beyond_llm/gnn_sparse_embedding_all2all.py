@@ -2,7 +2,8 @@
 to the rank that owns each id, owner = id % W.
 
 Per rank: idx [n] int64 in [0, num_nodes) (n differs per rank, may be 0; owners skewed, some ranks
-own none of a rank's ids), value [n, D] (bf16; a gradient or embedding row per id), num_nodes int
+own none of a rank's ids), value [n, D] (bf16; a gradient or embedding row per id), num_nodes int,
+group=None (the default group)
   ->  (recv_idx [m] int64, recv_value [m, D]): the pairs every rank sent here, rank 0's first, and
       from each rank in the order they appear in its idx (a stable sort by owner). Bit-exact.
 
@@ -10,6 +11,7 @@ Cost: a rank sends its n pairs, (W-1)/W of them to other ranks: link = (W-1)/W *
 the mean pairs per rank. HBM: the permutation and the exchange read and write the pairs twice:
 4*n*(8 + D*b).
 
+Cases: ``upstream`` is the upstream benchmark's input (idx [1024] in [0, 100000), value [1024, 128] bf16).
 Benchmarks: GraphStorm learnable node embeddings on ogbn-papers100M (111,059,956 nodes): a
 mini-batch of 1024 seeds with fanout (15, 10) touches about 150k distinct nodes per rank; their
 gradient rows (128-d) are pushed to the owners (``papers100m_emb128``); ``mag240m_emb768`` is the
@@ -24,8 +26,9 @@ from pkb.problems.beyond_llm._common import all_to_all_rows, dtype_of, exchange_
 
 
 def make_inputs(case, rank, world_size, gen):
-    sizes = skewed_counts(gen.shared, world_size, case["ids_per_rank"] * world_size, case.get("num_empty", 0))
-    num_ids = sizes[rank]
+    num_ids = case["ids_per_rank"]
+    if not case.get("even", False):
+        num_ids = skewed_counts(gen.shared, world_size, num_ids * world_size, case.get("num_empty", 0))[rank]
     # Skewed owners: each rank sends most of its ids to a few owners and none to some.
     owner_weights = torch.rand(world_size, generator=gen, device=gen.device).pow(4)
     owner_weights[torch.randint(0, world_size, (1,), generator=gen, device=gen.device)] = 0.0
@@ -34,7 +37,7 @@ def make_inputs(case, rank, world_size, gen):
     slots = torch.randint(0, case["num_nodes"] // world_size, (num_ids,), generator=gen, device=gen.device)
     idx = slots * world_size + owners
     value = randn(gen, num_ids, case["dim"], dtype=dtype_of(case))
-    return idx, value, case["num_nodes"]
+    return idx, value, case["num_nodes"], None
 
 
 def reference(idx, value, num_nodes, group=None):
@@ -55,9 +58,11 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="gnn_sparse_embedding_all2all", version=1, upstream_id=67, category="beyond_llm",
+    name="gnn_sparse_embedding_all2all", version=2, upstream_id=67, category="beyond_llm",
     source="DGL / GraphStorm distributed sparse embedding (push of (id, value) pairs to id % W)",
     world_sizes=(2, 4, 8),
+    upstream=[Case("upstream", {"ids_per_rank": 1024, "even": True, "num_nodes": 100_000, "dim": 128,
+                                "dtype": "bfloat16"})],
     tests=[
         Case("skewed_owners", {"ids_per_rank": 45, "num_nodes": 1000, "dim": 7, "dtype": "bfloat16"}),
         Case("one_rank_empty", {"ids_per_rank": 30, "num_nodes": 97, "dim": 16, "dtype": "bfloat16",

@@ -7,13 +7,16 @@ holds rows [r*ceil(N/W), (r+1)*ceil(N/W)) (the last ranks hold fewer, possibly n
 
 Per rank: local_embedding_shard [rows of this block, D] (bf16), input_node_ids [n] int64 in [0, N)
 (n differs per rank, may be 0; repeats allowed; owners skewed), proj_matrix [D, D_out] (the same on
-every rank), num_total_nodes int
+every rank), num_total_nodes int, group=None (the default group)
   ->  out [n, D_out] (bf16) = table[input_node_ids] @ proj_matrix, accumulated in fp32, rounded once.
 
 Cost: requests (8-byte ids) go out and rows (D*b bytes) come back, (W-1)/W of them off-rank:
 link = (W-1)/W * n*(8 + D*b) with n the mean ids per rank. flops: 2*n*D*D_out. HBM: read the n
 rows, the projection and write the output: n*D*b + D*D_out*b + n*D_out*b.
 
+Cases: ``upstream`` is the upstream benchmark's input (20,000 ids per rank, a 256-d bf16 table, proj
+[256, 256]) except for the table's height: upstream's 111,000,000 rows (57 GB in bf16, 28 GB a rank at
+W=2) cannot be built in CPU mode, so this case keeps 200,000 rows (ids spread over all of them).
 Benchmarks: ogbn-papers100M has 111,059,956 nodes with 128-d features (28 GB in bf16, so a rank
 holds 3.6-14 GB); a GraphSAGE mini-batch of 1024 seeds with fanout (15, 10) touches ~150k nodes
 per rank and projects them to the 256-d hidden size (``papers100m_sage_hidden256``). The upstream
@@ -36,7 +39,9 @@ def make_inputs(case, rank, world_size, gen):
     num_total = case["num_nodes"]
     per_rank, mine = shard_rows(num_total, world_size, rank)
     local_embedding_shard = randn(gen, mine, case["dim"], dtype=dtype_of(case))
-    num_ids = skewed_counts(gen.shared, world_size, case["ids_per_rank"] * world_size, case.get("num_empty", 0))[rank]
+    num_ids = case["ids_per_rank"]
+    if not case.get("even", False):
+        num_ids = skewed_counts(gen.shared, world_size, num_ids * world_size, case.get("num_empty", 0))[rank]
     # Skewed requests: half the ids hit one hot block, the rest spread over the table.
     num_blocks = -(-num_total // per_rank)  # blocks that hold rows
     hot = torch.randint(0, num_blocks, (1,), generator=gen, device=gen.device).item()
@@ -45,7 +50,7 @@ def make_inputs(case, rank, world_size, gen):
     spread_ids = torch.randint(0, num_total, (num_ids - num_ids // 2,), generator=gen, device=gen.device)
     input_node_ids = torch.cat([hot_ids, spread_ids])[torch.randperm(num_ids, generator=gen, device=gen.device)]
     proj_matrix = randn(gen.shared, case["dim"], case["dim_out"], dtype=dtype_of(case), scale=case["dim"] ** -0.5)
-    return local_embedding_shard, input_node_ids, proj_matrix, num_total
+    return local_embedding_shard, input_node_ids, proj_matrix, num_total, None
 
 
 def reference(local_embedding_shard, input_node_ids, proj_matrix, num_total_nodes, group=None):
@@ -76,9 +81,12 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="gnn_sparse_feature_fetch_projection", version=1, upstream_id=68, category="beyond_llm",
+    name="gnn_sparse_feature_fetch_projection", version=2, upstream_id=68, category="beyond_llm",
     source="GNN feature-store fetch (WholeGraph / DGL DistTensor row-sharded table) + linear projection",
     world_sizes=(2, 4, 8),
+    upstream=[Case("upstream", {"num_nodes": 200_000, "ids_per_rank": 20_000, "even": True, "dim": 256,
+                                "dim_out": 256, "dtype": "bfloat16"},
+                   note="upstream's shapes but for the table: 200,000 rows, not 111,000,000")],
     tests=[
         Case("uneven_blocks", {"num_nodes": 37, "ids_per_rank": 29, "dim": 12, "dim_out": 7, "dtype": "bfloat16"},
              note="37 rows: the last block is short (at W=8 only 2 rows)"),

@@ -4,46 +4,64 @@ cameras are all-gathered, every rank projects its Gaussians into every camera, a
 (camera, Gaussian) records are sent to the rank that owns the camera.
 
 Per rank: means [N_r, 3], quats [N_r, 4] (w, x, y, z; not normalised), scales [N_r, 3], opacities [N_r],
-colors [N_r, 3] (all fp32; N_r differs per rank and may be 0), viewmats [C_r, 4, 4] (world-to-camera),
-Ks [C_r, 3, 3] (C_r may be 0), image_width, image_height, eps2d, near_plane, far_plane,
-camera_model='pinhole'
-  ->  (camera_ids [n] int32 (index among this rank's cameras), gaussian_ids [n] int32 (global: the
-       Gaussians of ranks 0..r-1 come first), radii [n, 2] int32, means2d [n, 2], depths [n],
-       conics [n, 3], opacities [n], colors [n, 3]) for every visible pair whose camera is on this rank,
-      ordered by source rank, then camera, then Gaussian.
+colors [N_r, 3] (one float dtype: bf16 upstream, fp32 in the tests; N_r >= 1 differs per rank),
+viewmats [C, 4, 4] (world-to-camera), Ks [C, 3, 3] (C >= 1 cameras, the same number on every rank),
+image_width, image_height, eps2d, near_plane, far_plane, camera_model='pinhole'
+  ->  (camera_ids [n] int64 (index among this rank's cameras), gaussian_ids [n] int64, radii [n, 2] int32,
+       means2d [n, 2], depths [n], conics [n, 3], opacities [n], colors [n, 3] (the input dtype)) for every
+      visible pair whose camera is on this rank, ordered by source rank, then camera, then Gaussian.
+      gaussian_ids is the sender's local index plus the number of Gaussians on the ranks before the
+      *receiving* rank (the upstream reference's offset, kept as it is).
 
-Projection (gsplat ``fully_fused_projection``, fp32 throughout; upstream ran it in bf16, which made the
-integer radii and the record count fragile):
+Projection (gsplat's torch ``fully_fused_projection``; computed here in fp32, outputs cast to the input dtype):
   mean_c = R mean + t; cov3d = (Rq S)(Rq S)^T with Rq the rotation of the normalised quaternion and
   S = diag(scales); cov_c = R cov3d R^T; with the camera-space x/z clamped to the field of view widened
   by 0.3*tan(fov/2) on each side (gsplat's persp_proj), J = [[fx/z, 0, -fx x/z^2], [0, fy/z, -fy y/z^2]],
-  cov2d = J cov_c J^T + eps2d*I; mean2d = (fx x/z + cx, fy y/z + cy); depth = z;
-  conic = (c, -b, a) / det for cov2d = [[a, b], [b, c]]; radii = ceil(3.33 * sqrt((a, c))).
-  A pair is visible when near_plane <= z <= far_plane, det > 0 and the box mean2d +- radii meets the image.
-  Integer outputs are exact; an honest fp32 kernel only differs where 3.33*sqrt(.) sits on an integer.
+  cov2d = J cov_c J^T + eps2d*I = [[a, b], [b, c]]; mean2d = (fx x/z + cx, fy y/z + cy); depth = z;
+  det = max(a*c - b*b, 1e-10); conic = (c, -b, a) / det; radii = ceil(3.33 * sqrt((a, c))).
+  A pair is visible when near_plane < z < far_plane and the box mean2d +- radii meets the image
+  (mean2d + radius > 0 and mean2d - radius < size on both axes).
 
-Cost: the visible records (camera id, Gaussian id, 2 radii: 4 int32; 10 floats) go to the camera's
+No knife edges: the integer radii and the visibility test are discrete decisions, and the upstream
+inputs are bf16 (its reference computes in bf16: up to 3 % off in 3.33*sqrt(a)). make_inputs draws a
+pool of Gaussians and keeps those whose every decision, in every camera, sits a safe relative distance
+(in bf16 6 % for 3.33*sqrt(a), 1 % for positions; 1e-4 in fp32) from its threshold, computed in fp64
+from the values as stored. Upstream's bf16 splats are therefore sub-pixel (radius 2 everywhere): bf16
+cannot place larger radii reproducibly; and a visible bf16 splat's centre stays 20 % of the image size
+away from 0 (bf16 means2d are ~2 px off anywhere, so near 0 no relative tolerance could judge them).
+Tolerance: fp32 outputs the default; bf16 float outputs atol = rtol = 0.05 (the upstream reference's bf16
+projection against this fp32 one, cast: conics up to 0.03 off, means2d up to 1.3 %, depths 0.7 %).
+
+Cost: the visible records (camera id, Gaussian id: 2 int64; 2 int32 radii; 10 floats) go to the camera's
 owner; counted as if every Gaussian were visible in every camera (an upper bound: the visible fraction
-depends on the scene): link = (W-1)/W * N_r * C * 56 bytes, plus the cameras' all-gather.
-flops: ~200 per (Gaussian, camera) pair for the covariance, projection and conic. HBM: read the
-Gaussians (14 floats) once per camera and write the records.
+depends on the scene): link = (W-1)/W * N_r * C*W * (24 + 10*b) bytes, plus the cameras' all-gather
+(25 floats a camera). flops: ~200 per (Gaussian, camera) pair for the covariance, projection and conic.
+HBM: read the Gaussians (14 floats) once per camera and write the records.
 
-Benchmarks: gsplat's distributed training splits scenes of ~1M Gaussians (Mip-NeRF 360 scenes reach
-3-6M) over the GPUs, one camera per GPU per step, at 1297x840 (Mip-NeRF 360 garden at 1/4 resolution)
-and at the catalog's 512x512.
+Cases: ``upstream`` is the upstream benchmark's input (1024 bf16 Gaussians and one camera per rank,
+512x512, eps2d 0.3, near 0.01, far 1e10, 'pinhole'). Benchmarks: gsplat's distributed training
+splits scenes of ~1M Gaussians (Mip-NeRF 360 scenes reach 3-6M) over the GPUs, one camera per GPU per
+step, at 1297x840 (Mip-NeRF 360 garden at 1/4 resolution) and at the catalog's 512x512.
 """
-
-import math
 
 import torch
 import torch.distributed as dist
 
-from pkb.problem import Case, Cost, Problem, randn
-from pkb.problems.beyond_llm._common import all_gather_rows, all_gather_sizes, all_to_all_rows, exchange_counts
+from pkb.problem import Case, Cost, Problem, Tolerance, default_tolerance, randn
+from pkb.problems.beyond_llm._common import (all_gather_rows, all_gather_sizes, all_to_all_rows, dtype_of,
+                                             exchange_counts)
 
 _RADIUS_EXTENT = 3.33
 _FLOATS_PER_RECORD = 10  # means2d 2, depth 1, conic 3, opacity 1, color 3
 _FLOPS_PER_PAIR = 200
+# How far (relative) every discrete decision must sit from its threshold, by input dtype: about twice
+# the largest error seen in the upstream reference's bf16 projection (3.33*sqrt(a): 2.7 %; means2d: 0.3 %
+# of |mean2d| + the image size, since it divides fx*x + cx*z by z).
+_SAFE_RADIUS = {torch.bfloat16: 0.06, torch.float32: 1e-4}
+_SAFE_POSITION = {torch.bfloat16: 0.01, torch.float32: 1e-4}
+# bf16 means2d are off by up to ~2 px anywhere: a visible splat's centre keeps this fraction of the image
+# size away from 0 on each axis, so that a relative tolerance can judge it.
+_CENTRE_CLEARANCE = {torch.bfloat16: 0.2, torch.float32: 0.0}
 
 
 def _look_at(positions: torch.Tensor) -> torch.Tensor:
@@ -70,24 +88,64 @@ def gaussian_counts(case, world_size):
     return [counts[r % len(counts)] for r in range(world_size)]
 
 
-def make_inputs(case, rank, world_size, gen):
-    num = gaussian_counts(case, world_size)[rank]
-    cameras = case["cameras_per_rank"]
-    num_cameras = cameras[rank % len(cameras)]
+def _cameras(case, world_size, gen):
+    """Every rank's cameras (drawn from ``gen.shared``): viewmats [W*C, 4, 4], Ks [W*C, 3, 3], fp32."""
+    num = case["cameras_per_rank"] * world_size
     width, height = case["image_size"]
-    means = randn(gen, num, 3)
-    quats = randn(gen, num, 4)
-    scales = torch.exp(randn(gen, num, 3, scale=0.5) + math.log(case["scale"]))
-    opacities = torch.sigmoid(randn(gen, num))
-    colors = torch.rand(num, 3, generator=gen, device=gen.device)
-    direction = randn(gen, num_cameras, 3)
-    distance = 3.0 + torch.rand(num_cameras, 1, generator=gen, device=gen.device)
+    direction = randn(gen.shared, num, 3)
+    distance = 3.0 + torch.rand(num, 1, generator=gen.shared, device=gen.device)
     viewmats = _look_at(direction / direction.norm(dim=1, keepdim=True) * distance)
-    focal = case["focal"] * width * (1 + 0.1 * torch.rand(num_cameras, generator=gen, device=gen.device))
-    Ks = torch.zeros(num_cameras, 3, 3, device=gen.device)
+    focal = case["focal"] * width * (1 + 0.1 * torch.rand(num, generator=gen.shared, device=gen.device))
+    Ks = torch.zeros(num, 3, 3, device=gen.device)
     Ks[:, 0, 0], Ks[:, 1, 1] = focal, focal
     Ks[:, 0, 2], Ks[:, 1, 2], Ks[:, 2, 2] = width / 2, height / 2, 1.0
-    return (means, quats, scales, opacities, colors, viewmats, Ks, width, height, case.get("eps2d", 0.3),
+    return viewmats, Ks
+
+
+def _safe(means, quats, scales, viewmats, Ks, case, dtype):
+    """(safe [P], visible somewhere [P]): Gaussians whose decisions in every camera are far from a tie."""
+    width, height = case["image_size"]
+    near, margin, position_margin = case.get("near_plane", 0.01), _SAFE_RADIUS[dtype], _SAFE_POSITION[dtype]
+    radius_arg, means2d, depths, _ = _project(*(t.double() for t in (means, quats, scales, viewmats, Ks)),
+                                              width, height, case.get("eps2d", 0.3))
+    radii, visible = _decide(radius_arg, means2d, depths, width, height, near, 1e10)
+    in_depth = depths > near
+    safe_depth = (depths - near).abs() > position_margin * (depths.abs() + near)
+    safe_radius = ((radius_arg - radius_arg.round()).abs() > margin * radius_arg).all(-1)
+    radii = radii.double()
+    edges = torch.stack([means2d[..., 0] + radii[..., 0], means2d[..., 0] - radii[..., 0] - width,
+                         means2d[..., 1] + radii[..., 1], means2d[..., 1] - radii[..., 1] - height], -1)
+    size = torch.tensor([width, height], dtype=means2d.dtype, device=means2d.device)
+    scale = (means2d.abs() + radii + size).repeat_interleave(2, dim=-1)  # x, x, y, y
+    safe_box = (edges.abs() > position_margin * scale).all(-1)
+    safe_centre = ~visible | (means2d.abs() >= _CENTRE_CLEARANCE[dtype] * size).all(-1)
+    safe = safe_depth & (~in_depth | (safe_radius & safe_box & safe_centre))
+    return safe.all(0), visible.any(0)
+
+
+def make_inputs(case, rank, world_size, gen):
+    """This rank's Gaussians, kept from a larger pool: the first safe one visible somewhere, then the next
+    safe ones in pool order (every rank then sends at least one record, as upstream needs)."""
+    dtype = dtype_of(case)
+    num = gaussian_counts(case, world_size)[rank]
+    cameras = case["cameras_per_rank"]
+    all_viewmats, all_Ks = (t.to(dtype) for t in _cameras(case, world_size, gen))
+    pool = int(num * case.get("pool", 1.25)) + 64
+    means = randn(gen, pool, 3, scale=case.get("spread", 1.0), dtype=dtype)
+    quats = randn(gen, pool, 4, dtype=dtype)
+    scales = (torch.exp(randn(gen, pool, 3, scale=case.get("scale_spread", 0.5))) * case["scale"]).to(dtype)
+    opacities = torch.sigmoid(randn(gen, pool)).to(dtype)
+    colors = torch.rand(pool, 3, generator=gen, device=gen.device).to(dtype)
+    safe, visible = _safe(means, quats, scales, all_viewmats, all_Ks, case, dtype)
+    first = (safe & visible).nonzero().flatten()
+    rest = safe.nonzero().flatten()
+    if first.numel() == 0 or rest.numel() < num:
+        raise ValueError(f"case {case.name!r}: too few safe Gaussians ({rest.numel()} of {pool}, {num} needed)")
+    keep = torch.cat([first[:1], rest[rest != first[0]][: num - 1]])
+    mine = slice(rank * cameras, (rank + 1) * cameras)
+    width, height = case["image_size"]
+    return (means[keep], quats[keep], scales[keep], opacities[keep], colors[keep],
+            all_viewmats[mine].contiguous(), all_Ks[mine].contiguous(), width, height, case.get("eps2d", 0.3),
             case.get("near_plane", 0.01), 1e10, "pinhole")
 
 
@@ -100,8 +158,9 @@ def _quat_to_rotation(quats: torch.Tensor) -> torch.Tensor:
     ], dim=-1).view(*quats.shape[:-1], 3, 3)
 
 
-def _project(means, quats, scales, viewmats, Ks, width, height, eps2d, near_plane, far_plane):
-    """Every (camera, Gaussian) pair: (visible [C, N], radii [C, N, 2], means2d, depths, conics)."""
+def _project(means, quats, scales, viewmats, Ks, width, height, eps2d):
+    """Every (camera, Gaussian) pair, in the inputs' dtype: (3.33*sqrt((a, c)) [C, N, 2], means2d [C, N, 2],
+    depths [C, N], conics [C, N, 3])."""
     rotation, translation = viewmats[:, :3, :3], viewmats[:, :3, 3]
     mean_c = torch.einsum("cij,nj->cni", rotation, means) + translation[:, None, :]
     rs = _quat_to_rotation(quats) * scales[:, None, :]
@@ -117,77 +176,97 @@ def _project(means, quats, scales, viewmats, Ks, width, height, eps2d, near_plan
     jacobian = torch.stack([fx / tz, zeros, -fx * clamped_x / (tz * tz),
                             zeros, fy / tz, -fy * clamped_y / (tz * tz)], dim=-1).view(*tz.shape, 2, 3)
     cov2d = jacobian @ cov_c @ jacobian.transpose(-1, -2)
-    a, b, c = cov2d[..., 0, 0] + eps2d, cov2d[..., 0, 1], cov2d[..., 1, 1] + eps2d
-    det = a * c - b * b
+    a, b, c = cov2d[..., 0, 0] + eps2d, (cov2d[..., 0, 1] + cov2d[..., 1, 0]) / 2, cov2d[..., 1, 1] + eps2d
+    det = (a * c - b * b).clamp_min(1e-10)
     conics = torch.stack([c / det, -b / det, a / det], dim=-1)
     means2d = torch.stack([fx * tx / tz + cx, fy * ty / tz + cy], dim=-1)
-    radii = torch.ceil(_RADIUS_EXTENT * torch.sqrt(torch.stack([a, c], dim=-1).clamp_min(0))).to(torch.int32)
-    visible = (tz >= near_plane) & (tz <= far_plane) & (det > 0)
-    visible &= (means2d[..., 0] + radii[..., 0] > 0) & (means2d[..., 0] - radii[..., 0] < width)
-    visible &= (means2d[..., 1] + radii[..., 1] > 0) & (means2d[..., 1] - radii[..., 1] < height)
-    return visible, radii, means2d, tz, conics
+    return _RADIUS_EXTENT * torch.sqrt(torch.stack([a, c], dim=-1)), means2d, tz, conics
+
+
+def _decide(radius_arg, means2d, depths, width, height, near_plane, far_plane):
+    """(radii [C, N, 2] int32, visible [C, N]) from the projection."""
+    radius = torch.ceil(radius_arg)
+    visible = (depths > near_plane) & (depths < far_plane) & (radius > 0).all(-1)
+    visible &= (means2d[..., 0] + radius[..., 0] > 0) & (means2d[..., 0] - radius[..., 0] < width)
+    visible &= (means2d[..., 1] + radius[..., 1] > 0) & (means2d[..., 1] - radius[..., 1] < height)
+    return radius.to(torch.int32), visible
 
 
 def reference(means, quats, scales, opacities, colors, viewmats, Ks, image_width, image_height, eps2d=0.3,
               near_plane=0.01, far_plane=1e10, camera_model="pinhole"):
     if camera_model != "pinhole":
         raise ValueError(f"only the pinhole camera model is part of this problem, got {camera_model!r}")
-    world_size, rank = dist.get_world_size(), dist.get_rank()
-    device = means.device
-    all_viewmats, cameras_per_rank = all_gather_rows(viewmats.float())
+    world_size = dist.get_world_size()
+    device, dtype = means.device, means.dtype
+    num_cameras = viewmats.shape[0]  # the same on every rank
+    all_viewmats, _ = all_gather_rows(viewmats.float())
     all_Ks, _ = all_gather_rows(Ks.float())
-    gaussian_offset = sum(all_gather_sizes(means.shape[0], device)[:rank])
-    visible, radii, means2d, depths, conics = _project(means.float(), quats.float(), scales.float(), all_viewmats,
-                                                       all_Ks, image_width, image_height, eps2d, near_plane,
-                                                       far_plane)
+    gaussians_before = torch.tensor([0] + all_gather_sizes(means.shape[0], device), device=device).cumsum(0)
+    radius_arg, means2d, depths, conics = _project(means.float(), quats.float(), scales.float(), all_viewmats,
+                                                   all_Ks, image_width, image_height, eps2d)
+    radii, visible = _decide(radius_arg, means2d, depths, image_width, image_height, near_plane, far_plane)
     camera_ids, gaussian_ids = visible.nonzero(as_tuple=True)  # camera-major: grouped by owner already
-    camera_start = torch.tensor([0] + cameras_per_rank, device=device).cumsum(0)
-    owner = torch.searchsorted(camera_start[1:], camera_ids, right=True)
+    owner = camera_ids // num_cameras
     send_counts = torch.bincount(owner, minlength=world_size).tolist()
     recv_counts = exchange_counts(send_counts, device)
-    ints = torch.stack([camera_ids - camera_start[owner], gaussian_ids + gaussian_offset,
-                        radii[camera_ids, gaussian_ids, 0], radii[camera_ids, gaussian_ids, 1]], dim=1)
+    ids = torch.stack([camera_ids - owner * num_cameras, gaussian_ids + gaussians_before[owner]], dim=1)
+    radii = radii[camera_ids, gaussian_ids]
     floats = torch.cat([means2d[camera_ids, gaussian_ids], depths[camera_ids, gaussian_ids, None],
                         conics[camera_ids, gaussian_ids], opacities.float()[gaussian_ids, None],
                         colors.float()[gaussian_ids]], dim=1)
-    ints = all_to_all_rows(ints.to(torch.int32), send_counts, recv_counts)
-    floats = all_to_all_rows(floats, send_counts, recv_counts)
-    return (ints[:, 0].contiguous(), ints[:, 1].contiguous(), ints[:, 2:].contiguous(), floats[:, 0:2].contiguous(),
+    ids = all_to_all_rows(ids, send_counts, recv_counts)
+    radii = all_to_all_rows(radii, send_counts, recv_counts)
+    floats = all_to_all_rows(floats, send_counts, recv_counts).to(dtype)
+    return (ids[:, 0].contiguous(), ids[:, 1].contiguous(), radii, floats[:, 0:2].contiguous(),
             floats[:, 2].contiguous(), floats[:, 3:6].contiguous(), floats[:, 6].contiguous(),
             floats[:, 7:10].contiguous())
+
+
+def tolerance(case, world_size, dtype):
+    """fp32: the default. bf16: the upstream reference computes the whole projection in bf16 (a dozen
+    roundings); measured against this fp32 reference its conics and means2d differ by up to ~3 %."""
+    if dtype == torch.bfloat16 and dtype_of(case) == torch.bfloat16:
+        return Tolerance(atol=0.05, rtol=0.05)
+    return default_tolerance(dtype)
 
 
 def cost(case, world_size):
     cameras = case["cameras_per_rank"]
     per_rank_gaussians = gaussian_counts(case, world_size)
-    total_cameras = sum(cameras[r % len(cameras)] for r in range(world_size))
+    total_cameras = cameras * world_size
     num = max(per_rank_gaussians)
-    record_bytes = 4 * 4 + _FLOATS_PER_RECORD * 4
+    record_bytes = 2 * 8 + 2 * 4 + _FLOATS_PER_RECORD * dtype_of(case).itemsize
     link = (world_size - 1) / world_size * num * total_cameras * record_bytes + total_cameras * 25 * 4
     return Cost(link_bytes=link, flops=_FLOPS_PER_PAIR * num * total_cameras,
                 hbm_bytes=num * total_cameras * (14 * 4 + record_bytes), pattern="all_gather+all_to_all")
 
 
-def _case(name, gaussians, cameras_per_rank, image_size=(64, 48), scale=0.05, focal=1.0, **extra):
+def _case(name, gaussians, cameras_per_rank, image_size=(64, 48), scale=0.05, focal=1.0, dtype="float32",
+          **extra):
     """``gaussians``: an int (the scene's total, split evenly) or a tuple (a per-rank pattern)."""
     note = extra.pop("note", "")
     key = "gaussians_total" if isinstance(gaussians, int) else "gaussians_per_rank"
-    return Case(name, {key: gaussians, "cameras_per_rank": cameras_per_rank,
-                       "image_size": image_size, "scale": scale, "focal": focal, **extra}, note=note)
+    return Case(name, {key: gaussians, "cameras_per_rank": cameras_per_rank, "image_size": image_size,
+                       "scale": scale, "focal": focal, "dtype": dtype, **extra}, note=note)
 
 
 PROBLEM = Problem(
-    name="gsplat_3d_gaussian_splatting", version=1, upstream_id=61, category="beyond_llm",
+    name="gsplat_3d_gaussian_splatting", version=2, upstream_id=61, category="beyond_llm",
     source="gsplat (nerfstudio) rasterization(packed=True, distributed=True): projection + camera-owner exchange",
     world_sizes=(2, 4, 8),
+    upstream=[
+        _case("upstream", (1024,), 1, image_size=(512, 512), scale=2e-4, focal=0.8, dtype="bfloat16",
+              spread=0.5, scale_spread=0.3, pool=1.5, note="sub-pixel splats: bf16 decides only radius 2 reproducibly"),
+    ],
     tests=[
-        _case("skewed_cameras", (37, 5, 60, 21), (2, 0, 1, 3), note="a rank without cameras receives nothing"),
-        _case("empty_shard_wide_fov", (0, 44, 13), (1, 2), image_size=(31, 57), scale=0.2, focal=0.6,
-              note="rank 0 holds no Gaussians; large, anisotropic splats"),
+        _case("skewed_gaussians_two_cameras", (37, 5, 60, 21), 2,
+              note="uneven Gaussian shards; some Gaussians fall outside some views"),
+        _case("one_gaussian_wide_fov", (1, 44, 13), 1, image_size=(31, 57), scale=0.2, focal=0.6,
+              note="a rank with a single Gaussian; large, anisotropic splats"),
     ],
     benchmarks=[
-        _case("mipnerf360_garden_1m", 1_000_000, (1,), image_size=(1297, 840), scale=0.01, focal=1.1),
-        _case("catalog_512x512_1m", 1_000_000, (1,), image_size=(512, 512), scale=0.01),
+        _case("mipnerf360_garden_1m", 1_000_000, 1, image_size=(1297, 840), scale=0.01, focal=1.1),
+        _case("catalog_512x512_1m", 1_000_000, 1, image_size=(512, 512), scale=0.01),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
 )

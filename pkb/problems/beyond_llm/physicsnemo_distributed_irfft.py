@@ -2,23 +2,27 @@
 spectrum is split over the ranks along the first FFT axis; the output field comes back split along
 the second.
 
-Per rank: x complex64 [..., s0/W, F] (rows [r*s0/W, (r+1)*s0/W) along d0 of the half spectrum; F
-frequencies along d1), s = (s0, s1) (output sizes; both divisible by W), dim = (d0, d1), norm
+Per rank: x complex64 [..., s0/W, F] (rows [r*s0/W, (r+1)*s0/W) along d0 of the half spectrum; F =
+s1//2 + 1 frequencies along d1), s = (s0, s1) (output sizes; both divisible by W), dim = (d0, d1), norm,
+group=None (the default group)
   ->  fp32 [..., s0, s1/W]: columns [r*s1/W, (r+1)*s1/W) along d1 of
       torch.fft.irfftn(global x, s=s, dim=dim, norm=norm).
 
-The inputs are slabs of the rfft2 of a real field (so the spectrum is Hermitian where it must be and
-every FFT library agrees on the result). The reference runs three pencil transposes: to column chunks
-(whole along d0) for the inverse FFT along d0, back to row slabs for the inverse real FFT along d1,
-and to column slabs of the output. (PhysicsNeMo instead all-gathers the conjugate rows it needs for
-padding; any plan that gives the same field is fine.)
+The spectrum is Hermitian where it must be (its zero-frequency and Nyquist columns along d0), so every
+inverse-FFT plan agrees on the field; PhysicsNeMo's plan (and the upstream reference) takes the real
+part of a complex inverse FFT of the conjugate-padded spectrum, which is the same field. The reference
+runs three pencil transposes: to column chunks (whole along d0) for the inverse FFT along d0, back to
+row slabs for the inverse real FFT along d1, and to column slabs of the output. (PhysicsNeMo instead
+all-gathers the conjugate rows it needs for padding; any plan that gives the same field is fine.)
 
 Cost: at least one transpose of the data: link = (W-1)/W * (prod of the other dims)*s0*(s1/W)*4 (the
 output slab, the smaller of input and output). flops: 2.5 * N/W * log2(s0*s1) with N the global
 output size. HBM: read the input, write the output.
 
-Benchmarks: FourCastNet's 720x1440 ERA5 grid with 20 variables (``fourcastnet_era5_20x720x1440``) and
-the upstream catalog's [2, 10] batch of 720x1440 spectra (``catalog_2x10x720x1440``).
+Cases: ``upstream`` is the upstream benchmark's input (x complex64 [2, 10, 720/W, 721], s = (720, 1440),
+dim = (-2, -1), 'ortho'). Benchmarks: FourCastNet's 720x1440 ERA5 grid with 20 variables
+(``fourcastnet_era5_20x720x1440``) and the upstream catalog's [2, 10] batch of 720x1440 spectra
+(``catalog_2x10x720x1440``).
 """
 
 import math
@@ -30,16 +34,27 @@ from pkb.problem import Case, Cost, Problem, randn
 from pkb.problems.beyond_llm._fft import transpose
 
 
+def _hermitian(values: torch.Tensor) -> torch.Tensor:
+    """``values`` [..., n] complex made conjugate-symmetric along the last axis: v[-k] = conj(v[k])."""
+    mirrored = torch.roll(values.flip(-1), 1, dims=-1).conj()  # mirrored[k] = conj(values[-k])
+    return (values + mirrored) / 2
+
+
 def make_inputs(case, rank, world_size, gen):
+    """This rank's row slab of a random half spectrum. Free columns are drawn per rank; the zero-frequency
+    and (even s1) Nyquist columns must be Hermitian along d0 for the field to be real, so they are drawn
+    whole from ``gen.shared`` and sliced (then every inverse-FFT plan agrees on the field)."""
     *lead, s0, s1 = case["global_shape"]
-    norm = case.get("norm", "ortho")
-    field = randn(gen.shared, *lead, s0, s1)
-    spectrum = torch.fft.rfftn(field, dim=(-2, -1), norm=norm)
-    x = spectrum.chunk(world_size, dim=-2)[rank].contiguous()
+    num_freq, rows = s1 // 2 + 1, s0 // world_size
+    x = torch.complex(randn(gen, *lead, rows, num_freq), randn(gen, *lead, rows, num_freq))
+    constrained = [0] + ([num_freq - 1] if s1 % 2 == 0 else [])
+    for column in constrained:
+        whole = torch.complex(randn(gen.shared, *lead, s0), randn(gen.shared, *lead, s0))
+        x[..., column] = _hermitian(whole)[..., rank * rows:(rank + 1) * rows]
     dim = tuple(case["dim"])
     if dim != (-2, -1):
         x = x.movedim((-2, -1), dim).contiguous()
-    return x, (s0, s1), dim, norm
+    return x, (s0, s1), dim, case.get("norm", "ortho"), None
 
 
 def reference(x, s, dim, norm="ortho", group=None):
@@ -70,9 +85,10 @@ def _case(name, global_shape, dim=(-2, -1), **extra):
 
 
 PROBLEM = Problem(
-    name="physicsnemo_distributed_irfft", version=1, upstream_id=60, category="beyond_llm",
+    name="physicsnemo_distributed_irfft", version=2, upstream_id=60, category="beyond_llm",
     source="NVIDIA PhysicsNeMo distributed FFT (DistributedIRFFT2)",
     world_sizes=(2, 4, 8),
+    upstream=[_case("upstream", (2, 10, 720, 1440))],
     tests=[
         _case("odd_freqs_4d", (2, 3, 16, 24), note="13 frequencies: column chunks are padded"),
         _case("dims12_backward", (3, 8, 40), dim=(1, 2), norm="backward"),

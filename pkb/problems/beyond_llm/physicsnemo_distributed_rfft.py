@@ -3,7 +3,7 @@ over the ranks along the second FFT axis; an FFT along the first (whole) axis, a
 all-to-all), and an FFT along the second axis leave each rank a slab of the half spectrum.
 
 Per rank: x [..., n0, n1/W] fp32 (dims ``dim`` = (d0, d1), x split along d1 in rank order), s = (s0, s1)
-(output sizes along d0 and d1; s0 divisible by W), dim, norm
+(output sizes along d0 and d1; s0 divisible by W), dim, norm, group=None (the default group)
   ->  complex64 [..., s0/W, s1//2 + 1]: rows [r*s0/W, (r+1)*s0/W) along d0 of
       torch.fft.rfftn(global x, s=s, dim=dim, norm=norm). Both real and imaginary parts are checked.
 
@@ -12,9 +12,10 @@ input, then runs rfft and fft): link = (W-1)/W * (prod of the other dims)*n0*(n1
 flops: 2.5 * N * log2(n0*n1) per rank for a real 2-D FFT of N/W points (N = the global field size,
 5 N log2 N for a complex one). HBM: read the input, write the output.
 
-Benchmarks: FourCastNet (AFNO) works on ERA5 at 0.25 degrees, 720x1440 (the 721st latitude row
-dropped), 20 variables, batch 1 (``fourcastnet_era5_20x720x1440``); ``catalog_16x1024x1024`` is the
-upstream catalog's field.
+Cases: ``upstream`` is the upstream benchmark's input (x [16, 1024, 1024/W] fp32, s = (1024, 1024),
+dim = (1, 2), 'ortho'). Benchmarks: FourCastNet (AFNO) works on ERA5 at 0.25 degrees, 720x1440 (the
+721st latitude row dropped), 20 variables, batch 1 (``fourcastnet_era5_20x720x1440``);
+``catalog_16x1024x1024`` is the upstream catalog's field.
 """
 
 import math
@@ -27,12 +28,11 @@ from pkb.problems.beyond_llm._fft import transpose
 
 def make_inputs(case, rank, world_size, gen):
     *lead, n0, n1 = case["global_shape"]
-    x = randn(gen.shared, *lead, n0, n1).chunk(world_size, dim=-1)[rank].contiguous()
-    x = x + 0.01 * randn(gen, *x.shape)  # each rank's slab of one global field, made rank-distinct
+    x = randn(gen, *lead, n0, n1 // world_size)  # this rank's slab of the global field (slabs in rank order)
     dim = tuple(case["dim"])
     if dim != (-2, -1):
         x = x.movedim((-2, -1), dim).contiguous()
-    return x, tuple(case["s"]), dim, case.get("norm", "ortho")
+    return x, tuple(case["s"]), dim, case.get("norm", "ortho"), None
 
 
 def reference(x, s, dim, norm="ortho", group=None):
@@ -57,9 +57,10 @@ def _case(name, global_shape, s, dim=(-2, -1), **extra):
 
 
 PROBLEM = Problem(
-    name="physicsnemo_distributed_rfft", version=1, upstream_id=59, category="beyond_llm",
+    name="physicsnemo_distributed_rfft", version=2, upstream_id=59, category="beyond_llm",
     source="NVIDIA PhysicsNeMo distributed FFT (DistributedRFFT2: fft, pencil all-to-all, fft)",
     world_sizes=(2, 4, 8),
+    upstream=[_case("upstream", (16, 1024, 1024), (1024, 1024), dim=(1, 2))],
     tests=[
         _case("odd_rows_dims12", (3, 24, 40), (24, 40), dim=(1, 2)),
         _case("padded_s_4d", (2, 3, 16, 24), (24, 30), note="s pads d0 (16 -> 24) and crops d1 (24 -> 30 pads too)"),

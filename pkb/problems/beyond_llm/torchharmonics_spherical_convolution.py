@@ -5,15 +5,13 @@ contraction's partial sums over each rank's input latitudes are reduced over the
 result is swapped back before the channel mixing with the weights.
 
 Process mesh: A = 2 azimuth ranks, P = W/2 polar ranks; rank = p*A + a (azimuth group p: ranks p*A..p*A+1,
-polar group a: ranks a, A+a, 2A+a, ...). With ``azimuth_group``/``polar_group`` None (what pkb passes)
-these groups are built once per process.
+polar group a: ranks a, A+a, 2A+a, ...). make_inputs passes this rank's two groups (built once per
+process, every rank creating every group in the same order); a group left None means the default group.
 
 Per rank (p, a): x [B, C, nlat_in/P, nlon_in/A] fp32 (latitude band p, longitude band a),
-psi = (psi_idx [3, nnz] int64, psi_vals [nnz] fp32, size [K, nlat_out, (nlat_in/P)*nlon_in]): the
-filter basis restricted to this rank's input latitudes, as torch-harmonics stores it (the
-``psi_idx``/``psi_vals`` buffers it turns into a sparse COO tensor; a sparse tensor itself cannot
-cross pkb's process boundary, so the upstream single sparse argument becomes this triple), weight
-[C_out, C/groups, K], groups, nlon_out, nlon_in, azimuth_group=None, polar_group=None, bias [C_out]
+psi: a coalesced sparse COO tensor [K, nlat_out, (nlat_in/P)*nlon_in] fp32, the filter basis restricted
+to this rank's input latitudes (column j*nlon_in + i: local latitude j, longitude i), weight
+[C_out, C/groups, K], groups, nlon_out, nlon_in, azimuth_group, polar_group, bias [C_out]
   ->  [B, C_out, nlat_out/P, nlon_out/A] fp32: latitude band p, longitude band a of
       y[b, o, h, w] = bias[o] + sum_{c in o's group, k} weight[o, c, k] * S[b, c, k, h, w],
       S[b, c, k, h, w] = sum over the nonzeros (k, h, j*nlon_in + i) of psi of all polar ranks of
@@ -30,9 +28,11 @@ weights. HBM: read x and the basis, write the output and the contracted tensor t
 The basis used here is a stand-in with torch-harmonics' structure: K basis functions, each output
 latitude supported on the 2r+1 input latitudes around it and 2L+1 longitudes around 0.
 
-Benchmarks: a DISCO encoder that downsamples ERA5 at 0.25 degrees (720x1440, the 721st row dropped so
-the polar split is even) to 360x720 with 64 channels (``era5_720x1440_to_360x720_c64``), and the
-upstream catalog's 128x256 grid, batch 32, 8 channels (``catalog_128x256_b32_c8``).
+Cases: ``upstream`` is the upstream benchmark's input (x [32, 8, 128/P, 128], psi [3, 128, (128/P)*256],
+weight [8, 8, 3], groups 1, nlon 256 -> 256, bias [8]). Benchmarks: a DISCO encoder that downsamples
+ERA5 at 0.25 degrees (720x1440, the 721st row dropped so the polar split is even) to 360x720 with 64
+channels (``era5_720x1440_to_360x720_c64``), and the upstream catalog's 128x256 grid, batch 32, 8
+channels (``catalog_128x256_b32_c8``).
 """
 
 import torch
@@ -46,7 +46,10 @@ _GROUPS: dict[tuple[int, ...], object] = {}
 
 
 def mesh_groups():
-    """(azimuth group, polar group) of this rank, built once per process for every mesh row and column."""
+    """(azimuth group, polar group) of this rank, built once per process for every mesh row and column;
+    (None, None) outside a process group (e.g. when only the shapes of the inputs are shown)."""
+    if not dist.is_initialized():
+        return None, None
     world_size, rank = dist.get_world_size(), dist.get_rank()
     num_polar = world_size // AZIMUTH_RANKS
     rows = [tuple(p * AZIMUTH_RANKS + a for a in range(AZIMUTH_RANKS)) for p in range(num_polar)]
@@ -89,10 +92,12 @@ def make_inputs(case, rank, world_size, gen):
     values = randn(gen.shared, kernel.numel(), scale=per_row ** -0.5)
     mine = (lat_in >= polar * lat_band) & (lat_in < (polar + 1) * lat_band)
     psi_idx = torch.stack([kernel[mine], rows[mine], (lat_in[mine] - polar * lat_band) * nlon_in + lon[mine]])
-    psi = (psi_idx, values[mine], [num_k, nlat_out, lat_band * nlon_in])
+    psi = torch.sparse_coo_tensor(psi_idx, values[mine], (num_k, nlat_out, lat_band * nlon_in),
+                                  check_invariants=True).coalesce()
     weight = randn(gen.shared, channels_out, channels // groups, num_k, scale=(channels // groups * num_k) ** -0.5)
     bias = randn(gen.shared, channels_out)
-    return x, psi, weight, groups, nlon_out, nlon_in, None, None, bias
+    azimuth_group, polar_group = mesh_groups()
+    return x, psi, weight, groups, nlon_out, nlon_in, azimuth_group, polar_group, bias
 
 
 def _contract(x, psi_idx, psi_vals, size, nlon_out):
@@ -107,7 +112,7 @@ def _contract(x, psi_idx, psi_vals, size, nlon_out):
     for offset in torch.unique(lon_offset).tolist():  # one sparse matmul per longitude offset of the basis
         sel = lon_offset == offset
         basis = torch.sparse_coo_tensor(torch.stack([kernel[sel] * nlat_out + lat_out[sel], lat_in[sel]]),
-                                        psi_vals[sel], (num_k * nlat_out, lat_band))
+                                        psi_vals[sel], (num_k * nlat_out, lat_band), check_invariants=False)
         longitudes = (offset + stride * torch.arange(nlon_out, device=x.device)) % nlon_in
         out += torch.sparse.mm(basis, rings[:, longitudes].reshape(lat_band, -1))
     out = out.view(num_k, nlat_out, nlon_out, batch, channels)
@@ -115,9 +120,10 @@ def _contract(x, psi_idx, psi_vals, size, nlon_out):
 
 
 def reference(x, psi, weight, groups, nlon_out, nlon_in, azimuth_group=None, polar_group=None, bias=None):
-    if azimuth_group is None or polar_group is None:
-        azimuth_group, polar_group = mesh_groups()
-    psi_idx, psi_vals, size = psi
+    azimuth_group = azimuth_group or dist.group.WORLD
+    polar_group = polar_group or dist.group.WORLD
+    psi = psi.coalesce()
+    psi_idx, psi_vals, size = psi.indices(), psi.values(), psi.shape
     num_polar, polar = dist.get_world_size(polar_group), dist.get_rank(polar_group)
     x = transpose(x.float(), split_dim=1, gather_dim=-1, group=azimuth_group)  # channels split, longitudes whole
     contracted = _contract(x, psi_idx, psi_vals.float(), size, nlon_out).contiguous()
@@ -160,9 +166,10 @@ def _case(name, batch, channels, channels_out, nlat, nlon, groups=1, kernel_size
 
 
 PROBLEM = Problem(
-    name="torchharmonics_spherical_convolution", version=1, upstream_id=62, category="beyond_llm",
+    name="torchharmonics_spherical_convolution", version=2, upstream_id=62, category="beyond_llm",
     source="torch-harmonics DistributedDiscreteContinuousConvS2 (azimuth all-to-all, polar all-reduce)",
     world_sizes=(2, 4, 8),
+    upstream=[_case("upstream", 32, 8, 8, (128, 128), (256, 256))],
     tests=[
         _case("same_grid_odd_out", 2, 4, 3, (8, 8), (10, 10), note="3 output channels; lon offsets wrap"),
         _case("downsample_grouped", 1, 4, 6, (8, 4), (20, 10), groups=2, kernel_size=2, lat_radius=2,
