@@ -54,6 +54,11 @@ def num_copies_for(one_copy_bytes: int, device: torch.device, max_copies: int) -
     return max(2, min(max_copies, needed))
 
 
+def _round_seed(seed: tuple, round_index: int) -> tuple:
+    """The seeds of a copy's values in refresh round ``round_index`` (round 0: the copy's own seeds)."""
+    return tuple(part ^ (0x9E3779B97F4A7C15 * round_index & (2**63 - 1)) for part in seed)
+
+
 def _same_layout(a, b) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return a.shape == b.shape and a.dtype == b.dtype and a.is_contiguous() == b.is_contiguous()
@@ -68,6 +73,23 @@ def _copy_into(old, fresh) -> None:
     elif isinstance(old, (list, tuple)):
         for x, y in zip(old, fresh):
             _copy_into(x, y)
+
+
+def _equal_values(a, b) -> bool:
+    """Whether two input sets hold the same values (NaNs count as different: the caller then only redoes work)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and torch.equal(a, b))
+    if isinstance(a, torch.nn.Module) and isinstance(b, torch.nn.Module):
+        return _equal_values(list(a.state_dict().values()), list(b.state_dict().values()))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal_values(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal_values(a[k], b[k]) for k in a)
+    try:
+        return bool(a == b)
+    except Exception:  # objects without a value comparison: assume changed, redo
+        return False
 
 
 def sync(device: torch.device) -> None:
@@ -157,7 +179,7 @@ class TimedLoop:
         refresh alike."""
         self.round = round_index
         for index, seed in enumerate(self.seeds):
-            fresh = self.make_inputs(tuple(part ^ (0x9E3779B97F4A7C15 * round_index & (2**63 - 1)) for part in seed))
+            fresh = self.make_inputs(_round_seed(seed, round_index))
             old = self.copies[index]
             if _same_layout(old, fresh):
                 _copy_into(old, fresh)
@@ -196,7 +218,19 @@ class TimedLoop:
     def outputs(self) -> list:
         """The last output on each copy's current values. Copies the last repeat did not reach are
         called once more here (untimed; every rank makes the same calls), so reference and candidate
-        outputs line up whatever their number of calls per repeat."""
+        outputs line up whatever their number of calls per repeat.
+
+        A function that changes its inputs in place (an optimizer step, an in-place all-reduce) made
+        each copy's last output depend on how often that copy was called, which differs between
+        groups: such copies get back the values this round started from and are called once more."""
+        for index, seed in enumerate(self.seeds):
+            start = self.make_inputs(_round_seed(seed, self.round))
+            if not _equal_values(self.copies[index], start):
+                if _same_layout(self.copies[index], start):
+                    _copy_into(self.copies[index], start)
+                else:
+                    self.copies[index] = start
+                self.output_round.pop(index, None)
         for index in range(len(self.copies)):
             if self.output_round.get(index) != self.round:
                 self.last_outputs[index] = self.fn(*self.copies[index])

@@ -3,12 +3,13 @@ variant): the image is split into horizontal bands, one per rank, and a 3x3 conv
 ``padding`` rows next to each band from the neighbouring ranks.
 
 Per rank: x [B, C_in, h_r, Wd] (band r of the rows, top to bottom; bands may differ in height, each at
-least ``padding`` rows), weight [C_out, C_in, k, k] with k = 2*padding + 1, bias [C_out] (the same on
-every rank), stride = 1, padding
+least ``padding`` rows), weight [C_out, C_in, k, k] with k = 2*padding + 1, bias [C_out] or None (the
+same on every rank), stride = 1, padding
   ->  [B, C_out, h_r, Wd] = band r of conv2d(full image, weight, bias, padding=padding), with zero padding
       only at the image's outer edges. fp32 accumulation, one rounding to x's dtype.
 
-Only stride 1 keeps the bands aligned; other strides raise ValueError.
+Another stride convolves each rank's haloed band with that stride on its own (rows are not realigned
+across bands; only stride 1 equals the convolution of the full image); padding 0 needs no exchange.
 
 Cost: each rank needs ``padding`` rows from each neighbour: link = 2 * padding*B*C_in*Wd*b per inner
 rank (the busiest), i.e. a neighbour exchange, not an all-gather. flops: 2*B*C_out*C_in*k*k*h*Wd for
@@ -16,7 +17,9 @@ the band. HBM: read x and weight, write the output.
 
 Benchmarks: SDXL's UNet at 1024x1024 works on a 128x128 latent; its 3x3 convolutions run with 320
 channels at 128x128, 640 at 64x64 and 1280 at 32x32 (``sdxl_1024_*``), batch 2 (classifier-free
-guidance). ``catalog_c1280_128x128`` keeps the upstream catalog's 1280 channels at 128x128.
+guidance). ``catalog_c1280_128x128`` keeps the upstream catalog's 1280 channels at 128x128. The
+``upstream`` case is the upstream factory's: 1280 channels, a 256 x 128 image (128 rows per W/2 ranks,
+so 256/W rows per rank), about 480/W GFLOP per rank: minutes on a CPU, so it is checked in cuda mode only.
 """
 
 import torch
@@ -40,13 +43,14 @@ def make_inputs(case, rank, world_size, gen):
     x = randn(gen, case["batch"], channels, band_rows(case, world_size, rank), case["width"], dtype=dtype)
     weight = randn(gen.shared, case.get("channels_out", channels), channels, kernel, kernel, dtype=dtype,
                    scale=(channels * kernel * kernel) ** -0.5)
-    bias = randn(gen.shared, case.get("channels_out", channels), dtype=dtype)
+    bias = randn(gen.shared, case.get("channels_out", channels), dtype=dtype) if case.get("bias", True) else None
     return x, weight, bias, 1, padding
 
 
 def reference(x, weight, bias, stride=1, padding=1, group=None):
-    if stride != 1:
-        raise ValueError(f"the halo exchange keeps bands aligned only for stride 1, got stride={stride}")
+    bias = bias.float() if bias is not None else None
+    if padding == 0:  # no halo
+        return F.conv2d(x.float(), weight.float(), bias, stride=stride).to(x.dtype)
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     # Every rank's top and bottom `padding` rows, gathered flat (gloo) then picked by neighbour.
     edges = torch.cat([x[:, :, :padding], x[:, :, x.shape[2] - padding:]], dim=2).contiguous()
@@ -57,7 +61,7 @@ def reference(x, weight, bias, stride=1, padding=1, group=None):
     above = gathered[rank - 1][:, :, padding:] if rank > 0 else zeros
     below = gathered[rank + 1][:, :, :padding] if rank < world_size - 1 else zeros
     band = torch.cat([above, x, below], dim=2).float()
-    out = F.conv2d(band, weight.float(), bias.float(), stride=1, padding=(0, padding))
+    out = F.conv2d(band, weight.float(), bias, stride=stride, padding=(0, padding))
     return out.to(x.dtype)
 
 
@@ -76,14 +80,20 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="conv2d_boundary_exchange", version=1, upstream_id=87, category="beyond_llm",
+    name="conv2d_boundary_exchange", version=2, upstream_id=87, category="beyond_llm",
     source="DistriFusion (distrifuser) PatchConv2d halo exchange, exact (no stale activations)",
     world_sizes=(2, 4, 8),
+    upstream=[
+        Case("upstream", {"batch": 1, "channels": 1280, "height": 256, "width": 128, "dtype": "bfloat16"},
+             slow_on_cpu=True, note="the upstream factory at its defaults: 256/W rows of 1280 x 128 per rank"),
+    ],
     tests=[
         Case("uneven_bands", {"batch": 1, "channels": 3, "channels_out": 5, "height": 21, "width": 7,
                               "dtype": "bfloat16"}, note="21 rows: bands of 11/10, 6/5, 3/2 rows"),
         Case("padding2_fp32", {"batch": 2, "channels": 4, "height": 19, "width": 5, "padding": 2,
                                "dtype": "float32"}),
+        Case("no_bias", {"batch": 1, "channels": 6, "channels_out": 4, "height": 26, "width": 9, "bias": False,
+                         "dtype": "bfloat16"}),
     ],
     benchmarks=[
         Case("sdxl_1024_c320_128x128", {"batch": 2, "channels": 320, "height": 128, "width": 128,

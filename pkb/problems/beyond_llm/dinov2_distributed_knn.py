@@ -3,22 +3,22 @@ the ranks; every rank's test queries are scored against every shard, each shard 
 the query's owner merges the W lists into the final top k.
 
 Per rank: test_features_rank [q_r, D] (bf16; q_r differs per rank and may be 0),
-train_features_rank_T [D, t_r] (bf16; this rank's train shard, transposed; t_r may be below max_k),
-train_labels_rank [1, t_r] int64, max_k int
-  ->  (topk_sims [q_r, max_k] bf16, topk_labels [q_r, max_k] int64) for this rank's own queries.
+train_features_rank_T [D, t_r] (bf16; this rank's train shard, transposed; t_r >= max_k, else
+ValueError, as in DINOv2), train_labels_rank [1, t_r] int64, max_k int
+  ->  (topk_sims [q_r, max_k] bf16, topk_labels [q_r, max_k] int64) for this rank's own queries,
+      largest similarity first.
 
-Similarity and tie rule (upstream left the order of bf16 ties to CUDA's top-k): the similarity of a
-query and a train vector is their dot product rounded to bf16 (DINOv2 runs ``torch.mm`` in the
-features' dtype). Train vectors are ordered by similarity, largest first, and equal similarities by
-global train index, lowest first; the global index of shard r's column j is (t_0 + ... + t_{r-1}) + j.
-The features are multiples of 2^-6 with small integer numerators, so every dot product is exact in
-fp32 whatever the summation order, and its bf16 rounding is unique: an honest kernel can match the
-order exactly. The sum of all t_r is at least max_k.
+Similarity: the dot product of a query and a train vector in bf16 (DINOv2 runs the GEMM in the
+features' dtype). DINOv2 leaves the order of equal similarities to the top-k kernel, so the inputs
+keep the top max_k + 1 similarities of every query apart: each query is one feature axis d scaled
+by c in [0.5, 1]; along every axis, max_k + 1 train vectors (at random places of the global train
+set) hold a ladder of values 1.03^m, m = 0..max_k, and all others stay below 0.9. The similarities
+c * 1.03^m are exact in fp32 and several bf16 ulps apart, so every honest kernel finds the same
+top k in the same order, and the labels must match exactly.
 
 The reference all-gathers the queries (DINOv2 broadcasts each owner's in turn: the same data), takes
-each shard's top min(k, t_r) by the rule above and sends each owner its queries' lists (DINOv2 gathers
-them on the owner), where a stable sort merges them (ranks in order, so equal similarities stay in
-global-index order).
+each shard's top k and sends each owner its queries' lists (DINOv2 gathers them on the owner), where
+they are merged into the top k.
 
 Cost: every rank receives the other ranks' queries, (W-1)*q*D*b bytes, and sends back k results
 (bf16 + int64 label) per foreign query: link = (W-1)*q*(D*b + k*(b + 8)). flops: 2*(W*q)*D*t
@@ -26,7 +26,8 @@ for the similarities. HBM: read the train shard once, D*t*b, plus the queries.
 
 Benchmarks: DINOv2 evaluates k-NN on ImageNet-1k (1,281,167 train images) with max_k = 200 and 256
 queries per rank per step, with ViT-S/14 (384-d) and ViT-g/14 (1536-d) features; the train set is
-split over the ranks.
+split over the ranks. The ``upstream`` case is the upstream factory's: 32 queries per rank, 384-d,
+16,384 train vectors in all (16384/W per rank), max_k = 200.
 """
 
 import torch
@@ -35,50 +36,66 @@ import torch.distributed as dist
 from pkb.problem import Case, Cost, Problem
 from pkb.problems.beyond_llm._common import all_gather_rows, all_to_all_rows, skewed_counts
 
-_STEP = 2.0**-6  # features are small integers times this: dot products are exact in fp32
+_RATIO = 1.03  # between neighbouring ladder values: >= 3 bf16 ulps
+_BACKGROUND = 0.9  # every value off the ladders stays within +-this, below the lowest rung (1.0)
 
 
-def _features(gen, *shape, magnitude):
-    numerators = torch.randint(-magnitude, magnitude + 1, shape, generator=gen, device=gen.device)
-    return (numerators.float() * _STEP).to(torch.bfloat16)
+def shard_sizes(case, world_size):
+    train = [case["train_total"] // world_size + (1 if r < case["train_total"] % world_size else 0)
+             for r in range(world_size)]
+    if case.get("skew_train", False):  # the last shard keeps only max_k vectors, the first takes the rest
+        moved = train[-1] - case["max_k"]
+        train[0], train[-1] = train[0] + moved, train[-1] - moved
+    return train
 
 
 def make_inputs(case, rank, world_size, gen):
-    queries = skewed_counts(gen.shared, world_size, case["queries_per_rank"] * world_size, case.get("num_empty", 0))
-    train = [case["train_total"] // world_size + (1 if r < case["train_total"] % world_size else 0)
-             for r in range(world_size)]
-    if case.get("skew_train", False):  # move most of the last shard to the first
-        moved = train[-1] - max(1, case["max_k"] // 3)
-        train[0], train[-1] = train[0] + moved, train[-1] - moved
-    magnitude = case["magnitude"]
-    test_features_rank = _features(gen, queries[rank], case["dim"], magnitude=magnitude)
-    train_features_rank_T = _features(gen, case["dim"], train[rank], magnitude=magnitude)
+    dim, max_k, total = case["dim"], case["max_k"], case["train_total"]
+    if case.get("even_queries", False):
+        queries = [case["queries_per_rank"]] * world_size
+    else:
+        queries = skewed_counts(gen.shared, world_size, case["queries_per_rank"] * world_size, case.get("num_empty", 0))
+    train = shard_sizes(case, world_size)
+    offset = sum(train[:rank])
+    # Train shard: small background values, then along every axis d the ladder's rungs at their global
+    # places (shared by every rank: a random permutation, read from a random start per axis).
+    train_T = (torch.randn(dim, train[rank], generator=gen, device=gen.device) * 0.3).clamp(-_BACKGROUND, _BACKGROUND)
+    rungs = min(max_k + 1, total)
+    order = torch.randperm(total, generator=gen.shared, device=gen.device)
+    start = torch.randint(0, total, (dim, 1), generator=gen.shared, device=gen.device)
+    places = order[(start + torch.arange(rungs, device=gen.device)) % total]  # [D, rungs] global indices
+    values = _RATIO ** torch.arange(rungs, device=gen.device, dtype=torch.float32).expand(dim, -1)
+    mine = (places >= offset) & (places < offset + train[rank])
+    axis = torch.arange(dim, device=gen.device).view(-1, 1).expand(-1, rungs)
+    train_T[axis[mine], places[mine] - offset] = values[mine]
+    # Queries: one axis each, scaled by c in [0.5, 1].
+    num_queries = queries[rank]
+    test_features = torch.zeros(num_queries, dim, device=gen.device)
+    axes = torch.randint(0, dim, (num_queries,), generator=gen, device=gen.device)
+    scales = 0.5 + 0.5 * torch.rand(num_queries, generator=gen, device=gen.device)
+    test_features[torch.arange(num_queries, device=gen.device), axes] = scales
     train_labels_rank = torch.randint(0, case["num_classes"], (1, train[rank]), generator=gen, device=gen.device)
-    return test_features_rank, train_features_rank_T, train_labels_rank, case["max_k"]
+    return test_features.to(torch.bfloat16), train_T.to(torch.bfloat16), train_labels_rank, max_k
 
 
 def _top_k(sims, labels, k):
-    """The first k by (similarity desc, position asc): a stable descending sort keeps equal ones in order."""
     order = torch.sort(sims, dim=1, descending=True, stable=True).indices[:, :k]
     return sims.gather(1, order), labels.gather(1, order)
 
 
 def reference(test_features_rank, train_features_rank_T, train_labels_rank, max_k, group=None):
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    if max_k > train_features_rank_T.shape[1]:
+        raise ValueError(f"max_k={max_k} exceeds this rank's {train_features_rank_T.shape[1]} train vectors")
     queries, query_counts = all_gather_rows(test_features_rank, group)
-    num_queries, shard_size = queries.shape[0], train_features_rank_T.shape[1]
+    num_queries = queries.shape[0]
     sims = (queries.float() @ train_features_rank_T.float()).to(torch.bfloat16)
-    top_sims, top_labels = _top_k(sims, train_labels_rank.expand(num_queries, -1), min(max_k, shard_size))
-    # Pad short shards' lists to max_k with entries that rank last, so every row has the same size.
-    pad = max_k - top_sims.shape[1]
-    top_sims = torch.cat([top_sims, top_sims.new_full((num_queries, pad), float("-inf"))], dim=1)
-    top_labels = torch.cat([top_labels, top_labels.new_full((num_queries, pad), -1)], dim=1)
-    # Each owner gets its queries' lists from every shard, shard 0 first.
+    top_sims, top_labels = _top_k(sims, train_labels_rank.expand(num_queries, -1), max_k)
+    # Each owner gets its queries' lists from every shard, shard 0 first, and merges them.
     own = query_counts[rank]
     recv_counts = [own] * world_size
     got_sims = all_to_all_rows(top_sims, query_counts, recv_counts, group).view(world_size, own, max_k)
     got_labels = all_to_all_rows(top_labels, query_counts, recv_counts, group).view(world_size, own, max_k)
-    # Shards in rank order, each in (similarity, index) order: the stable merge keeps global-index order.
     merged_sims = got_sims.permute(1, 0, 2).reshape(own, world_size * max_k)
     merged_labels = got_labels.permute(1, 0, 2).reshape(own, world_size * max_k)
     return _top_k(merged_sims, merged_labels, max_k)
@@ -94,22 +111,25 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="dinov2_distributed_knn", version=1, upstream_id=79, category="beyond_llm",
+    name="dinov2_distributed_knn", version=2, upstream_id=79, category="beyond_llm",
     source="DINOv2 eval/knn.py KnnModule (broadcast queries, per-shard top-k, gather and merge on the owner)",
     world_sizes=(2, 4, 8),
+    upstream=[
+        Case("upstream", {"queries_per_rank": 32, "even_queries": True, "dim": 384, "train_total": 16_384,
+                          "max_k": 200, "num_classes": 1000},
+             note="32 queries per rank, 16384/W train vectors per rank, max_k 200"),
+    ],
     tests=[
-        Case("ties_uneven_queries", {"queries_per_rank": 5, "dim": 24, "train_total": 203, "max_k": 9,
-                                     "num_classes": 7, "magnitude": 2},
-             note="tiny numerators: many equal similarities, decided by the global index"),
-        Case("short_shard_empty_rank", {"queries_per_rank": 4, "dim": 40, "train_total": 160, "max_k": 20,
-                                        "num_classes": 1000, "magnitude": 15, "num_empty": 1, "skew_train": True},
-             note="the last shard holds fewer than max_k vectors; one rank has no queries"),
+        Case("uneven_queries", {"queries_per_rank": 5, "dim": 24, "train_total": 203, "max_k": 9, "num_classes": 7}),
+        Case("min_shard_empty_rank", {"queries_per_rank": 4, "dim": 40, "train_total": 160, "max_k": 20,
+                                      "num_classes": 1000, "num_empty": 1, "skew_train": True},
+             note="the last shard holds exactly max_k vectors; one rank has no queries"),
     ],
     benchmarks=[
         Case("dinov2_vits14_imagenet1k", {"queries_per_rank": 256, "dim": 384, "train_total": 1_281_167,
-                                          "max_k": 200, "num_classes": 1000, "magnitude": 15}),
+                                          "max_k": 200, "num_classes": 1000}),
         Case("dinov2_vitg14_imagenet1k", {"queries_per_rank": 256, "dim": 1536, "train_total": 1_281_167,
-                                          "max_k": 200, "num_classes": 1000, "magnitude": 7}),
+                                          "max_k": 200, "num_classes": 1000}),
     ],
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -19,7 +19,9 @@ and the samples are negligible). flops: none counted (comparisons). HBM: a radix
 the keys a few times; counted as 4*n*b (read, write, exchange in, exchange out).
 
 Benchmarks: a sort of 2^26 fp32 keys per rank (256 MiB, the per-GPU share of a 2 GiB sort in the
-style of the sort benchmarks) and 2^24 bf16 keys (upstream's dtype, at GPU scale).
+style of the sort benchmarks) and 2^24 bf16 keys (upstream's dtype, at GPU scale). The ``upstream``
+case is the upstream factory's: n = max(4W, min(1024 // W, 4096)) bf16 keys per rank, integers in
+[-50, 50) shifted down by rank * n (rounded to bf16: duplicates, and ranges that barely overlap).
 """
 
 import torch
@@ -30,7 +32,18 @@ from pkb.problems.beyond_llm._common import (all_gather_rows, all_gather_sizes, 
                                              exchange_counts, skewed_counts)
 
 
+def keys_per_rank(case, world_size):
+    """The mean keys per rank; the upstream factory's max(4W, min(m // W, 4096)) where the case gives m."""
+    if "m" in case.params:
+        return max(4 * world_size, min(case["m"] // world_size, 4096))
+    return case["keys_per_rank"]
+
+
 def make_inputs(case, rank, world_size, gen):
+    if "m" in case.params:  # the upstream factory's keys: integers in [-50, 50), shifted down by rank * n
+        num_keys = 0 if case.get("odd_ranks_empty", False) and rank % 2 else keys_per_rank(case, world_size)
+        values = torch.randint(-50, 50, (num_keys,), generator=gen, device=gen.device).float() - rank * num_keys
+        return (values.to(dtype_of(case)),)
     sizes = skewed_counts(gen.shared, world_size, case["keys_per_rank"] * world_size, case.get("num_empty", 0))
     values = randn(gen, sizes[rank], scale=case["spread"]) + case["shift"] * rank
     if case.get("integer_keys", False):
@@ -65,14 +78,17 @@ def reference(local_shard, group=None):
 
 
 def cost(case, world_size):
-    moved = case["keys_per_rank"] * dtype_of(case).itemsize
+    moved = keys_per_rank(case, world_size) * dtype_of(case).itemsize
     return Cost(link_bytes=(world_size - 1) / world_size * moved, hbm_bytes=4 * moved, pattern="all_to_all")
 
 
 PROBLEM = Problem(
-    name="distributed_sample_sort", version=1, upstream_id=85, category="beyond_llm",
+    name="distributed_sample_sort", version=2, upstream_id=85, category="beyond_llm",
     source="parallel sample sort (regular sampling, splitter exchange, all-to-all, exact rebalancing)",
     world_sizes=(2, 4, 8),
+    upstream=[
+        Case("upstream", {"m": 1024, "dtype": "bfloat16"}, note="1024 // W integer bf16 keys per rank"),
+    ],
     tests=[
         Case("bf16_duplicates", {"keys_per_rank": 37, "dtype": "bfloat16", "spread": 20.0, "shift": -7.0,
                                  "integer_keys": True}),
@@ -81,6 +97,8 @@ PROBLEM = Problem(
         Case("int_keys_fp32_two_empty", {"keys_per_rank": 16, "dtype": "float32", "spread": 3.0, "shift": 2.0,
                                          "integer_keys": True, "num_empty": 2},
              note="two ranks bring no keys; integer keys repeat a lot"),
+        Case("odd_ranks_empty", {"m": 256, "dtype": "bfloat16", "odd_ranks_empty": True},
+             note="the upstream factory's every-4th-trial layout, smaller: odd ranks bring no keys"),
     ],
     benchmarks=[
         Case("fp32_64Mi_keys", {"keys_per_rank": 1 << 26, "dtype": "float32", "spread": 1.0, "shift": 0.25}),

@@ -1,18 +1,19 @@
-"""Link-prediction ranking (GraphStorm / DGL-KE ``calc_ranking`` + gather): rank each positive edge's
-score among its negatives, gather every rank's rankings and compute the MRR from them.
+"""Link-prediction ranking (GraphStorm / DGL-KE ``calc_ranking`` over every rank's scores): rank each
+positive edge's score among its negatives, for the positives of all ranks.
 
 Per rank: local_pos_scores [n] (bf16), local_neg_scores [n, K] (bf16); n differs per rank and may be 0
-  ->  (ranking [sum of n over ranks] int64: rank 0's rankings first, the same on every rank,
-       mrr [] fp32 = mean of 1 / ranking over all of them).
+  ->  ranking [sum of n over ranks] int64, rank 0's positives first, the same on every rank.
 
-Tie rule (upstream left it to CUDA's sort): GraphStorm ranks ``sigmoid(score)`` with a descending sort
-of [pos, neg...], the positive in column 0. The sigmoid is strictly increasing, so pkb ranks the
-scores themselves, exactly as they are in bf16: ranking = 1 + #{k : neg[k] > pos} (a negative equal to
-the positive does not outrank it, as in a stable sort). bf16 scores tie often; the rule fixes them.
+ranking[i] is the 1-based position of positive i in a descending sort of ``sigmoid([pos_i, neg_i...])``
+(GraphStorm sorts the sigmoid in the scores' dtype): 1 + the number of negatives that score higher.
+The sigmoid is strictly increasing, so pkb counts ``neg > pos`` on the scores themselves. A tie of the
+two sigmoids would make the position depend on the sort's tie order; the inputs rule ties out: scores
+lie in [-3.5, 3.5] and every negative is at least 0.5 away from its positive, which keeps their
+sigmoids at least 3 bf16 ulps apart.
 
-Cost: the rankings are all-gathered: each rank receives the (W-1)/W of the N = W*n rankings it does not
-hold, N*8 bytes: link = (W-1)/W * N*8. (Gathering the raw scores instead, as upstream does, moves
-(K+1)*2/8 times more.) flops: n*K comparisons. HBM: read the scores n*(K+1)*2, write N*8.
+Cost: pkb ranks locally and all-gathers the rankings: each rank receives the (W-1)/W of the N rankings
+it does not hold, N*8 bytes: link = (W-1)/W * N*8. (Gathering the raw scores instead, as GraphStorm
+does, moves (K+1)*2/8 times more.) flops: n*K comparisons. HBM: read the scores n*(K+1)*b, write N*8.
 
 Benchmarks: ogbl-citation2 is evaluated with 1000 negatives per positive over 86,956 test edges
 (``citation2_1000neg``: the test edges split over the ranks); ``wikikg90m_1000neg`` is a larger
@@ -24,42 +25,59 @@ import torch
 from pkb.problem import Case, Cost, Problem, randn
 from pkb.problems.beyond_llm._common import all_gather_rows, dtype_of, skewed_counts
 
+_MARGIN = 0.5  # the least distance between a negative score and its positive
 
-def positives_per_rank(case, world_size):
-    return -(-case["num_pos"] // world_size)
+
+def upstream_counts(case, world_size):
+    """Positives per rank in the upstream factory: max(16, min(m // W, 1280)) + rank % 3."""
+    return [max(16, min(case["m"] // world_size, 1280)) + rank % 3 for rank in range(world_size)]
+
+
+def total_positives(case, world_size):
+    return sum(upstream_counts(case, world_size)) if "m" in case.params else case["num_pos"]
 
 
 def make_inputs(case, rank, world_size, gen):
-    sizes = skewed_counts(gen.shared, world_size, case["num_pos"], case.get("num_empty", 0))
-    sizes[0] = max(sizes[0], 1)  # never an empty evaluation overall
-    num_pos = sizes[rank]
-    dtype = dtype_of(case)
-    local_pos_scores = (randn(gen, num_pos) + 1.0).to(dtype)
-    local_neg_scores = randn(gen, num_pos, case["num_neg"], dtype=dtype)
-    return local_pos_scores, local_neg_scores
+    if "m" in case.params:
+        sizes = upstream_counts(case, world_size)
+    else:
+        sizes = skewed_counts(gen.shared, world_size, case["num_pos"], case.get("num_empty", 0))
+        sizes[0] = max(sizes[0], 1)  # never an empty evaluation overall
+    num_pos, dtype = sizes[rank], dtype_of(case)
+    pos = (randn(gen, num_pos, scale=0.8) + 1.0).clamp(-2.5, 2.5).to(dtype).float()
+    neg = randn(gen, num_pos, case["num_neg"]).clamp(-3.5, 3.5)
+    # Push negatives closer than the margin out to it, away from their positive (no sigmoid ties).
+    gap = neg - pos.view(-1, 1)
+    push = torch.where(gap >= 0, _MARGIN, -_MARGIN) + pos.view(-1, 1)
+    neg = torch.where(gap.abs() < _MARGIN, push, neg)
+    return pos.to(dtype), neg.to(dtype)
 
 
 def reference(local_pos_scores, local_neg_scores, group=None):
+    # Rank locally (sigmoid is monotone: compare the scores), then all-gather the rankings in rank order.
     ranking = 1 + (local_neg_scores > local_pos_scores.view(-1, 1)).sum(dim=1, dtype=torch.int64)
     all_rankings, _ = all_gather_rows(ranking, group)
-    mrr = (1.0 / all_rankings.to(torch.float64)).mean().to(torch.float32)
-    return all_rankings, mrr
+    return all_rankings
 
 
 def cost(case, world_size):
-    total = case["num_pos"]
-    local = positives_per_rank(case, world_size)
+    total = total_positives(case, world_size)
+    local = -(-total // world_size)
     itemsize = dtype_of(case).itemsize
     return Cost(link_bytes=(world_size - 1) / world_size * total * 8, flops=local * case["num_neg"],
                 hbm_bytes=local * (case["num_neg"] + 1) * itemsize + total * 8, pattern="all_gather")
 
 
 PROBLEM = Problem(
-    name="gnn_negative_scoring", version=1, upstream_id=69, category="beyond_llm",
-    source="GraphStorm / DGL-KE link-prediction evaluation (calc_ranking + gather of rankings, MRR)",
+    name="gnn_negative_scoring", version=2, upstream_id=69, category="beyond_llm",
+    source="GraphStorm / DGL-KE link-prediction evaluation (calc_ranking over every rank's scores)",
     world_sizes=(2, 4, 8),
+    upstream=[
+        Case("upstream", {"m": 1024, "num_neg": 1000, "dtype": "bfloat16"},
+             note="max(16, min(1024 // W, 1280)) + rank % 3 positives per rank, 1000 negatives each"),
+    ],
     tests=[
-        Case("skewed_bf16_ties", {"num_pos": 45, "num_neg": 33, "dtype": "bfloat16"}),
+        Case("skewed_bf16", {"num_pos": 45, "num_neg": 33, "dtype": "bfloat16"}),
         Case("one_rank_empty", {"num_pos": 21, "num_neg": 100, "dtype": "bfloat16", "num_empty": 1}),
         Case("fp32_few", {"num_pos": 11, "num_neg": 7, "dtype": "float32"}),
     ],

@@ -3,7 +3,8 @@ parallelism): each rank holds a slice of the input channels and the matching sli
 partial convolutions are summed across ranks and the bias is added once.
 
 Per rank: input [B, C_in/W, T, H, Wd] (this rank's input channels), weight [C_out, C_in/W, kT, kH, kW]
-(the matching slice), bias [C_out] (the same on every rank), stride, padding, dilation, groups=1
+(the matching slice), bias [C_out] or None (the same on every rank), stride, padding, dilation
+(ints or 3-tuples), groups=1
   ->  [B, C_out, T', H', W'] on every rank = conv3d(full input, full weight, bias, ...), fp32
       accumulation, one rounding to the input's dtype.
 
@@ -17,7 +18,10 @@ dtype's default where that is larger (fp32: another summation order inside the c
 
 Benchmarks: Open-Sora 1.2's VAE decoder runs 3x3x3 convolutions with 512 channels on 4x-compressed
 time and 8x-compressed space: 17 latent frames at 64x64 (the catalog's 512x512 clip) and at 90x160
-(720p), pre-padded by one in every direction (padding 0), batch 1.
+(720p), pre-padded by one in every direction (padding 0), batch 1. The ``upstream`` case is the
+upstream factory's, the first of these at every W: x [1, 512/W, 19, 66, 66], weight [512, 512/W, 3, 3, 3]
+(about 250 GFLOP per rank at W=4: minutes for a reference and a candidate on a CPU, so it is checked in
+cuda mode only).
 """
 
 import torch
@@ -45,14 +49,16 @@ def make_inputs(case, rank, world_size, gen):
     fan_in = case["channels_in"] * kernel[0] * kernel[1] * kernel[2]
     x = randn(gen, case["batch"], local_in, *case["frames_hw"], dtype=dtype)
     weight = randn(gen, case["channels_out"], local_in, *kernel, dtype=dtype, scale=fan_in ** -0.5)
-    bias = randn(gen.shared, case["channels_out"], dtype=dtype)
+    bias = randn(gen.shared, case["channels_out"], dtype=dtype) if case.get("bias", True) else None
     return x, weight, bias, case["stride"], case["padding"], case["dilation"], 1
 
 
 def reference(input, weight, bias, stride, padding, dilation, groups=1, group=None):
     partial = F.conv3d(input.float(), weight.float(), None, stride, padding, dilation, groups)
     dist.all_reduce(partial, group=group)
-    return (partial + bias.float().view(1, -1, 1, 1, 1)).to(input.dtype)
+    if bias is not None:  # added once, after the sum
+        partial = partial + bias.float().view(1, -1, 1, 1, 1)
+    return partial.to(input.dtype)
 
 
 def cost(case, world_size):
@@ -75,20 +81,25 @@ def tolerance(case, world_size):
 
 
 def _case(name, channels_in, channels_out, frames_hw, kernel=3, stride=1, padding=0, dilation=1,
-          dtype="bfloat16", batch=1, **extra):
+          dtype="bfloat16", batch=1, note="", slow_on_cpu=False, **extra):
     return Case(name, {"batch": batch, "channels_in": channels_in, "channels_out": channels_out,
                        "frames_hw": frames_hw, "kernel": kernel, "stride": stride, "padding": padding,
-                       "dilation": dilation, "dtype": dtype}, **extra)
+                       "dilation": dilation, "dtype": dtype, **extra}, note=note, slow_on_cpu=slow_on_cpu)
 
 
 PROBLEM = Problem(
-    name="opensora_conv3d_allreduce", version=1, upstream_id=76, category="beyond_llm",
+    name="opensora_conv3d_allreduce", version=2, upstream_id=76, category="beyond_llm",
     source="Open-Sora VAE channel-chunked Conv3d with a tensor-parallel all-reduce", world_sizes=(2, 4, 8),
+    upstream=[
+        _case("upstream", 512, 512, (19, 66, 66), slow_on_cpu=True,
+              note="the upstream factory at its defaults: 512 channels split over W, stride 1, padding 0"),
+    ],
     tests=[
         _case("odd_volume_mixed_stride", 24, 5, (4, 7, 6), stride=(1, 2, 1), padding=(1, 0, 1),
               note="24 input channels split 12/6/3 per rank"),
         _case("dilated_fp32", 16, 3, (5, 6, 5), kernel=(1, 3, 3), padding=1, dilation=(1, 2, 1), dtype="float32",
               batch=2),
+        _case("no_bias_tuple_args", 8, 6, (3, 5, 4), kernel=(3, 1, 3), padding=(1, 0, 0), bias=False),
     ],
     benchmarks=[
         _case("opensora_vae_512ch_17x64x64", 512, 512, (19, 66, 66)),

@@ -7,20 +7,23 @@ obj_scores_local [n_r] (bf16), num_obj_per_gpu (list of W ints, the same on ever
 last_occluded [N] int64 (N = sum of the counts; the frame each object was last occluded, -1 = never;
 the same on every rank), iou_threshold, reverse
   ->  (masks_global [N, H, W] fp32, scores_global [N] fp32, to_suppress [N] bool), the same on every rank,
-      objects in rank order.
+      objects in rank order; a suppressed object's mask logits are all set to -10 (SAM 3's "no object").
 
 Suppression rule: binary mask = logit > 0; IoU(i, j) = fp32(|i and j|) / fp32(|i or j|) (0 when the
 union is empty; the counts are exact, the division is IEEE-rounded, so the value is unique); a pair
 overlaps when IoU >= fp32(iou_threshold). For each overlapping pair (i < j) the object occluded more
 recently (larger last_occluded; smaller with ``reverse``) is suppressed, provided the other one has
-been occluded at some point (last_occluded > -1); equal values suppress neither. Exact outputs.
+been occluded at some point (last_occluded > -1); equal values suppress neither. Exact outputs. The
+threshold is no knife edge: IoUs are ratios of counts below 2^17, so one that is not exactly the
+threshold is at least 1/(10 * 2^17) away from it, far more than an fp32 rounding.
 
 Cost: the masks (bf16) and scores are all-gathered: link = (W-1)/W * N*(H*W + 1)*2. flops: the IoU
 Gram matrix of the flattened binary masks, 2*N*N*H*W. HBM: read the gathered masks (bf16), write them
 in fp32: N*H*W*(2 + 4).
 
 Benchmarks: SAM 3 tracks up to hundreds of objects per video with 256x256 low-res masks;
-``sam3_64_objects`` and ``sam3_256_objects`` spread them evenly over the GPUs.
+``sam3_64_objects`` and ``sam3_256_objects`` spread them evenly over the GPUs. The ``upstream`` case
+has the upstream factory's shapes: 1 + rank % 3 objects per rank, 256x256 masks, threshold 0.7.
 """
 
 import torch
@@ -30,7 +33,12 @@ from pkb.problem import Case, Cost, Problem, Tolerance, randn
 from pkb.problems.beyond_llm._common import skewed_counts
 
 
+_NO_OBJECT_LOGIT = -10.0
+
+
 def object_counts(case, world_size, gen):
+    if case.get("counts") == "mod3":  # the upstream factory's (at trial 0): 1 + rank % 3
+        return [1 + rank % 3 for rank in range(world_size)]
     if case.get("even", False):
         return [case["objects"] // world_size + (1 if r < case["objects"] % world_size else 0)
                 for r in range(world_size)]
@@ -87,19 +95,27 @@ def reference(low_res_masks_local, obj_scores_local, num_obj_per_gpu, last_occlu
     suppress_i = overlapping & more_recent(occluded_i, occluded_j) & (occluded_j > -1)
     suppress_j = overlapping & more_recent(occluded_j, occluded_i) & (occluded_i > -1)
     to_suppress = suppress_i.any(dim=1) | suppress_j.any(dim=0)
+    masks_global[to_suppress] = _NO_OBJECT_LOGIT
     return masks_global, scores_global, to_suppress
 
 
+def total_objects(case, world_size):
+    return sum(1 + rank % 3 for rank in range(world_size)) if case.get("counts") == "mod3" else case["objects"]
+
+
 def cost(case, world_size):
-    total, pixels = case["objects"], case["mask_size"] ** 2
+    total, pixels = total_objects(case, world_size), case["mask_size"] ** 2
     return Cost(link_bytes=(world_size - 1) / world_size * total * (pixels + 1) * 2,
                 flops=2 * total * total * pixels, hbm_bytes=total * pixels * (2 + 4), pattern="all_gather")
 
 
 PROBLEM = Problem(
-    name="sam3_allgather_iou_suppression", version=1, upstream_id=81, category="beyond_llm",
+    name="sam3_allgather_iou_suppression", version=2, upstream_id=81, category="beyond_llm",
     source="SAM 3 (Meta) video tracker: suppress overlapping objects based on recent occlusion (multi-GPU)",
     world_sizes=(2, 4, 8),
+    upstream=[
+        Case("upstream", {"counts": "mod3", "mask_size": 256}, note="1 + rank % 3 objects per rank, 256x256 masks"),
+    ],
     tests=[
         Case("skewed_counts", {"objects": 13, "mask_size": 24}),
         Case("empty_rank_reverse", {"objects": 10, "mask_size": 17, "num_empty": 1, "reverse": True,

@@ -9,9 +9,13 @@ rank, may be 0; a rank may own no keys):
   values [sum(lengths)] int64, key_splits (list of W ints), batch_size = B_r, pg=None,
   weights [sum(lengths)] fp32 or None, stride_per_key (per-key batch sizes, variable-batch KJTs; None
   means B_r for every key), stagger=1
-  ->  dict: "lengths" [sum over sources of k*B_s] int64, "values" int64, "weights" fp32 (only when weights
-      are given), "stride_per_key_per_rank" [k, W] int64 (key i's batch size on source s),
-      k = key_splits[rank]. Bit-exact.
+  ->  dict (k = key_splits[rank]), bit-exact:
+      "lengths" [sum over sources of k*B_s] int64, "values" int64, "weights" fp32 (only when weights
+      are given), and
+      - fixed batch (stride_per_key None): "stride" [] int64 = sum of the sources' batch sizes,
+        "stride_per_rank" [W] int64 = each source's batch size B_s;
+      - variable batch: "stride_per_key_per_rank" [k, W] int64, key i's batch size on each source,
+        the sources in feature_order (below).
 
 Output order (torchrec's recat): for each local key i, for each source j in
 feature_order = [x + (W // stagger) * y for x in range(W // stagger) for y in range(stagger)],
@@ -24,18 +28,22 @@ factor). HBM: the send and the recat read and write the data twice: 4x the same 
 Benchmarks: DLRM-v2 (MLPerf, Criteo 1TB multi-hot): 26 sparse features with pooling factors
 3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1 (mean 7.9), 8192 samples per rank,
 table-wise sharded; ``dlrm_v2_criteo_weighted`` adds per-value weights (id-score lists).
+The ``upstream`` case is the upstream factory's: key_splits[d] = 1 + d % 3, 512 samples per rank,
+5 to 20 values per entry, no weights.
 """
 
 import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
-from pkb.problems.beyond_llm._common import all_to_all_rows
+from pkb.problems.beyond_llm._common import all_to_all_rows, exchange_counts
 
 DLRM_V2_POOLING = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
 
 
 def key_splits_for(case, world_size):
+    if case.get("key_layout") == "mod3":  # the upstream factory's: 1 + d % 3 keys on rank d
+        return [1 + d % 3 for d in range(world_size)]
     num_keys = len(case["pooling"])
     if case.get("skew_keys", False):  # all but a few keys on rank 1, none on rank 0
         splits = [0] + [1] * (world_size - 1)
@@ -44,17 +52,29 @@ def key_splits_for(case, world_size):
     return [num_keys // world_size + (1 if d < num_keys % world_size else 0) for d in range(world_size)]
 
 
+def mean_values_per_entry(case, num_keys):
+    """The mean pooling factor: (lo + hi - 1) / 2 for lengths drawn in [lo, hi), else the keys' mean."""
+    if "length_range" in case.params:
+        low, high = case["length_range"]
+        return (low + high - 1) / 2
+    return sum(case["pooling"]) / num_keys
+
+
 def make_inputs(case, rank, world_size, gen):
     batch_sizes = case["batch_sizes"]
     batch_size = batch_sizes[rank % len(batch_sizes)]
-    pooling = torch.tensor(case["pooling"], device=gen.device)
+    num_keys = sum(key_splits_for(case, world_size))
     stride_per_key = None
-    strides = torch.full((len(case["pooling"]),), batch_size, device=gen.device)
+    strides = torch.full((num_keys,), batch_size, device=gen.device)
     if case.get("variable_batch", False):
-        strides = torch.randint(0, batch_size + 1, (len(case["pooling"]),), generator=gen, device=gen.device)
+        strides = torch.randint(0, batch_size + 1, (num_keys,), generator=gen, device=gen.device)
         stride_per_key = strides.tolist()
-    max_len = (2 * pooling + 1).repeat_interleave(strides)
-    lengths = (torch.rand(int(strides.sum()), generator=gen, device=gen.device) * max_len).to(torch.int64)
+    if "length_range" in case.params:
+        low, high = case["length_range"]
+        lengths = torch.randint(low, high, (int(strides.sum()),), generator=gen, device=gen.device)
+    else:
+        max_len = (2 * torch.tensor(case["pooling"], device=gen.device) + 1).repeat_interleave(strides)
+        lengths = (torch.rand(int(strides.sum()), generator=gen, device=gen.device) * max_len).to(torch.int64)
     num_values = int(lengths.sum())
     values = torch.randint(0, 1 << 40, (num_values,), generator=gen, device=gen.device)
     weights = randn(gen, num_values) if case.get("weighted", False) else None
@@ -65,12 +85,17 @@ def make_inputs(case, rank, world_size, gen):
 def reference(lengths, values, key_splits, batch_size, pg=None, weights=None, stride_per_key=None, stagger=1):
     world_size, rank = dist.get_world_size(pg), dist.get_rank(pg)
     device = lengths.device
-    num_keys = sum(key_splits)
-    strides = torch.tensor(stride_per_key if stride_per_key is not None else [batch_size] * num_keys,
-                           dtype=torch.int64, device=device)
-    # Metadata: every owner learns the batch size of each of its keys on every source.
-    local_keys = key_splits[rank]
-    recv_strides = all_to_all_rows(strides, key_splits, [local_keys] * world_size, pg)  # [W * k], source-major
+    num_keys, local_keys = sum(key_splits), key_splits[rank]
+    variable = stride_per_key is not None
+    strides = torch.tensor(stride_per_key if variable else [batch_size] * num_keys, dtype=torch.int64,
+                           device=device)
+    # Metadata: every owner learns the batch size of each of its keys on every source ([W * k],
+    # source-major): sent per key for variable batches, else each source's one batch size.
+    if variable:
+        recv_strides = all_to_all_rows(strides, key_splits, [local_keys] * world_size, pg)
+    else:
+        stride_per_rank = exchange_counts([batch_size] * world_size, device, pg)
+        recv_strides = torch.tensor(stride_per_rank, dtype=torch.int64, device=device).repeat_interleave(local_keys)
     # Lengths, then values (and weights), in key blocks per destination; a source's value count is
     # the sum of the lengths it sent.
     key_of_entry = torch.arange(num_keys, device=device).repeat_interleave(strides)
@@ -88,27 +113,31 @@ def reference(lengths, values, key_splits, batch_size, pg=None, weights=None, st
     recv_weights = all_to_all_rows(weights, value_counts, recv_value_counts, pg) if weights is not None else None
     # Recat: segments arrive source-major (source s, key i); reorder them key-major in feature_order.
     groups = world_size // stagger
-    feature_order = [x + groups * y for x in range(groups) for y in range(stagger)]
+    feature_order = torch.tensor([x + groups * y for x in range(groups) for y in range(stagger)], device=device)
     position_of_source = torch.empty(world_size, dtype=torch.int64, device=device)
-    position_of_source[torch.tensor(feature_order, device=device)] = torch.arange(world_size, device=device)
+    position_of_source[feature_order] = torch.arange(world_size, device=device)
     segment = torch.arange(world_size * local_keys, device=device)
     segment_key = (segment % local_keys) * world_size + position_of_source[segment // local_keys] \
         if local_keys else segment
     entry_key = segment_key.repeat_interleave(recv_strides)
     length_order = torch.argsort(entry_key, stable=True)
     value_order = torch.argsort(entry_key.repeat_interleave(recv_lengths), stable=True)
-    out = {"lengths": recv_lengths[length_order], "values": recv_values[value_order],
-           "stride_per_key_per_rank": recv_strides.view(world_size, local_keys).T.contiguous()}
+    out = {"lengths": recv_lengths[length_order], "values": recv_values[value_order]}
+    if variable:
+        out["stride_per_key_per_rank"] = recv_strides.view(world_size, local_keys).T[:, feature_order].contiguous()
+    else:
+        out["stride"] = torch.tensor(sum(stride_per_rank), dtype=torch.int64, device=device)
+        out["stride_per_rank"] = torch.tensor(stride_per_rank, dtype=torch.int64, device=device)
     if recv_weights is not None:
         out["weights"] = recv_weights[value_order]
     return out
 
 
 def cost(case, world_size):
-    num_keys = len(case["pooling"])
+    num_keys = sum(key_splits_for(case, world_size))
     batch = sum(case["batch_sizes"]) / len(case["batch_sizes"])
     value_bytes = 8 + (4 if case.get("weighted", False) else 0)
-    sent = num_keys * batch * 8 + batch * sum(case["pooling"]) * value_bytes
+    sent = num_keys * batch * 8 + batch * num_keys * mean_values_per_entry(case, num_keys) * value_bytes
     return Cost(link_bytes=(world_size - 1) / world_size * sent, hbm_bytes=4 * sent, pattern="all_to_all")
 
 
@@ -118,15 +147,21 @@ def _case(name, pooling, batch_sizes, **extra):
 
 
 PROBLEM = Problem(
-    name="torchrec_kjt_all2all", version=1, upstream_id=70, category="beyond_llm",
+    name="torchrec_kjt_all2all", version=2, upstream_id=70, category="beyond_llm",
     source="torchrec KJTAllToAll (KeyedJaggedTensor input dist for table-wise sharding, with recat)",
     world_sizes=(2, 4, 8),
+    upstream=[
+        Case("upstream", {"key_layout": "mod3", "batch_sizes": (512,), "length_range": (5, 21)},
+             note="key_splits[d] = 1 + d % 3, 512 samples per rank, 5 to 20 values per entry"),
+    ],
     tests=[
         _case("weighted_uneven_batches", (1, 3, 2, 5, 1, 2, 4, 1, 2, 3, 1), (3, 0, 5, 2), weighted=True,
               note="11 keys; one rank's batch is empty"),
         _case("skewed_keys_stagger2", (2, 1, 4, 1, 3, 2, 2, 1, 1), (4, 1), skew_keys=True, stagger=2, weighted=True,
               note="rank 0 owns no keys, rank 1 most of them"),
         _case("variable_batch_unweighted", (2, 2, 1, 3, 1, 2, 1, 1, 3, 2), (3, 4, 2), variable_batch=True),
+        _case("variable_batch_stagger2_weighted", (1, 2, 3, 1, 2, 1, 2, 3, 1, 1, 2), (5, 2, 3), variable_batch=True,
+              stagger=2, weighted=True, note="stride_per_key_per_rank columns in feature_order"),
     ],
     benchmarks=[
         _case("dlrm_v2_criteo", DLRM_V2_POOLING, (8192,)),
