@@ -14,7 +14,8 @@ output.
 
 Tolerance: the W partial sums may be added in any order and in bf16 (a ring all-reduce):
 ``reduction_tolerance(dtype, W)`` for outputs of size ~1 (weights are scaled by 1/sqrt(fan-in)), or the
-dtype's default where that is larger (fp32: another summation order inside the convolution).
+dtype's default where that is larger (fp32: another summation order inside the convolution, and TF32,
+cuDNN's default for fp32 convolutions on GPUs: 2^-8 absolute and relative).
 
 Benchmarks: Open-Sora 1.2's VAE decoder runs 3x3x3 convolutions with 512 channels on 4x-compressed
 time and 8x-compressed space: 17 latent frames at 64x64 (the catalog's 512x512 clip) and at 90x160
@@ -77,6 +78,8 @@ def tolerance(case, world_size):
     # The larger of the dtype's default (another summation order inside the convolution) and the
     # cross-rank reduction's allowance.
     summed, default = reduction_tolerance(dtype_of(case), world_size), default_tolerance(dtype_of(case))
+    if dtype_of(case) == torch.float32:  # cuDNN runs fp32 convolutions in TF32 by default (10-bit mantissa):
+        default = Tolerance(2.0**-8, 2.0**-8)  # measured 1.2e-3 off on outputs ~1 on an H200; a missing rank is ~1
     return Tolerance(max(summed.atol, default.atol), max(summed.rtol, default.rtol))
 
 
