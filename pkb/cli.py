@@ -16,15 +16,12 @@ import time
 from pathlib import Path
 
 from pkb import __version__
+from pkb.console import UsageError, print_table  # noqa: F401  (subsystem commands import them from here too)
 from pkb.problem import Status
 
 USAGE_ERROR = 2
 HARNESS_FAILURE = 3  # pkb itself failed: no verdict on the candidate
 QUIET_STATUSES = (Status.OK, Status.SKIPPED)
-
-
-class UsageError(Exception):
-    pass
 
 
 # -- list / show -----------------------------------------------------------------------------------
@@ -249,27 +246,6 @@ class Progress:
     def close(self) -> None:
         if self.enabled and self.tty:
             sys.stderr.write("\n")
-
-
-# -- output ------------------------------------------------------------------------------------------
-
-
-def print_table(rows: list[dict], columns: list[str], headers: list[str] | None = None) -> None:
-    headers = headers or columns
-    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
-    print("  ".join("-" * w for w in widths))
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
-
-
-def _cell(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, (list, tuple)):
-        return ",".join(map(str, value))
-    return str(value)
 
 
 # -- parser ------------------------------------------------------------------------------------------

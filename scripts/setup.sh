@@ -32,9 +32,9 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
     .venv/bin/python -m pip install "${PIP_QUIET[@]}" "$TORCH_SPEC"
 fi
 
-if ! .venv/bin/python -m pip install "${PIP_QUIET[@]}" -e ".[test]"; then
-    echo "setup: the package index is not reachable; linking pkb from this checkout instead (extras that" \
-         "this environment lacks stay missing: tests need pytest, reports pyarrow)" >&2
+if ! .venv/bin/python -m pip install "${PIP_QUIET[@]}" -e ".[test]" 2>.venv/pip-install.log; then
+    echo "setup: the package index is not reachable (pip's words: .venv/pip-install.log); linking pkb from this" \
+         "checkout instead (extras that this environment lacks stay missing: tests need pytest, reports pyarrow)" >&2
     echo "$PWD" > "$SITE_PACKAGES/_pkb_checkout.pth"
     printf '#!%s\nimport sys\nfrom pkb.cli import main\nsys.exit(main())\n' "$PWD/.venv/bin/python" > .venv/bin/pkb
     chmod +x .venv/bin/pkb

@@ -40,7 +40,7 @@ def add_commands(subparsers, add_eval_options) -> None:
 
 
 def cmd_report(args) -> int:
-    from pkb.cli import UsageError
+    from pkb.console import UsageError
     from pkb.registry import all_problems, select
     from pkb.report import html, metrics, records
     from pkb.store.db import DEFAULT_DB
@@ -101,7 +101,7 @@ def _report_output(report, loaded, file_format: str, table: str | None, db: str)
 
 
 def _comparison_output(report, sets, file_format: str):
-    from pkb.cli import print_table
+    from pkb.console import print_table
     from pkb.report import export, metrics, tables
 
     comparison = metrics.compare(report, *sets)
@@ -120,7 +120,7 @@ def _comparison_output(report, sets, file_format: str):
 
 
 def _write(args, text: str | None, writer) -> None:
-    from pkb.cli import UsageError
+    from pkb.console import UsageError
 
     if writer is not None:
         try:
@@ -135,7 +135,7 @@ def _write(args, text: str | None, writer) -> None:
 
 def headline_lines(report, empty: str) -> None:
     """Print the headline: the references' self-check, one row per set, what the columns mean."""
-    from pkb.cli import print_table
+    from pkb.console import print_table
     from pkb.report import tables
 
     print(report.self_check.summary())
@@ -167,7 +167,7 @@ def _captured(show) -> str:
 
 
 def _parse_ks(text: str) -> tuple[int, ...]:
-    from pkb.cli import UsageError
+    from pkb.console import UsageError
 
     try:
         ks = tuple(int(k) for k in text.split(",") if k.strip())
@@ -179,7 +179,7 @@ def _parse_ks(text: str) -> tuple[int, ...]:
 
 
 def cmd_export_suite(args) -> int:
-    from pkb.cli import UsageError
+    from pkb.console import UsageError
     from pkb.report.export import export_suite
 
     directory = Path(args.directory)

@@ -50,7 +50,6 @@ def table_text(rows: list[dict], columns, file_format: str) -> str:
 
 def write_parquet_table(rows: list[dict], columns, types: dict[str, type], path: str | Path) -> None:
     """``rows`` as a parquet file; ``types`` maps a column to int, float or bool (other columns are strings)."""
-    from pkb.report.tables import require_pyarrow
 
     pa, pq = require_pyarrow()
     arrow = {int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
@@ -97,7 +96,6 @@ def export_suite(directory: str | Path, file_format: str = "parquet", problems: 
 
 
 def _write_parquet(rows: list[dict], path: Path) -> None:
-    from pkb.report.tables import require_pyarrow
 
     pa, pq = require_pyarrow()
     schema = pa.schema([("slug", pa.string()), ("version", pa.int64()), ("upstream_id", pa.int64()),
@@ -152,3 +150,12 @@ with its own kernels and must produce the same outputs on every rank.
 Load it with `datasets.load_dataset("<this directory>")`. Run and judge candidates with pkb
 (`pkb eval <slug> solution.py`).
 """
+
+
+def require_pyarrow():
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("parquet output needs pyarrow: pip install 'pkb[report]' (or pip install pyarrow)") from None
+    return pa, pq

@@ -213,10 +213,3 @@ def write_parquet(records: tuple[Record, ...], path: str | Path) -> None:
     write_parquet_table(result_rows(records), RESULT_COLUMNS, RESULT_TYPES, path)
 
 
-def require_pyarrow():
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ImportError("parquet output needs pyarrow: pip install 'pkb[report]' (or pip install pyarrow)") from None
-    return pa, pq
