@@ -200,3 +200,15 @@ def test_solution_files_are_matched_by_name_not_by_their_old_numbers(tmp_path):
     assert any("46_fsdp_adamw_sharded_cuda.py: not evaluated" in n and "dropped" in n for n in notes), notes
     assert any("40_no_such_problem.py: not evaluated: its name matches no problem" in n for n in notes), notes
     assert not any(n.startswith("12_allgather_gemm.py") for n in notes)  # a plain match needs no note
+
+
+def test_cases_too_slow_on_the_cpu_are_left_out_there_and_said_so(sessions):
+    problem = get_problem("conv2d_boundary_exchange")  # its upstream case: ~480/W GFLOP per rank
+    assert [c.name for c in problem.upstream if c.slow_on_cpu] == ["upstream"]
+    alone = evaluate(problem, Candidate.reference_of(problem),
+                     EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="upstream"), sessions(2))
+    assert alone.status is Status.SKIPPED and "--mode cuda" in alone.message, alone.message
+    every = evaluate(problem, Candidate.reference_of(problem),
+                     EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1), sessions(2))
+    assert every.status is Status.OK and "upstream" not in every.cases and every.upstream_ok is None
+    assert "upstream left out" in every.message and "upstream" in every.details["cases_left_out"]

@@ -255,6 +255,11 @@ def _check_statically(problem: Problem, candidate: Candidate, config: EvalConfig
         raise Verdict(Status.SKIPPED, f"{problem.name} runs at world sizes {list(problem.world_sizes)}, "
                                       f"not {config.world_size}")
     if not checked_cases(problem, config):
+        left_out = left_out_cases(problem, config)
+        if left_out:
+            raise Verdict(Status.SKIPPED, f"{problem.name}'s {config.cases} cases at world size {config.world_size} "
+                                          f"({', '.join(c.name for c in left_out)}) take minutes where the reference "
+                                          f"runs on the CPU: check them with --mode cuda")
         raise Verdict(Status.SKIPPED, f"{problem.name} has no {config.cases} case for world size {config.world_size}")
 
 
