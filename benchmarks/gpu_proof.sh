@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # What the GPU, roofline and multi-GPU issues ask to prove, on a device machine, by stage:
 #   bash benchmarks/gpu_proof.sh env tests timing calibrate fidelity solutions shipped baseline1 baseline2
-#                                setup corpus compat
+#                                setup corpus compat ray
 # (TESTS_K selects tests with -k, CORPUS the upstream reference folder (default ../shared/upstream/reference),
 #  CORPUS_MODE its mode (default cuda with 2 GPUs, else shared-gpu), TIMING_PARTS the parts of gpu_timing.py, BASELINE_PROBLEMS the problems,
-#  BASELINE_TIMEOUT the seconds one baseline case may take)
+#  BASELINE_TIMEOUT the seconds one baseline case may take; the ray stage installs Ray from .whl/ where the node lacks it)
 # Each stage writes $OUT/<stage>.txt (OUT defaults to .); a stage cut by its time limit keeps what it printed.
 # Multicast stays off: these variables are set for every process started here.
 set -u
@@ -49,6 +49,16 @@ for name in "$@"; do
         for name in p2p_batched p2p_isend_irecv p2p_group_ops; do
           stage compat python3 -m pkb.cli eval alltoall "tests/candidates/$name.py" --mode "$mode" --world-size 2 --trials 2
         done ;;
+    ray) if ! python3 -c "import ray" 2>/dev/null && [ -d .whl ]; then  # an offline node: Ray carried as wheels
+          python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+          export PYTHONPATH="/tmp/site:$PYTHONPATH"
+        fi
+        mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"
+        stage ray python3 -m pytest -q -p no:cacheprovider tests/test_ray.py
+        stage ray python3 -m pkb.cli run --problems collectives --mode "$mode" --world-size 2 --trials 2 --db /tmp/pkb-local.sqlite
+        stage ray python3 -m pkb.cli run --problems collectives --mode "$mode" --world-size 2 --trials 2 --db /tmp/pkb-ray.sqlite --executor ray
+        stage ray python3 benchmarks/executor_overhead.py --mode "$mode" --problems 1-8 --rounds 4 --slots 1 --out "$OUT/ray_${mode}.json"
+        stage ray python3 benchmarks/executor_overhead.py --mode cpu --problems 1-8 --rounds 4 --slots 1,auto --out "$OUT/ray_cpu.json" ;;
     *) echo "unknown stage $name" >&2; exit 2 ;;
   esac
 done

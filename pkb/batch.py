@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig, Session, evaluate
+from pkb.evaluate.evaluator import EvalConfig
 from pkb.evaluate.result import EvalResult
-from pkb.problem import Problem, Status
+from pkb.executor import Executor, LocalExecutor, Task
+from pkb.problem import Problem
 from pkb.registry import all_problems
 from pkb.store.db import REFERENCE_SET, SHIPPED_SET, SHIPPED_SOLUTIONS, ResultStore, run_key
 _UPSTREAM_NAME = re.compile(r"^(\d+)_")
@@ -138,31 +139,61 @@ def evaluation_key(problem: Problem, candidate: Candidate, config: EvalConfig) -
 
 
 def run_jobs(jobs: list[Job], config: EvalConfig, store: ResultStore,
-             on_result: Callable[[Job, EvalResult, bool], None] = lambda job, result, resumed: None) -> list[EvalResult]:
-    """Evaluate every job not already in ``store``; ``on_result(job, result, resumed)`` after each.
+             on_result: Callable[[Job, EvalResult, bool], None] = lambda job, result, resumed: None,
+             executor: Executor | None = None) -> list[EvalResult]:
+    """Evaluate every job not already in ``store`` on ``executor`` (default: this machine); each result
+    is stored as it finishes, then ``on_result(job, result, resumed)``. Results come back in job order.
 
     A job whose file was judged before with the same settings is not judged again; when that verdict was
-    stored under another set or name (the same file in two folders), it is stored again under this
-    job's, with ``details["verdict_of"]`` naming the row it repeats.
+    stored under another set or name (the same file in two folders, in this run or an earlier one), it
+    is stored again under this job's, with ``details["verdict_of"]`` naming the row it repeats. A stored
+    ``harness_error`` or ``infra_error`` is no verdict: that job runs again.
     """
-    results = []
-    with Session(config.mode, config.world_size) as session:
-        for job in jobs:
+    own_executor = executor is None
+    executor = executor or LocalExecutor()
+    results: dict[int, EvalResult] = {}
+    twins: dict[str, list[tuple[int, Job]]] = {}  # key -> later jobs of this run with the same key
+
+    def finish(index: int, job: Job, result: EvalResult, resumed: bool) -> None:
+        results[index] = result
+        on_result(job, result, resumed)
+
+    def repeat(index: int, job: Job, key: str) -> None:
+        previous = _restored(store.latest(key), job, store.latest_id(key))
+        store.add(previous, key)
+        finish(index, job, previous, True)
+
+    try:
+        for index, job in enumerate(jobs):
             key = evaluation_key(job.problem, job.candidate, config)
-            previous = store.latest(key)
-            if previous is not None and previous.status is not Status.HARNESS_ERROR:  # pkb's failures are retried
-                if (previous.solution_set, previous.solution) != (job.solution_set, job.candidate.name):
-                    previous = _restored(previous, job, store.latest_id(key))
-                    store.add(previous, key)
-                results.append(previous)
-                on_result(job, previous, True)
+            if key in twins:
+                twins[key].append((index, job))
                 continue
-            result = evaluate(job.problem, job.candidate, config, session)
+            previous = store.latest(key)
+            if previous is not None and previous.status.is_verdict:
+                if (previous.solution_set, previous.solution) != (job.solution_set, job.candidate.name):
+                    repeat(index, job, key)
+                else:
+                    finish(index, job, previous, True)
+                continue
+            twins[key] = []
+            executor.submit(Task(job.problem, job.candidate, config, tag=(index, job, key)))
+        for task, result in executor.finished():
+            index, job, key = task.tag
             result.solution_set = job.solution_set
             store.add(result, key)
-            results.append(result)
-            on_result(job, result, False)
-    return results
+            finish(index, job, result, False)
+            waiting = twins.pop(key, [])
+            if waiting and not result.status.is_verdict:  # no verdict to repeat: the next twin gets its own attempt
+                (twin_index, twin), twins[key] = waiting[0], waiting[1:]
+                executor.submit(Task(twin.problem, twin.candidate, config, tag=(twin_index, twin, key)))
+                continue
+            for twin_index, twin in waiting:
+                repeat(twin_index, twin, key)
+    finally:
+        if own_executor:
+            executor.close()
+    return [results[index] for index in sorted(results)]
 
 
 def _restored(previous: EvalResult, job: Job, previous_id: int | None) -> EvalResult:

@@ -112,14 +112,17 @@ def human_bytes(count: float) -> str:
 # -- eval / run ------------------------------------------------------------------------------------
 
 
-def make_config(args, world_size: int):
+def make_config(args, world_size: int, executor=None):
+    """The evaluation settings of ``args``; ``--mode auto`` decides by the GPUs of ``executor``'s machines
+    (a Ray cluster's largest node) or, without one, of this machine."""
     from pkb.evaluate.evaluator import EvalConfig
     from pkb.runtime.modes import ModeUnavailable, choose_mode
 
+    gpus = executor.gpus_per_node() if executor is not None else None
     try:
-        choice = choose_mode(args.mode, world_size)
+        choice = choose_mode(args.mode, world_size, num_gpus=gpus)
     except ModeUnavailable as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(str(exc) + (" (GPUs counted on the largest node of the Ray cluster)" if gpus is not None else "")) from None
     if not args.json:
         print(f"mode: {choice.mode} ({choice.reason})", file=sys.stderr)
     return EvalConfig(world_size=world_size, mode=choice.mode, num_trials=args.trials, timeout_s=args.timeout,
@@ -149,7 +152,7 @@ def cmd_eval(args) -> int:
         print(json.dumps(result.to_dict(), default=str))
     else:
         print_verdict(result)
-    return 0 if result.ok else HARNESS_FAILURE if result.status is Status.HARNESS_ERROR else 1
+    return 0 if result.ok else 1 if result.status.is_verdict else HARNESS_FAILURE
 
 
 def print_verdict(result) -> None:
@@ -184,20 +187,33 @@ def cmd_run(args) -> int:
                 print(f"solutions: {note}", file=sys.stderr)
     if args.set is not None and not args.set.strip():
         raise UsageError("--set needs a name, e.g. --set gpt5-oneshot")
-    config = make_config(args, args.world_size)
     jobs = plan(problems, solutions_dir, include_reference=solutions_dir is None or args.self_check,
                 solution_set=args.set)
     if not jobs:
         raise UsageError("nothing to run: no solution file matches the selected problems")
-    progress = Progress(len(jobs), enabled=not args.json)
-    with ResultStore(args.db or DEFAULT_DB) as store:
-        results = run_jobs(jobs, config, store, progress.update)
-    progress.close()
+    with make_executor(args) as executor:
+        config = make_config(args, args.world_size, executor)
+        progress = Progress(len(jobs), enabled=not args.json)
+        with ResultStore(args.db or DEFAULT_DB) as store:
+            results = run_jobs(jobs, config, store, progress.update, executor)
+        progress.close()
     if args.json:
         print(json.dumps([r.to_dict() for r in results], default=str))
     else:
         print_run_summary(results, problems, args.db or DEFAULT_DB)
     return 0 if all(r.status in QUIET_STATUSES for r in results) else 1
+
+
+def make_executor(args):
+    """The executor ``--executor`` names (Ray: connected, or a local cluster started), said on stderr."""
+    from pkb.executor import make_executor as make
+
+    if args.executor == "local" and (args.address is not None or args.parallel is not None):
+        raise UsageError("--address and --parallel are for --executor ray")
+    executor = make(args.executor, args.address, args.parallel)
+    if not args.json and args.executor != "local":
+        print(f"executor: {executor.describe()}", file=sys.stderr)
+    return executor
 
 
 def print_run_summary(results, problems, db: str) -> None:
@@ -251,7 +267,7 @@ class Progress:
 # -- parser ------------------------------------------------------------------------------------------
 
 
-def add_eval_options(p, world_size_default):
+def add_eval_options(p, world_size_default, executor: bool = False):
     p.add_argument("--world-size", type=int, default=world_size_default)
     p.add_argument("--mode", default="auto", choices=["auto", "cpu", "cuda", "shared-gpu"])
     p.add_argument("--trials", type=int, default=3, help="correctness trials, each with fresh secret seeds")
@@ -266,6 +282,14 @@ def add_eval_options(p, world_size_default):
                    help="which cases the correctness trials run: all (upstream + tests, the default), upstream "
                         "(the upstream benchmark's inputs: the paper's protocol), tests, or benchmarks")
     p.add_argument("--json", action="store_true")
+    if executor:
+        p.add_argument("--executor", default="local", choices=["local", "ray"],
+                       help="where evaluations run: this machine (default), or a Ray cluster: one evaluation per "
+                            "node slot, results stored here as they finish (pip install 'pkb[ray]'; docs/cluster.md)")
+        p.add_argument("--address", help="with --executor ray: auto (the cluster this machine is in), ray://HOST:PORT, "
+                                         "or local (a new cluster on this machine; the default unless RAY_ADDRESS is set)")
+        p.add_argument("--parallel", type=int, help="with --executor ray: at most this many evaluations at once "
+                                                    "(default: as many as the cluster's nodes hold)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -298,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "(default: the folder's name; pkb's own solutions are `pkb shipped`)")
     p.add_argument("--problems", help="e.g. 1-8,12,allgather_gemm or a category; default: all")
     p.add_argument("--db", help="SQLite file (default: ./pkb-results.sqlite)")
-    add_eval_options(p, 2)
+    add_eval_options(p, 2, executor=True)
     p.set_defaults(func=cmd_run)
 
     for module_name in COMMAND_MODULES:

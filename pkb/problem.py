@@ -291,9 +291,17 @@ class Status(str, enum.Enum):
     # pkb itself failed (its reference raised, rank processes would not start, a pkb bug): no verdict on
     # the candidate. Left out of pass@k and fast_p; a rerun evaluates it again.
     HARNESS_ERROR = "harness_error"
+    # The machine under the evaluation failed (a cluster node lost, its worker killed) and the retries
+    # ran out (pkb.executor): no verdict on the candidate either, left out and evaluated again the same way.
+    INFRA_ERROR = "infra_error"
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def is_verdict(self) -> bool:
+        """False for pkb's own failures and the machine's (no verdict on the candidate: a rerun retries)."""
+        return self not in (Status.HARNESS_ERROR, Status.INFRA_ERROR)
 
 
 # The unit roundoff (half an ulp at 1.0) of each floating dtype.

@@ -349,6 +349,33 @@ def test_agent_feeds_back_verdicts_keeps_the_best_file_and_resumes(capsys, keys,
     assert rows[1]["response"] == GOOD
 
 
+def test_generate_and_agent_evaluate_on_a_ray_cluster(capsys, keys, monkeypatch, tmp_path, ray_cluster):
+    """With --executor ray, samples are evaluated on the cluster while the model answers; the rows are
+    those of a local run; the agent waits for each step's verdict there."""
+    db, out = tmp_path / "gen.sqlite", tmp_path / "runs"
+    with FakeModelServer({"coder": [Reply(GOOD), Reply(WRONG), Reply(NO_CODE), Reply(BROKEN)],
+                          "refiner": [Reply(WRONG), Reply(GOOD)]}) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url + "/v1")
+        code, stdout, err = run_cli(capsys, "generate", "--model", "openai:coder", "--problems", "allreduce",
+                                    "--samples", "4", "--concurrency", "4", "--db", str(db), "--out", str(out),
+                                    "--run", "r1", "--json", "--executor", "ray", *EVAL)
+        rows = json.loads(stdout)
+        # four calls in flight: which sample got which answer is a race, the answers are not
+        assert sorted(r["status"] for r in rows) == ["compile_error", "mismatch", "no_code", "ok"] and code == 1
+        assert "executor" not in err  # --json: nothing but JSON on stdout, no chatter
+        stored = generations(db)
+        verdicts = dict(sqlite3.connect(db).execute("SELECT id, status FROM results"))
+        assert sorted(verdicts[g["result_id"]] for g in stored if g["result_id"]) == ["compile_error", "mismatch", "ok"]
+        assert all(g["status"] == verdicts.get(g["result_id"], g["status"]) for g in stored)
+
+        code, stdout, _ = run_cli(capsys, "agent", "--model", "openai:refiner", "--problem", "allreduce", "--db",
+                                  str(db), "--out", str(out), "--run", "a1", "--json", "--no-perf", "--steps", "2",
+                                  "--executor", "ray", *EVAL)
+        outcome = json.loads(stdout)
+        assert code == 0 and [s["status"] for s in outcome["steps"]] == ["mismatch", "ok"]
+        assert "**mismatch**" in server.requests_for("refiner")[1]["messages"][3]["content"]
+
+
 def test_feedback_on_a_correct_file_shows_times_speedup_and_roofline():
     from pkb.evaluate.result import CaseTiming, EvalResult
     from pkb.generate.prompt import feedback

@@ -1,5 +1,5 @@
 """GPU tests: the eight collectives' references and the shipped device-side solutions in shared-gpu
-and cuda modes, and a racy solution caught. Marked ``gpu``; skipped cleanly without CUDA.
+and cuda modes, and racy solutions caught. Marked ``gpu``; skipped cleanly without CUDA.
 
     python -m pytest -m gpu tests/test_gpu.py
 """
@@ -22,7 +22,8 @@ NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NUM_GPUS == 0, reason="needs a CUDA GPU")]
 
 GPU_SOLUTIONS = sorted(p for p in SHIPPED_SOLUTIONS.glob("[0-9]*.py") if "cuda" in Candidate.from_file(p).requires)
-SETTINGS = [(Mode.SHARED_GPU, 2), (Mode.SHARED_GPU, 4), (Mode.CUDA, 2)]
+# cuda mode at W = 4 and 8 runs where the machine has that many GPUs, and is skipped elsewhere
+SETTINGS = [(Mode.SHARED_GPU, 2), (Mode.SHARED_GPU, 4), (Mode.CUDA, 2), (Mode.CUDA, 4), (Mode.CUDA, 8)]
 
 
 def _skip_unless_runnable(mode: Mode, world_size: int) -> None:
@@ -44,7 +45,8 @@ def test_collective_references_pass_on_gpu(problem, mode, world_size, sessions):
 def test_shipped_solutions_pass_on_gpu(path, mode, world_size, sessions):
     _skip_unless_runnable(mode, world_size)
     problem = problem_for_file(path, all_problems())
-    config = EvalConfig(world_size=world_size, mode=mode, num_trials=3)
+    # device-side solutions: the stock collectives on the hot path would make them `forbidden`
+    config = EvalConfig(world_size=world_size, mode=mode, num_trials=3, policy="forbid-collectives")
     result = evaluate(problem, Candidate.from_file(path), config, sessions(world_size, mode))
     assert result.status is Status.OK, result.message + "\n" + result.details.get("traceback", "")
 
@@ -65,6 +67,27 @@ def test_racy_allreduce_without_barriers_is_caught(sessions, tmp_path):
         caught += result.status is Status.MISMATCH
     print(f"racy all-reduce caught as mismatch in {caught} of {attempts} evaluations (3 trials x 4 cases each)")
     assert caught == attempts
+
+
+def test_racy_alltoall_without_its_trailing_barrier_is_caught_while_timed(sessions, tmp_path):
+    """The shipped peer all-to-all without its trailing barrier: a rank copies its next input into its
+    buffer while a peer may still read the last one. Correctness trials (a synchronize and a host
+    barrier between calls) cannot show it; the timed loop's outputs, computed back to back, must. The
+    shipped file, timed the same way, is the control."""
+    shipped = SHIPPED_SOLUTIONS / "8_alltoall_cuda_peer.py"
+    source = shipped.read_text()
+    assert source.count("    buffer.barrier()\n") == 2
+    head, _, tail = source.rpartition("    buffer.barrier()\n")
+    racy = tmp_path / "8_alltoall_cuda_peer_racy.py"
+    racy.write_text(head + tail)
+    problem = all_problems()["alltoall"]
+    config = EvalConfig(world_size=2, mode=Mode.SHARED_GPU, num_trials=2, perf=True)
+    control = evaluate(problem, Candidate.from_file(shipped), config, sessions(2, Mode.SHARED_GPU))
+    assert control.status is Status.OK, control.message
+    verdicts = [evaluate(problem, Candidate.from_file(racy), config, sessions(2, Mode.SHARED_GPU)) for _ in range(3)]
+    caught = [v.status is Status.MISMATCH and "while timed" in v.message for v in verdicts]
+    print(f"racy all-to-all caught as mismatch while timed in {sum(caught)} of {len(verdicts)} evaluations")
+    assert all(caught), [(v.status.value, v.message) for v in verdicts]
 
 
 def test_a_build_error_is_a_compile_error_with_the_compiler_output(tmp_path, sessions):

@@ -194,7 +194,7 @@ def test_run_resumes_and_stores_each_result(tmp_path):
     assert second.returncode == 0, second.stderr
     assert second.stderr.count("(stored earlier)") == 5
     count = sqlite3.connect(db).execute("SELECT COUNT(*) FROM results").fetchone()[0]
-    assert count == 6  # the five from before, plus broadcast's self-check
+    assert count == 7  # the five from before, plus broadcast's self-check and its shipped solution
 
 
 def test_an_interrupted_run_keeps_what_finished_and_resumes(tmp_path):
@@ -217,5 +217,5 @@ def test_an_interrupted_run_keeps_what_finished_and_resumes(tmp_path):
     resumed = pkb("run", "--problems", "collectives", "--db", str(db), "--trials", "2")
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stderr.count("(stored earlier)") == stored
-    # eight self-checks, the portable all-reduce, three GPU solutions (skipped here)
-    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM results").fetchone()[0] == 12
+    # eight self-checks, the portable all-reduce, eight GPU solutions (skipped here)
+    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM results").fetchone()[0] == 17

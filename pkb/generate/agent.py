@@ -82,10 +82,11 @@ class _Conversation:
 
 
 def run_agent(problem: Problem, provider: Provider, settings: AgentSettings, store, profile, eval_config,
-              on_step: Callable[[AgentStep], None] = lambda step: None) -> AgentOutcome:
-    """Refine ``problem``'s solution for up to ``settings.num_steps`` steps (resuming a stored run)."""
+              on_step: Callable[[AgentStep], None] = lambda step: None, executor=None) -> AgentOutcome:
+    """Refine ``problem``'s solution for up to ``settings.num_steps`` steps (resuming a stored run); each
+    step's file is evaluated on ``executor`` (pkb.executor; default: this machine) before the next step."""
     prompt = build_prompt(problem, settings.backend, profile, world_size=settings.world_size)
-    evaluator = Evaluator(store, eval_config)
+    evaluator = Evaluator(store, eval_config, executor)
     steps: list[AgentStep] = []
     stopped_by = ""
     try:

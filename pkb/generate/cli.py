@@ -31,14 +31,14 @@ def add_commands(subparsers, add_eval_options) -> None:
     p.add_argument("--samples", type=int, default=1, help="samples per problem (k of pass@k)")
     p.add_argument("--concurrency", type=int, default=4, help="model calls in flight at once")
     p.add_argument("--no-eval", action="store_true", help="only generate and store the files")
-    add_eval_options(p, 2)
+    add_eval_options(p, 2, executor=True)
     p.set_defaults(func=cmd_generate)
 
     p = subparsers.add_parser("agent", help="multi-turn refinement of one problem's solution, with feedback")
     _add_model_options(p, BACKENDS, DEFAULT_HARDWARE)
     p.add_argument("--problem", required=True, help="slug or upstream number")
     p.add_argument("--steps", type=int, default=10, help="model turns at most (default 10)")
-    add_eval_options(p, 2)
+    add_eval_options(p, 2, executor=True)
     p.add_argument("--no-perf", dest="perf", action="store_false",
                    help="do not time the files (the agent then cannot tell a faster file from a slower one)")
     p.set_defaults(func=cmd_agent, perf=True)
@@ -91,15 +91,15 @@ def cmd_generate(args) -> int:
     problems = select(args.problems)
     with _usage_errors():
         profile = load_profile(args.hardware)
-    config = None if args.no_eval else make_config(args, args.world_size)
     settings = GenerateSettings(run=args.run or default_run_name(str(provider.spec), args.backend, args.temperature),
                                 backend=args.backend, hardware=args.hardware, num_samples=args.samples,
                                 temperature=args.temperature, max_tokens=args.max_tokens,
                                 concurrency=args.concurrency, out_dir=Path(args.out or DEFAULT_OUT))
     progress = _progress(len(problems) * args.samples, enabled=not args.json)
     db = args.db or DEFAULT_DB
-    with ResultStore(db) as store, _usage_errors(ProviderError):
-        results = generate(problems, provider, settings, store, profile, config, progress)
+    with _executor(args, enabled=not args.no_eval) as executor, ResultStore(db) as store, _usage_errors(ProviderError):
+        config = None if args.no_eval else make_config(args, args.world_size, executor)
+        results = generate(problems, provider, settings, store, profile, config, progress, executor)
     if args.json:
         print(json.dumps([r.to_dict() for r in results], default=str))
     else:
@@ -126,7 +126,6 @@ def cmd_agent(args) -> int:
     with _usage_errors():
         profile = load_profile(args.hardware)
     world_size = args.world_size if args.world_size in problem.world_sizes else min(problem.world_sizes)
-    config = make_config(args, world_size)
     run = args.run or "agent-" + default_run_name(str(provider.spec), args.backend, args.temperature)
     settings = AgentSettings(run=run, backend=args.backend, hardware=args.hardware, num_steps=args.steps,
                              temperature=args.temperature, max_tokens=args.max_tokens,
@@ -138,8 +137,9 @@ def cmd_agent(args) -> int:
             print(f"step {step.step}: {step.status}{speed}" + (" (stored earlier)" if step.resumed else "")
                   + (f"  {step.message[:100]}" if step.status != "ok" else ""), file=sys.stderr)
 
-    with ResultStore(args.db or DEFAULT_DB) as store, _usage_errors(ProviderError):
-        outcome = run_agent(problem, provider, settings, store, profile, config, show)
+    with _executor(args) as executor, ResultStore(args.db or DEFAULT_DB) as store, _usage_errors(ProviderError):
+        config = make_config(args, world_size, executor)
+        outcome = run_agent(problem, provider, settings, store, profile, config, show, executor)
     if args.json:
         print(json.dumps(outcome.to_dict(), default=str))
     else:
@@ -157,6 +157,14 @@ def cmd_agent(args) -> int:
 
 
 # -- pieces -----------------------------------------------------------------------------------------
+
+
+def _executor(args, enabled: bool = True):
+    """The ``--executor`` the evaluations run on (this machine's when ``enabled`` is false: nothing to run)."""
+    from pkb.cli import make_executor
+    from pkb.executor import LocalExecutor
+
+    return make_executor(args) if enabled else LocalExecutor()
 
 
 def _connect(args):

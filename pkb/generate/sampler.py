@@ -2,7 +2,8 @@
 
 For each problem and sample: build the prompt, call the model (several calls in flight, up to the
 concurrency limit), extract the solution, write it under ``<out>/<run>/<problem>/sample_<k>.py``,
-evaluate it (``pkb.evaluate``, one Session per world size, reused), and store the prompt, the raw
+evaluate it (on the executor given: this machine by default, or a Ray cluster, where evaluations run
+while the model is still answering), and store the prompt, the raw
 response, the code, tokens, cost and the verdict (``generations`` rows linked to ``results``).
 
 A rerun of the same run name skips what is done: a sample with a verdict (or with code, under
@@ -18,7 +19,7 @@ import hashlib
 import re
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -93,13 +94,16 @@ def default_run_name(model: str, backend: str, temperature: float | None) -> str
 
 
 def generate(problems: list[Problem], provider: Provider, settings: GenerateSettings, store, profile,
-             eval_config=None, on_result: Callable[[SampleResult], None] = lambda result: None) -> list[SampleResult]:
+             eval_config=None, on_result: Callable[[SampleResult], None] = lambda result: None,
+             executor=None) -> list[SampleResult]:
     """Run ``settings.num_samples`` samples of every problem; ``eval_config`` None means do not evaluate.
+    ``executor`` (pkb.executor) runs the evaluations; default: this machine, one after another.
 
     Raises ProviderError when the provider fails in a way every call would (bad key, unknown model,
-    unreachable server); what finished before is stored.
+    unreachable server); what finished before is stored (a sample whose evaluation had not finished
+    keeps its code, and a rerun evaluates it).
     """
-    evaluator = Evaluator(store, eval_config) if eval_config is not None else None
+    evaluator = Evaluator(store, eval_config, executor) if eval_config is not None else None
     results: list[SampleResult] = []
 
     def finish(result: SampleResult) -> None:
@@ -113,13 +117,15 @@ def generate(problems: list[Problem], provider: Provider, settings: GenerateSett
             for sample in range(settings.num_samples):
                 row = _latest_row(store, settings.run, problem, sample)
                 if row is not None and row["status"] == GenStatus.GENERATED and evaluator is not None:
-                    finish(_evaluate_row(row, problem, settings, store, evaluator))
+                    _evaluate_row(row, problem, settings, store, evaluator, finish)
                 elif row is not None and row["status"] != GenStatus.API_ERROR:
                     finish(_from_row(row, resumed=True))
                 else:
                     calls.append((problem, prompt, sample))
-        _call_all(calls, provider, settings, lambda problem, prompt, sample, answer: finish(
-            _record(problem, prompt, sample, answer, provider, settings, store, evaluator)))
+        _call_all(calls, provider, settings, lambda problem, prompt, sample, answer:
+                  _record(problem, prompt, sample, answer, provider, settings, store, evaluator, finish))
+        if evaluator is not None:
+            evaluator.collect(wait=True)
     finally:
         if evaluator is not None:
             evaluator.close()
@@ -166,14 +172,17 @@ def _ask(provider: Provider, prompt: Prompt, settings: GenerateSettings,
 
 
 def _record(problem: Problem, prompt: Prompt, sample: int, answer: Completion | ProviderError, provider: Provider,
-            settings: GenerateSettings, store, evaluator: "Evaluator | None") -> SampleResult:
+            settings: GenerateSettings, store, evaluator: "Evaluator | None",
+            finish: Callable[[SampleResult], None]) -> None:
     row = generation_row(problem, prompt, provider, settings, kind="sample", sample=sample, step=0, answer=answer)
     if row["code"] is not None:
         row["code_path"] = str(write_code(settings.run_dir / problem.name / f"sample_{sample}.py", row["code"]))
     row["id"] = store.add_generation(row)
     if row["status"] == GenStatus.GENERATED and evaluator is not None:
-        return _evaluate_row(row, problem, settings, store, evaluator)
-    return _from_row(row, resumed=False)
+        _evaluate_row(row, problem, settings, store, evaluator, finish)
+        evaluator.collect(wait=False)  # finished evaluations are stored while the model still answers
+    else:
+        finish(_from_row(row, resumed=False))
 
 
 def generation_row(problem: Problem, prompt: Prompt, provider: Provider, settings, kind: str, sample: int, step: int,
@@ -205,15 +214,19 @@ def write_code(path: Path, code: str) -> Path:
     return path.resolve()
 
 
-def _evaluate_row(row: dict, problem: Problem, settings: GenerateSettings, store, evaluator: "Evaluator") -> SampleResult:
+def _evaluate_row(row: dict, problem: Problem, settings: GenerateSettings, store, evaluator: "Evaluator",
+                  finish: Callable[[SampleResult], None]) -> None:
+    """Submit the row's file for evaluation; ``finish`` gets the sample's result once its verdict is stored."""
     path = Path(row["code_path"] or settings.run_dir / problem.name / f"sample_{row['sample']}.py")
     if not path.is_file() or path.read_text(encoding="utf-8") != row["code"]:
         write_code(path, row["code"])  # the database holds the code; the file is a copy
-    result, result_id, key = evaluator.evaluate(problem, path, f"{settings.run}/{path.stem}",
-                                                generated_set(row["model"], settings.run))
-    store.set_generation_verdict(row["id"], result.status.value, result_id, key, result.speedup)
-    return replace(_from_row(row, resumed=False), status=result.status.value, speedup=result.speedup,
-                   message=result.message, code_path=str(path))
+
+    def judged(result, result_id, key) -> None:
+        store.set_generation_verdict(row["id"], result.status.value, result_id, key, result.speedup)
+        finish(replace(_from_row(row, resumed=False), status=result.status.value, speedup=result.speedup,
+                       message=result.message, code_path=str(path)))
+
+    evaluator.submit(problem, path, f"{settings.run}/{path.stem}", generated_set(row["model"], settings.run), judged)
 
 
 def _latest_row(store, run: str, problem: Problem, sample: int) -> dict | None:
@@ -232,20 +245,28 @@ def _from_row(row: dict, resumed: bool) -> SampleResult:
 
 @dataclass
 class Evaluator:
-    """Evaluates generated files with ``pkb.evaluate``: one Session per world size, kept for the whole
-    run; a file already judged with the same settings (same run key) is not judged again."""
+    """Evaluates generated files on an executor (pkb.executor; default: this machine), storing each
+    result as it finishes; a file already judged with the same settings (same run key, a verdict) is
+    not judged again."""
 
     store: object
     config: object  # pkb.evaluate.evaluator.EvalConfig
-    sessions: dict = field(default_factory=dict)
+    executor: object = None  # pkb.executor.Executor; None: a LocalExecutor owned (and closed) by this evaluator
+    _owned: bool = False
 
-    def evaluate(self, problem: Problem, path: Path, name: str, solution_set: str = ""):
-        """(EvalResult, results row id, run key) for the file at ``path``, stored under ``solution_set``
-        (a file judged before keeps the set it was first stored under; reports take a generated
-        result's set from the generation that links to it)."""
-        from pkb.evaluate.candidate import Candidate
-        from pkb.evaluate.evaluator import Session, evaluate
+    def __post_init__(self):
+        if self.executor is None:
+            from pkb.executor import LocalExecutor
+
+            self.executor, self._owned = LocalExecutor(), True
+
+    def submit(self, problem: Problem, path: Path, name: str, solution_set: str, done: Callable) -> None:
+        """Evaluate the file at ``path``, stored under ``solution_set``; ``done(result, row id, run key)``
+        once it is stored (now, if an earlier verdict is reused). A file judged before keeps the set it
+        was first stored under; reports take a generated result's set from the generation that links to it."""
         from pkb.batch import evaluation_key
+        from pkb.evaluate.candidate import Candidate
+        from pkb.executor import Task
 
         config = self.config
         if config.world_size not in problem.world_sizes:
@@ -254,14 +275,28 @@ class Evaluator:
         key = evaluation_key(problem, candidate, config)
         previous_id = self.store.latest_id(key)
         if previous_id is not None:
-            return self.store.result_by_id(previous_id), previous_id, key
-        if config.world_size not in self.sessions:
-            self.sessions[config.world_size] = Session(config.mode, config.world_size)
-        result = evaluate(problem, candidate, config, self.sessions[config.world_size])
-        result.solution_set = solution_set
-        return result, self.store.add(result, key), key
+            previous = self.store.result_by_id(previous_id)
+            if previous.status.is_verdict:  # pkb's and the machine's failures are evaluated again
+                done(previous, previous_id, key)
+                return
+        self.executor.submit(Task(problem, candidate, config, tag=(key, solution_set, done)))
+
+    def collect(self, wait: bool) -> None:
+        """Store the evaluations that have finished (``wait``: all of them) and call their ``done``."""
+        for task, result in self.executor.finished(wait=wait):
+            key, solution_set, done = task.tag
+            result.solution_set = solution_set
+            done(result, self.store.add(result, key), key)
+
+    def evaluate(self, problem: Problem, path: Path, name: str, solution_set: str = ""):
+        """(EvalResult, results row id, run key) of the file at ``path``, waited for."""
+        if self.executor.pending:
+            raise RuntimeError("evaluate() waits for one evaluation; others are still pending")
+        outcome = []
+        self.submit(problem, path, name, solution_set, lambda *judged: outcome.append(judged))
+        self.collect(wait=True)
+        return outcome[0]
 
     def close(self) -> None:
-        for session in self.sessions.values():
-            session.close()
-        self.sessions.clear()
+        if self._owned:
+            self.executor.close()

@@ -29,7 +29,7 @@ STATUS_COLORS = {
     Status.OK: "#59a14f", Status.MISMATCH: "#e15759", Status.COMPILE_ERROR: "#9c755f",
     Status.IMPORT_ERROR: "#b07aa1", Status.SIGNATURE_ERROR: "#ff9da7", Status.RUNTIME_ERROR: "#f28e2b",
     Status.TIMEOUT: "#edc948", Status.CRASH: "#76b7b2", Status.TAMPERED: "#000000", Status.FORBIDDEN: "#555555",
-    Status.SKIPPED: "#bab0ac", Status.HARNESS_ERROR: "#7f3c8d",
+    Status.SKIPPED: "#bab0ac", Status.HARNESS_ERROR: "#7f3c8d", Status.INFRA_ERROR: "#4e79a7",
 }
 WIDTH, HEIGHT = 620, 300
 MARGIN = {"left": 56, "right": 150, "top": 16, "bottom": 40}

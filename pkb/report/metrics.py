@@ -19,11 +19,11 @@ verdict is ``ok`` on every case pkb checked. Every metric exists on both (``Repo
 - ``moves_data_itself``: the share of correct samples that call no stock collective
   (``collectives_used`` empty).
 - ``verdicts``: every verdict's count (on the protocol); ``failures`` are those other than ``ok``,
-  ``skipped`` and ``harness_error``.
+  ``skipped``, ``harness_error`` and ``infra_error``.
 
 How results count: a problem of the selection with no result for a group counts as failed (0 in
 pass@k and fast_p). A ``skipped`` sample (it needs what the mode lacks), a ``harness_error`` (pkb's own
-failure, no verdict on the candidate) and, on the paper's protocol, a sample whose upstream verdict is
+failure, no verdict on the candidate), an ``infra_error`` (the machine under it failed) and, on the paper's protocol, a sample whose upstream verdict is
 unknown (``num_unknown``) are neither a pass nor a failure: they are left out of ``n``, and a problem
 with no other sample leaves the denominator (``num_skipped_problems``). Reference self-checks never
 count; ``SelfCheck`` summarises them.
@@ -44,7 +44,7 @@ FAST_P_THRESHOLDS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)
 DEFAULT_KS = (1, 5, 10, 100)
 QUANTILES = {"p10": 0.1, "p25": 0.25, "median": 0.5, "p75": 0.75, "p90": 0.9}
 ROOFLINE_BIN_EDGES = tuple(i / 10 for i in range(11))  # 0, 0.1, ..., 1.0, then one bin above 100 %
-NOT_FAILURES = (Status.OK, Status.SKIPPED, Status.HARNESS_ERROR)
+NOT_FAILURES = (Status.OK, Status.SKIPPED, Status.HARNESS_ERROR, Status.INFRA_ERROR)
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:

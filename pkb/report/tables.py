@@ -177,7 +177,7 @@ def _verdict_cell(side: Side | None, protocol: str) -> str:
     verdicts = side.verdicts[protocol]
     if len(verdicts) == 1:
         return verdicts[0]
-    left_out = ("skipped", "harness_error", "unknown")
+    left_out = ("skipped", "harness_error", "infra_error", "unknown")
     judged = [v for v in verdicts if v not in left_out]
     rest = {v: verdicts.count(v) for v in left_out if v in verdicts}
     text = f"{side.num_correct[protocol]}/{len(judged)} ok" if judged else ""

@@ -12,39 +12,13 @@ import torch
 import torch.distributed as dist
 
 from pkb.kernels import load_cuda
-from pkb.solutions._cuda_common import CUDA_CONVERSIONS, staging_buffer
+from pkb.solutions._cuda_common import CUDA_CONVERSIONS, SUM_PEERS_KERNEL, staging_buffer
 
 REQUIRES = ("cuda",)
 
-CUDA_SRC = CUDA_CONVERSIONS + r"""
+CUDA_SRC = CUDA_CONVERSIONS + SUM_PEERS_KERNEL + r"""
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
-
-template <typename T>
-__global__ void sum_peers(const uint64_t* __restrict__ ptrs, int world_size, T* __restrict__ out, int64_t n) {
-  constexpr int VEC = 16 / sizeof(T);
-  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  const int64_t num_vec = n / VEC;
-  for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < num_vec; v += stride) {
-    float acc[VEC] = {0.f};
-    for (int r = 0; r < world_size; ++r) {
-      uint4 raw = reinterpret_cast<const uint4*>(ptrs[r])[v];
-      const T* vals = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) acc[j] += to_float(vals[j]);
-    }
-    uint4 packed;
-    T* outs = reinterpret_cast<T*>(&packed);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) outs[j] = from_float<T>(acc[j]);
-    reinterpret_cast<uint4*>(out)[v] = packed;
-  }
-  for (int64_t i = num_vec * VEC + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
-    float acc = 0.f;
-    for (int r = 0; r < world_size; ++r) acc += to_float(reinterpret_cast<const T*>(ptrs[r])[i]);
-    out[i] = from_float<T>(acc);
-  }
-}
 
 void allreduce_peers(int64_t ptrs_dev, int64_t world_size, torch::Tensor out) {
   const int64_t n = out.numel();
@@ -52,9 +26,9 @@ void allreduce_peers(int64_t ptrs_dev, int64_t world_size, torch::Tensor out) {
   const int blocks = (int)std::min<int64_t>((n / 8 + threads - 1) / threads + 1, 132 * 4);
   auto stream = c10::cuda::getCurrentCUDAStream();
   DISPATCH_FLOAT_TYPES(out.scalar_type(),
-    sum_peers<scalar_t><<<blocks, threads, 0, stream>>>(
+    sum_peers_kernel<scalar_t><<<blocks, threads, 0, stream>>>(
         reinterpret_cast<const uint64_t*>(ptrs_dev), (int)world_size,
-        reinterpret_cast<scalar_t*>(out.data_ptr()), n));
+        reinterpret_cast<scalar_t*>(out.data_ptr()), n, n / (16 / (int64_t)sizeof(scalar_t))));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 """

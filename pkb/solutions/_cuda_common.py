@@ -27,6 +27,37 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   }
 """
 
+# out[i] = the sum over ranks r of rank r's buffer[i] (ptrs: a device array of the W buffers' addresses),
+# accumulated in fp32 in rank order and rounded once, so every rank computes bit-identical sums;
+# 16-byte loads for the first num_vec * (16 / sizeof(T)) elements, then one element at a time.
+SUM_PEERS_KERNEL = r"""
+template <typename T>
+__global__ void sum_peers_kernel(const uint64_t* __restrict__ ptrs, int world_size, T* __restrict__ out,
+                                 int64_t n, int64_t num_vec) {
+  constexpr int VEC = 16 / sizeof(T);
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < num_vec; v += stride) {
+    float acc[VEC] = {0.f};
+    for (int r = 0; r < world_size; ++r) {
+      uint4 raw = reinterpret_cast<const uint4*>(ptrs[r])[v];
+      const T* vals = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[j] += to_float(vals[j]);
+    }
+    uint4 packed;
+    T* outs = reinterpret_cast<T*>(&packed);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) outs[j] = from_float<T>(acc[j]);
+    reinterpret_cast<uint4*>(out)[v] = packed;
+  }
+  for (int64_t i = num_vec * VEC + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float acc = 0.f;
+    for (int r = 0; r < world_size; ++r) acc += to_float(reinterpret_cast<const T*>(ptrs[r])[i]);
+    out[i] = from_float<T>(acc);
+  }
+}
+"""
+
 _BUFFERS = {}
 
 

@@ -26,7 +26,8 @@ import torch.distributed as dist
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
 from pkb.problems.expert_parallel._common import dtype_of
 from pkb.problems.expert_parallel._fp8 import (FP8_DTYPE, decode, dequant_scale, encode, gather_scales,
-                                               gaussian_amax, history_like, updated_history)
+                                               gaussian_amax, history_like, plant_settled_amax,
+                                               updated_history)
 
 
 def _shard(case, world_size) -> int:
@@ -35,7 +36,7 @@ def _shard(case, world_size) -> int:
 
 def make_inputs(case, rank, world_size, gen):
     shard = _shard(case, world_size)
-    flat_param_shard = randn(gen, shard, dtype=dtype_of(case))
+    flat_param_shard = plant_settled_amax(randn(gen, shard, dtype=dtype_of(case)))  # see _fp8: a settled scale
     amax_history = history_like(gen, case["history"], gaussian_amax(shard), torch.bfloat16)
     return flat_param_shard, amax_history
 
@@ -74,7 +75,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="fp8_allgather_params", version=2, upstream_id=53, category="expert_parallel",
+    name="fp8_allgather_params", version=3, upstream_id=53, category="expert_parallel",
     source="Transformer Engine / torchao float8 delayed scaling + FSDP parameter all-gather",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
     tolerance=Tolerance(atol=0.0, rtol=2.0**-7),

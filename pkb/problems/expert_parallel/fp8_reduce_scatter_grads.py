@@ -29,7 +29,8 @@ import torch.distributed as dist
 from pkb.problem import Case, Cost, Problem, randn, reduction_tolerance
 from pkb.problems.expert_parallel._common import dtype_of
 from pkb.problems.expert_parallel._fp8 import (FP8_DTYPE, decode, dequant_scale, encode, gather_scales,
-                                               gaussian_amax, history_like, updated_history)
+                                               gaussian_amax, history_like, plant_settled_amax,
+                                               updated_history)
 
 
 def _total(case, world_size) -> int:
@@ -39,7 +40,7 @@ def _total(case, world_size) -> int:
 
 def make_inputs(case, rank, world_size, gen):
     total = _total(case, world_size)
-    flat_grads = randn(gen, total, dtype=dtype_of(case))
+    flat_grads = plant_settled_amax(randn(gen, total, dtype=dtype_of(case)))  # see _fp8: a settled scale
     amax_history = history_like(gen, case["history"], gaussian_amax(total), torch.bfloat16)
     return flat_grads, amax_history
 
@@ -84,7 +85,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="fp8_reduce_scatter_grads", version=2, upstream_id=52, category="expert_parallel",
+    name="fp8_reduce_scatter_grads", version=3, upstream_id=52, category="expert_parallel",
     source="Transformer Engine / torchao float8 delayed scaling (amax history) + ZeRO gradient reduce-scatter",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=tolerance,
     reference=reference, make_inputs=make_inputs, cost=cost,

@@ -1,0 +1,64 @@
+"""What every executor is (pkb.executor): tasks in, ``(task, result)`` out as each finishes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from pkb.evaluate.candidate import Candidate
+from pkb.evaluate.evaluator import EvalConfig
+from pkb.evaluate.result import EvalResult
+from pkb.problem import Problem
+
+
+@dataclass(frozen=True)
+class Task:
+    """One evaluation to run; ``tag`` is the caller's own handle, handed back with the result."""
+
+    problem: Problem
+    candidate: Candidate
+    config: EvalConfig
+    tag: Any = None
+
+
+class Executor:
+    """Runs tasks and yields ``(task, result)`` as each finishes (``finished``)."""
+
+    name = ""
+
+    def submit(self, task: Task) -> None:
+        raise NotImplementedError
+
+    def finished(self, wait: bool = True) -> Iterator[tuple[Task, EvalResult]]:
+        """Results of submitted tasks as they finish: until none is left (``wait``) or until none more
+        has finished yet (``wait=False``; a local executor runs what was submitted either way)."""
+        raise NotImplementedError
+
+    @property
+    def pending(self) -> int:
+        raise NotImplementedError
+
+    def gpus_per_node(self) -> int | None:
+        """The most GPUs one machine of this executor has (what ``--mode auto`` decides by); None: this
+        machine's, as ``pkb.runtime.modes`` detects them."""
+        return None
+
+    def describe(self) -> str:
+        return self.name
+
+    def evaluate(self, problem: Problem, candidate: Candidate, config: EvalConfig) -> EvalResult:
+        """One evaluation, waited for (for callers that need each verdict before the next step)."""
+        if self.pending:
+            raise RuntimeError("evaluate() waits for one task; other tasks are still pending")
+        self.submit(Task(problem, candidate, config))
+        results = [result for _, result in self.finished(wait=True)]
+        return results[0]
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
