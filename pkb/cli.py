@@ -200,7 +200,8 @@ def cmd_run(args) -> int:
     if args.json:
         print(json.dumps([r.to_dict() for r in results], default=str))
     else:
-        print_run_summary(results, problems, args.db or DEFAULT_DB)
+        print_run_summary(results, problems, args.db or DEFAULT_DB,
+                          examples_only=solutions_dir is None and not args.set)
     return 0 if all(r.status in QUIET_STATUSES for r in results) else 1
 
 
@@ -216,11 +217,18 @@ def make_executor(args):
     return executor
 
 
-def print_run_summary(results, problems, db: str) -> None:
-    """What ``pkb run`` ends with: the results that need a look, the counts, then the headline."""
+def print_run_summary(results, problems, db: str, examples_only: bool = False) -> None:
+    """What ``pkb run`` ends with: the results that need a look, the counts, then the headline.
+
+    ``examples_only``: the run's candidates are pkb's shipped solutions, worked examples for a few
+    problems, so their row counts the problems they cover (a model's folder is judged on the whole
+    selection: a missing file counts as failed); the references' self-check still covers every problem.
+    """
+    from dataclasses import replace
+
     from pkb.report import metrics, records
     from pkb.report.cli import headline_lines
-    from pkb.store.db import DEFAULT_DB
+    from pkb.store.db import DEFAULT_DB, REFERENCE_SET
 
     failed = [r for r in results if r.status not in QUIET_STATUSES]
     if failed:
@@ -234,7 +242,15 @@ def print_run_summary(results, problems, db: str) -> None:
     print(f"{len(results)} results in {db}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
           + f"\n(`{report_command}` for every set in the database, `--html FILE` for plots)\n")
     categories = {p.name: p.category for p in problems}
-    report = metrics.build_report(records.from_results(results), categories, "set", ks=(1,))
+    rows = records.from_results(results)
+    report = metrics.build_report(rows, categories, "set", ks=(1,))
+    covered = {r.problem for r in results if r.solution_set != REFERENCE_SET}
+    if examples_only and covered and covered != set(categories):
+        note = (f"pkb shipped holds worked examples for {len(covered)} of the {len(categories)} problems: its row "
+                f"counts those (`pkb report --problems` judges any set on any part of the suite)")
+        shipped = metrics.build_report(rows, {n: c for n, c in categories.items() if n in covered}, "set", ks=(1,),
+                                       notes=[note])
+        report = replace(shipped, self_check=report.self_check)
     headline_lines(report, "no candidate results: only the references' self-checks ran")
 
 

@@ -517,6 +517,17 @@ def test_report_table_csv_and_parquet(tmp_path):
     assert table.column("speedup").to_pylist()[1] == 2.5 and table.column("status").to_pylist()[3] == "mismatch"
 
 
+def test_pkb_shipped_examples_are_counted_on_the_problems_they_cover(tmp_path):
+    """pkb's shipped solutions are worked examples for a few problems: the run's headline counts those
+    (and says so), while the references' self-check covers the whole selection."""
+    done = pkb("run", "--problems", "1,9", "--mode", "cpu", "--trials", "1", "--db", str(tmp_path / "r.sqlite"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "references: 2 of 2 ok" in done.stdout  # 9 (layernorm_backward) has no shipped file
+    (shipped,) = [line for line in done.stdout.splitlines() if line.startswith("pkb shipped")]
+    assert shipped.split("  ")[1].strip() == "1 of 1" and "100.0% / 100.0%" in shipped  # not "1 of 2", 50 %
+    assert "note: pkb shipped holds worked examples for 1 of the 2 problems" in done.stdout
+
+
 def test_pkb_run_ends_with_the_headline_and_stores_each_result_under_its_set(tmp_path):
     db = tmp_path / "run.sqlite"
     done = pkb("run", "--problems", "1-2", "--mode", "cpu", "--trials", "1", "--db", str(db))
