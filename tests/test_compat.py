@@ -212,3 +212,19 @@ def test_cases_too_slow_on_the_cpu_are_left_out_there_and_said_so(sessions):
                      EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1), sessions(2))
     assert every.status is Status.OK and "upstream" not in every.cases and every.upstream_ok is None
     assert "upstream left out" in every.message and "upstream" in every.details["cases_left_out"]
+
+
+def test_upstream_ok_records_the_papers_verdict_beside_the_strict_one(sessions, tmp_path):
+    """Every upstream trial runs first: a file right on the upstream inputs (1024 x 1024 bf16) and wrong
+    on pkb's awkward cases is `mismatch` with upstream_ok True; one wrong everywhere has it False."""
+    problem = get_problem("allreduce")
+    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1)
+    only_big = tmp_path / "allreduce_only_big.py"
+    only_big.write_text("import torch.distributed as dist\n\ndef solution(tensor):\n    out = tensor.clone()\n"
+                        "    if tensor.numel() >= 1024 * 1024:\n        dist.all_reduce(out)\n    return out\n")
+    lazy = tmp_path / "allreduce_lazy.py"
+    lazy.write_text("def solution(tensor):\n    return tensor.clone()\n")
+    strict = evaluate(problem, Candidate.from_file(only_big), config, sessions(2))
+    assert strict.status is Status.MISMATCH and strict.upstream_ok is True, strict.message
+    wrong = evaluate(problem, Candidate.from_file(lazy), config, sessions(2))
+    assert wrong.status is Status.MISMATCH and wrong.upstream_ok is False and "case upstream" in wrong.message

@@ -223,9 +223,9 @@ def _check_trials(session: Session, reference: RankGroup, group: RankGroup, prob
     upstream = tuple(c for c in cases if problem.case_kind(c.name) == "upstream")
     others = tuple(c for c in cases if c not in upstream)
     first = None
+    if upstream:
+        result.upstream_ok = False  # until every upstream trial has passed
     for phase in (upstream, others):
-        if phase is upstream and upstream:
-            result.upstream_ok = False  # until every upstream trial has passed
         for trial in range(config.num_trials):
             for case in phase:
                 got = _check_case(session, reference, group, problem, case, trial, config)
@@ -266,13 +266,16 @@ def _check_statically(problem: Problem, candidate: Candidate, config: EvalConfig
 def checked_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
     """The cases the correctness trials run, as ``config.cases`` selects them (without the cases that
     are too slow where the reference runs on the CPU: ``left_out_cases``)."""
-    return tuple(case for case in _selected_cases(problem, config) if case not in left_out_cases(problem, config))
+    return tuple(case for case in _selected_cases(problem, config) if not _left_out(case, config))
 
 
 def left_out_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
-    if config.mode is Mode.CUDA:
-        return ()
-    return tuple(case for case in _selected_cases(problem, config) if case.slow_on_cpu)
+    return tuple(case for case in _selected_cases(problem, config) if _left_out(case, config))
+
+
+def _left_out(case: Case, config: EvalConfig) -> bool:
+    """Too slow to check where the reference runs on the CPU (every mode but cuda)."""
+    return case.slow_on_cpu and config.mode is not Mode.CUDA
 
 
 def _selected_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
