@@ -243,14 +243,15 @@ def print_run_summary(results, problems, db: str, examples_only: bool = False) -
           + f"\n(`{report_command}` for every set in the database, `--html FILE` for plots)\n")
     categories = {p.name: p.category for p in problems}
     rows = records.from_results(results)
-    report = metrics.build_report(rows, categories, "set", ks=(1,))
     covered = {r.problem for r in results if r.solution_set != REFERENCE_SET}
     if examples_only and covered and covered != set(categories):
         note = (f"pkb shipped holds worked examples for {len(covered)} of the {len(categories)} problems: its row "
                 f"counts those (`pkb report --problems` judges any set on any part of the suite)")
-        shipped = metrics.build_report(rows, {n: c for n, c in categories.items() if n in covered}, "set", ks=(1,),
-                                       notes=[note])
-        report = replace(shipped, self_check=report.self_check)
+        report = metrics.build_report(rows, {n: c for n, c in categories.items() if n in covered}, "set", ks=(1,),
+                                      notes=[note])
+        report = replace(report, self_check=metrics.self_check(rows, categories))  # the references: all of them
+    else:
+        report = metrics.build_report(rows, categories, "set", ks=(1,))
     headline_lines(report, "no candidate results: only the references' self-checks ran")
 
 

@@ -157,17 +157,22 @@ class Session:
         self.close()
 
 
+def new_result(problem: Problem, candidate: Candidate, config: EvalConfig, status: Status) -> EvalResult:
+    """A result row for ``candidate`` on ``problem`` under ``config``, before anything is decided."""
+    return EvalResult(problem=problem.name, problem_version=problem.version, solution=candidate.name,
+                      solution_sha256=candidate.sha256, status=status, mode=config.mode.value,
+                      world_size=config.world_size, num_trials=config.num_trials,
+                      details={"solution_path": str(candidate.path) if candidate.path else None},
+                      times_are_gpu_performance=config.mode.times_are_gpu_performance)
+
+
 def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session: Session | None = None) -> EvalResult:
     """One verdict for ``candidate`` on ``problem``; never raises for anything the candidate does."""
     own_session = session is None
     session = session or Session(config.mode, config.world_size)
     started = time.monotonic()
-    result = EvalResult(problem=problem.name, problem_version=problem.version, solution=candidate.name,
-                        solution_sha256=candidate.sha256, status=Status.OK, mode=config.mode.value,
-                        world_size=config.world_size, num_trials=config.num_trials,
-                        times_are_gpu_performance=config.mode.times_are_gpu_performance)
+    result = new_result(problem, candidate, config, Status.OK)
     result.details["tripwire"] = [str(label) for label in scan(candidate.source)] if not candidate.is_reference else []
-    result.details["solution_path"] = str(candidate.path) if candidate.path else None
     try:
         _check_statically(problem, candidate, config)
         cases = checked_cases(problem, config)

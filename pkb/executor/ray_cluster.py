@@ -32,7 +32,7 @@ from typing import Any, Iterator
 from pkb import __version__
 from pkb.console import UsageError
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig
+from pkb.evaluate.evaluator import EvalConfig, new_result
 from pkb.evaluate.result import EvalResult
 from pkb.executor.base import Executor, Task
 from pkb.problem import Status
@@ -347,15 +347,10 @@ def _slot_key(config: EvalConfig) -> tuple:
 
 def infra_error(task: Task, errors: list[str]) -> EvalResult:
     """The row of a task whose every attempt failed for the machine's reasons: no verdict on the candidate."""
-    config, candidate = task.config, task.candidate
-    return EvalResult(
-        problem=task.problem.name, problem_version=task.problem.version, solution=candidate.name,
-        solution_sha256=candidate.sha256, status=Status.INFRA_ERROR, mode=config.mode.value,
-        world_size=config.world_size, num_trials=config.num_trials,
-        message=(f"the cluster failed {len(errors)} time(s), no verdict on the candidate (a rerun evaluates it "
-                 f"again): {errors[-1]}"),
-        details={"solution_path": str(candidate.path) if candidate.path else None},
-        times_are_gpu_performance=config.mode.times_are_gpu_performance, created_at=time.time())
+    result = new_result(task.problem, task.candidate, task.config, Status.INFRA_ERROR)
+    result.message = (f"the cluster failed {len(errors)} time(s), no verdict on the candidate (a rerun evaluates it "
+                      f"again): {errors[-1]}")
+    return result
 
 
 def _first_line(exc: Exception) -> str:
