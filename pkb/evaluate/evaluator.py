@@ -24,9 +24,11 @@ from pkb.evaluate.result import CaseTiming, EvalResult
 from pkb.evaluate.tripwire import scan
 from pkb.hardware.roofline import busbw_gbps, roofline, roofline_fraction
 from pkb.problem import Case, Problem, Status, Tolerance
-from pkb.runtime.group import GroupFailure, RankCrashed, RankGroup, RankTimeout
+from pkb.runtime.builds import BuildBroker
+from pkb.runtime.group import GroupFailure, RankCrashed, RankGroup, RankTimeout, StartFailure
 from pkb.runtime.guards import SYNC_ONLY
 from pkb.runtime.modes import Mode
+from pkb.runtime.sandbox import SANDBOX_LEVELS, SandboxStatus, check_sandbox, new_plan
 
 
 POLICIES = ("report", "forbid-collectives")
@@ -80,8 +82,11 @@ class EvalConfig:
     cuda_graph: bool = False
     policy: str = "report"  # or "forbid-collectives": stock collectives on the hot path are `forbidden`
     cases: str = "all"  # a key of CASE_SELECTIONS
+    sandbox: str = "auto"  # a SANDBOX_LEVELS entry: what candidate processes run under (pkb.runtime.sandbox)
 
     def __post_init__(self):
+        if self.sandbox not in SANDBOX_LEVELS:
+            raise ValueError(f"sandbox must be one of {SANDBOX_LEVELS}, got {self.sandbox!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.cases not in CASE_SELECTIONS:
@@ -96,19 +101,29 @@ class Session:
     """Rank groups for one (mode, world size), reused across evaluations.
 
     The reference group is trusted and lives as long as the session. Every candidate gets a fresh
-    group; the next one is spawned while the current one works, so start-up is mostly hidden.
-    The run salt behind every seed never leaves this process.
+    group, in a sandbox of its own unless ``sandbox`` is ``off`` (``required``: SandboxUnavailable
+    here unless this machine gives the full set); the next one is spawned while the current one works,
+    so start-up is mostly hidden. The run salt behind every seed never leaves this process.
     """
 
     MAX_TIMING_COPIES = 64
 
-    def __init__(self, mode: Mode, world_size: int):
+    def __init__(self, mode: Mode, world_size: int, sandbox: str = "auto"):
         self.mode = mode
         self.world_size = world_size
+        self.sandbox = sandbox
+        self.sandbox_offered = check_sandbox(sandbox, mode)
+        self._broker = None if sandbox == "off" else BuildBroker(
+            lambda scratch: new_plan(sandbox, scratch, 1, cpu_mode=False, cache_roots=[]))
         self._salt = secrets.token_bytes(32)
         self._reference: RankGroup | None = None
         self._reference_problem: str | None = None
         self._spare: RankGroup | None = None
+
+    def _plan_for(self, scratch: str):
+        """The sandbox of one candidate group whose private directory is ``scratch``."""
+        return new_plan(self.sandbox, scratch, self.world_size, cpu_mode=self.mode is Mode.CPU,
+                        cache_roots=[str(self._broker.cache_root)])
 
     def seed(self, *parts) -> int:
         digest = hashlib.blake2b("|".join(map(str, parts)).encode(), key=self._salt, digest_size=8).digest()
@@ -140,9 +155,14 @@ class Session:
 
     def candidate_group(self) -> RankGroup:
         group = self._spare if self._spare is not None and not self._spare.closed else None
-        group = group or RankGroup(self.mode, self.world_size, "candidate").spawn()
-        self._spare = RankGroup(self.mode, self.world_size, "candidate").spawn()
+        group = group or self._new_candidate_group()
+        self._spare = self._new_candidate_group()
         return group
+
+    def _new_candidate_group(self) -> RankGroup:
+        if self.sandbox == "off":
+            return RankGroup(self.mode, self.world_size, "candidate").spawn()
+        return RankGroup(self.mode, self.world_size, "candidate", self._plan_for, self._broker).spawn()
 
     def close(self) -> None:
         for group in (self._reference, self._spare):
@@ -169,9 +189,10 @@ def new_result(problem: Problem, candidate: Candidate, config: EvalConfig, statu
 def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session: Session | None = None) -> EvalResult:
     """One verdict for ``candidate`` on ``problem``; never raises for anything the candidate does."""
     own_session = session is None
-    session = session or Session(config.mode, config.world_size)
+    session = session or Session(config.mode, config.world_size, config.sandbox)
     started = time.monotonic()
     result = new_result(problem, candidate, config, Status.OK)
+    result.details["sandbox"] = session.sandbox_offered.to_dict()  # until a group says what it enforced
     result.details["tripwire"] = [str(label) for label in scan(candidate.source)] if not candidate.is_reference else []
     try:
         _check_statically(problem, candidate, config)
@@ -185,6 +206,7 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
         group = session.candidate_group()
         try:
             _load(group, problem, candidate, config)
+            result.details["sandbox"] = _sandbox_of(group, session)
             first = _check_trials(session, reference, group, problem, cases, config, result)
             last = _check_case(session, reference, group, problem, cases[0], 0, config)
             _check_repeatable(first, last, problem, cases[0], config)
@@ -218,6 +240,17 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
         if own_session:
             session.close()
     return result
+
+
+def _sandbox_of(group: RankGroup, session: Session) -> dict:
+    """What the candidate's processes ran under; for ``required``, HarnessError unless the full set."""
+    if session.sandbox == "off":
+        return SandboxStatus.off().to_dict()
+    status = group.sandbox_status or {"level": session.sandbox, "full": False, "enforced": [],
+                                      "missing": {"all": "the ranks did not say what they enforced"}}
+    if session.sandbox == "required" and not status.get("full"):
+        raise HarnessError(f"--sandbox required, but the candidate's sandbox lacked: {status.get('missing')}")
+    return status
 
 
 def _check_trials(session: Session, reference: RankGroup, group: RankGroup, problem: Problem,
@@ -288,7 +321,8 @@ def _selected_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
 
 
 def _load(group: RankGroup, problem: Problem, candidate: Candidate, config: EvalConfig) -> None:
-    job = {"op": "load", "problem": problem.module, "candidate": None if candidate.is_reference else str(candidate.path)}
+    job = {"op": "load", "problem": problem.module, "candidate": None if candidate.is_reference else str(candidate.path),
+           "source": None if candidate.is_reference else candidate.source}
     replies = _candidate_request(group, [job] * config.world_size, config.load_timeout_s, "loading the candidate")
     failed = [rank for rank, reply in enumerate(replies) if reply.get("status") != "ok"]
     if failed:
@@ -402,6 +436,8 @@ def _candidate_failures(what: str):
     """Turn a candidate group's timeout or death into the verdict it earns."""
     try:
         yield
+    except StartFailure as exc:  # before any candidate code ran
+        raise HarnessError(f"{what}: {exc}\n{exc.log_tail}") from None
     except RankTimeout as exc:
         raise Verdict(Status.TIMEOUT, f"{what}: {exc}", rank=exc.rank, log_tail=exc.log_tail) from None
     except RankCrashed as exc:

@@ -13,6 +13,10 @@ found there is such a leftover and is removed. Ranks that waited for a build tha
 error without building again.
 
 A failed build raises ``BuildError`` carrying the compiler's output: the verdict is ``compile_error``.
+
+In a sandboxed candidate process nothing here writes a cache: the build is requested from pkb's
+build broker (pkb.runtime.builds), which builds in a sandboxed process of its own and keeps the
+library in a content-addressed cache that only the trusted parent writes.
 """
 
 from __future__ import annotations
@@ -50,23 +54,42 @@ def load_cuda(name: str, cuda_sources: str | Sequence[str], cpp_sources: str | S
     """Build (or load from the cache) an extension with ``torch.utils.cpp_extension.load_inline``.
 
     ``functions`` names the C++ functions to bind when the sources carry no PYBIND11_MODULE (pass a
-    ``cpp_sources`` with their declarations then). Returns the loaded module.
+    ``cpp_sources`` with their declarations then). Returns the loaded module. In a sandboxed candidate
+    process the build is done by pkb's build broker (``BrokerClient``) and the module loaded read-only.
     """
     import torch
+
+    request = {
+        "name": name, "cuda_sources": [cuda_sources] if isinstance(cuda_sources, str) else list(cuda_sources),
+        "cpp_sources": [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources),
+        "functions": list(functions) if functions else None, "extra_cuda_cflags": list(extra_cuda_cflags),
+        "extra_cflags": list(extra_cflags), "extra_include_paths": list(extra_include_paths),
+        "extra_ldflags": list(extra_ldflags), "with_cuda": bool(with_cuda), "arch": cuda_arch_list(),
+        "torch": torch.__version__, "python": sys.version.split()[0],
+    }
+    if BROKER is not None:
+        return BROKER.load(request)
+    return build_locally(request, build_directory(extension_name(request)))
+
+
+def extension_name(request: dict) -> str:
+    """The extension's module name: its name and a hash of everything that affects the build."""
+    flags = ["-O3", *request["extra_cuda_cflags"]] if request["with_cuda"] else []
+    key = "\0".join([*request["cuda_sources"], *request["cpp_sources"], repr(request["functions"]), repr(flags),
+                      repr(request["extra_cflags"]), repr(request["extra_include_paths"]),
+                      repr(request["extra_ldflags"]), request["arch"], request["torch"], request["python"]])
+    return f"{request['name']}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def build_locally(request: dict, directory: Path):
+    """Build ``request`` in ``directory`` (under an OS lock shared by the processes that build it) and load it."""
     from torch.utils.cpp_extension import load_inline
 
-    cuda_sources = [cuda_sources] if isinstance(cuda_sources, str) else list(cuda_sources)
-    cpp_sources = [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources)
-    arch = cuda_arch_list()
-    flags = ["-O3", *extra_cuda_cflags] if with_cuda else []
-    key = "\0".join([*cuda_sources, *cpp_sources, repr(functions), repr(flags), repr(list(extra_cflags)),
-                     repr(list(extra_include_paths)), repr(list(extra_ldflags)), arch, torch.__version__,
-                     sys.version.split()[0]])
-    full_name = f"{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-    directory = build_directory(full_name)
+    full_name = extension_name(request)
+    with_cuda = request["with_cuda"]
     failure = directory / "pkb-build-failed.txt"
     previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+    os.environ["TORCH_CUDA_ARCH_LIST"] = request["arch"]
     waiting_since = time.time()
     try:
         with _exclusive(directory / "pkb-build.lock"):
@@ -75,10 +98,11 @@ def load_cuda(name: str, cuda_sources: str | Sequence[str], cpp_sources: str | S
             (directory / "lock").unlink(missing_ok=True)  # torch's lock, left by a build that was killed
             try:
                 return load_inline(
-                    name=full_name, cpp_sources=cpp_sources, cuda_sources=cuda_sources if with_cuda else None,
-                    functions=list(functions) if functions else None, extra_cuda_cflags=flags,
-                    extra_cflags=["-O3", *extra_cflags], extra_include_paths=list(extra_include_paths),
-                    extra_ldflags=list(extra_ldflags), with_cuda=with_cuda, build_directory=str(directory),
+                    name=full_name, cpp_sources=request["cpp_sources"],
+                    cuda_sources=request["cuda_sources"] if with_cuda else None,
+                    functions=request["functions"], extra_cuda_cflags=["-O3", *request["extra_cuda_cflags"]] if with_cuda else [],
+                    extra_cflags=["-O3", *request["extra_cflags"]], extra_include_paths=request["extra_include_paths"],
+                    extra_ldflags=request["extra_ldflags"], with_cuda=with_cuda, build_directory=str(directory),
                     verbose=False,
                 )
             except RuntimeError as exc:
@@ -91,6 +115,51 @@ def load_cuda(name: str, cuda_sources: str | Sequence[str], cpp_sources: str | S
             os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
         else:
             os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+
+
+# In a sandboxed candidate process: the client of the parent's build broker (set by the rank's start-up).
+BROKER: "BrokerClient | None" = None
+
+
+class BrokerClient:
+    """Loads extensions that pkb's build broker built (pkb.runtime.builds), from a cache the candidate
+    can read but not write. A cached build loads without asking; otherwise the request goes to the
+    parent over the rank's channel and the rank waits for the answer."""
+
+    def __init__(self, conn, cache_root: str):
+        self.conn = conn
+        self.cache_root = Path(cache_root)
+
+    def load(self, request: dict):
+        full_name = extension_name(request)
+        library = cached_library(self.cache_root, full_name)
+        if not library.is_file():
+            from pkb.runtime.channel import recv_job, send_reply
+
+            send_reply(self.conn, {"build": request})
+            answer = recv_job(self.conn)
+            if answer.get("error"):
+                raise BuildError(answer["error"])
+            library = Path(answer["path"])
+        return import_extension(full_name, library)
+
+
+def cached_library(cache_root: Path, full_name: str) -> Path:
+    """Where the broker keeps the built library of ``full_name``."""
+    return Path(cache_root, full_name, f"{full_name}.so")
+
+
+def import_extension(full_name: str, library: Path):
+    """Import the extension module ``full_name`` from its built library."""
+    import importlib.util
+
+    if full_name in sys.modules:
+        return sys.modules[full_name]
+    spec = importlib.util.spec_from_file_location(full_name, str(library))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[full_name] = module
+    return module
 
 
 def build_directory(full_name: str) -> Path:

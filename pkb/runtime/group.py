@@ -10,9 +10,12 @@ new group for the next job.
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import time
-from dataclasses import dataclass
+import socket
+import threading
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import torch.distributed as dist
 
 from pkb.runtime.channel import ChannelError, decode_reply, send_job
 from pkb.runtime.modes import Mode, worker_environment
+from pkb.runtime.sandbox import remove_tree
 from pkb.runtime.zygote import Zygote
 
 # After one rank reports an error, how long the others get to report theirs before the group is
@@ -41,6 +45,10 @@ class RankTimeout(GroupFailure):
     pass
 
 
+class StartFailure(GroupFailure):
+    """The group's processes did not start (before any candidate code ran): pkb's failure, not a verdict."""
+
+
 class RankCrashed(GroupFailure):
     pass
 
@@ -48,9 +56,10 @@ class RankCrashed(GroupFailure):
 @dataclass
 class _Rank:
     rank: int
-    pid: int
+    pid: int | None  # None in a sandbox: its jail ends it
     conn: Connection
     log_path: Path
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def _alive(pid: int) -> bool:
@@ -76,22 +85,37 @@ class RankGroup:
 
     ``spawn()`` starts the processes and returns at once; ``wait_ready()`` waits for every rank's
     process group. ``request(jobs, timeout)`` sends rank r ``jobs[r]`` and returns the W replies.
+
+    With ``plan_for`` (a scratch directory -> ``pkb.runtime.sandbox.SandboxPlan``), the ranks run in a
+    sandbox under a jail of their own (pkb.runtime.jail) and their rendezvous store lives inside it;
+    ``broker`` (pkb.runtime.builds.BuildBroker) answers their requests for CUDA extensions.
     """
 
-    def __init__(self, mode: Mode, world_size: int, role: str):
+    def __init__(self, mode: Mode, world_size: int, role: str, plan_for=None, broker=None):
         self.mode = mode
         self.world_size = world_size
         self.role = role
+        self.plan_for = plan_for
+        self.broker = broker
         self.ranks: list[_Rank] = []
         self.store: dist.TCPStore | None = None
+        self.jail: tuple[int, socket.socket] | None = None  # the jail's pid and control socket
+        self.scratch: str | None = None
+        self.sandbox_status: dict | None = None  # what the ranks' sandbox enforces (from their start-up)
         self.ready = False
         self.closed = False
         self._pending_op = None
         self._log_dir = Path(tempfile.mkdtemp(prefix=f"pkb-{role}-"))
 
     def spawn(self) -> "RankGroup":
-        self.store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, is_master=True, wait_for_workers=False)
         env_updates = worker_environment(self.mode, base={})
+        if self.plan_for is not None:
+            if self.broker is not None:
+                env_updates["PKB_BUILD_CACHE"] = str(self.broker.cache_root)
+            self._spawn_jail([dict(rank=rank, world_size=self.world_size, mode=self.mode.value, role=self.role,
+                                   env_updates=env_updates) for rank in range(self.world_size)])
+            return self
+        self.store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, is_master=True, wait_for_workers=False)
         zygote = Zygote.get()
         for rank in range(self.world_size):
             log_path = self._log_dir / f"rank{rank}.log"
@@ -101,14 +125,38 @@ class RankGroup:
             self.ranks.append(_Rank(rank, pid, conn, log_path))
         return self
 
+    def _spawn_jail(self, ranks: list[dict]) -> None:
+        """Start ``ranks`` (worker_main or builder_main keyword arguments) in a sandbox of their own."""
+        self.scratch = tempfile.mkdtemp(prefix="pkb-scratch-")
+        plan = self.plan_for(self.scratch)
+        if plan.root:
+            os.chown(self.scratch, plan.uid, plan.uid)
+        log_paths = [str(self._log_dir / f"rank{rank}.log") for rank in range(len(ranks))]
+        for rank, kwargs in enumerate(ranks):
+            kwargs["log_path"] = log_paths[rank]
+        pid, control, conns = Zygote.get().fork_jail(plan=plan, ranks=ranks, log_paths=log_paths)
+        self.jail = (pid, control)
+        self.ranks = [_Rank(rank, None, conn, Path(path)) for rank, (conn, path) in enumerate(zip(conns, log_paths))]
+
+    @classmethod
+    def builder(cls, plan_for, request: dict) -> "RankGroup":
+        """One sandboxed build process for ``request`` (pkb.runtime.builds.builder_main); it sends one reply."""
+        group = cls(Mode.CPU, 1, "builder", plan_for)
+        group._spawn_jail([dict(target="builder", request=request, env_updates={})])
+        return group
+
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> "RankGroup":
         if not self.ready:
-            replies = self._collect(timeout, what="start-up")
+            try:
+                replies = self._collect(timeout, what="start-up")
+            except GroupFailure as exc:  # no candidate code has run yet: whatever happened is pkb's
+                raise StartFailure(f"the {self.role} ranks did not start: {exc}", exc.rank, exc.log_tail) from None
             failed = [r for r, reply in enumerate(replies) if not reply.get("ready")]
             if failed:
                 self.kill()
-                raise RankCrashed(f"rank {failed[0]} failed to start: {replies[failed[0]].get('error', '')}",
-                                  failed[0], _log_tail(self.ranks[failed[0]].log_path))
+                raise StartFailure(f"rank {failed[0]} failed to start: {replies[failed[0]].get('error', '')}",
+                                   failed[0], _log_tail(self.ranks[failed[0]].log_path))
+            self.sandbox_status = replies[0].get("sandbox")
             self.ready = True
         return self
 
@@ -144,14 +192,18 @@ class RankGroup:
                 break
             for conn in wait(list(pending), timeout=remaining):
                 member = by_conn[conn]
-                pending.discard(conn)
                 try:
-                    replies[member.rank] = decode_reply(conn.recv_bytes())
+                    reply = decode_reply(conn.recv_bytes())
                 except (EOFError, OSError):
                     self._crashed(member, what)
                 except ChannelError as exc:
                     self.kill()
                     raise RankCrashed(f"rank {member.rank}: {exc}", member.rank) from None
+                if "build" in reply and self.broker is not None and len(reply) == 1:
+                    self._build_requested(member, reply["build"])  # the rank waits for the answer
+                    continue
+                pending.discard(conn)
+                replies[member.rank] = reply
                 if replies.get(member.rank, {}).get("error") and pending:
                     deadline = min(deadline, time.monotonic() + ERROR_GRACE_S)
         if pending:
@@ -166,6 +218,22 @@ class RankGroup:
                               f"the {self.role} ranks were killed", missing[0], _log_tail(self.ranks[missing[0]].log_path))
         return [replies[r] for r in range(self.world_size)]
 
+    MAX_BUILDS = 32  # build requests one group may make
+
+    def _build_requested(self, member: _Rank, request) -> None:
+        self._num_builds = getattr(self, "_num_builds", 0) + 1
+        if self._num_builds > self.MAX_BUILDS:
+            self._answer(member, {"error": f"more than {self.MAX_BUILDS} build requests in one evaluation"})
+            return
+        self.broker.request(request, lambda answer: self._answer(member, answer))
+
+    def _answer(self, member: _Rank, answer: dict) -> None:
+        try:
+            with member.send_lock:
+                send_job(member.conn, {"op": "built", **answer})
+        except (OSError, ValueError):  # the group was killed while the build ran
+            pass
+
     def _crashed(self, member: _Rank, what: str) -> None:
         self.kill()
         raise RankCrashed(f"rank {member.rank} died during {what}", member.rank,
@@ -175,8 +243,11 @@ class RankGroup:
         return _log_tail(self.ranks[rank].log_path) if rank < len(self.ranks) else ""
 
     def close(self, timeout: float = 10.0) -> None:
-        """Ask every rank to exit; kill whatever has not within ``timeout``."""
+        """Ask every rank to exit; kill whatever has not within ``timeout`` (a sandboxed group: at once)."""
         if self.closed:
+            return
+        if self.jail is not None:
+            self.kill()
             return
         for member in self.ranks:
             try:
@@ -191,15 +262,39 @@ class RankGroup:
 
     def kill(self) -> None:
         """Kill every rank process (and anything it started) now."""
+        if self.jail is not None:
+            self._end_jail()
         for member in self.ranks:
-            for kill in (os.killpg, os.kill):  # the rank leads its own session: killpg ends what it started
-                try:
+            for kill in (os.killpg, os.kill) if member.pid is not None else ():
+                try:  # the rank leads its own session: killpg ends what it started
                     kill(member.pid, 9)
                 except (ProcessLookupError, PermissionError):
                     pass
             member.conn.close()
         self.closed = True
         self.store = None
+
+    JAIL_END_TIMEOUT_S = 10.0
+
+    def _end_jail(self) -> None:
+        """Have the jail end every process of the group (it answers once none is left), then remove the
+        scratch directory."""
+        pid, control = self.jail
+        self.jail = None
+        try:
+            control.settimeout(self.JAIL_END_TIMEOUT_S)
+            control.send(b"kill")
+            control.recv(16)
+        except OSError:
+            pass
+        finally:
+            control.close()
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.scratch:
+            remove_tree(self.scratch)
 
     def __enter__(self) -> "RankGroup":
         return self.spawn()

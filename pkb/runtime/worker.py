@@ -83,7 +83,7 @@ class Worker:
         if job.get("candidate") is None:  # the reference, run as a candidate (self-check)
             return {"status": "ok"}
         try:
-            self.solution = _import_candidate(job["candidate"], self.problem.argument_names)
+            self.solution = _import_candidate(_candidate_copy(job), self.problem.argument_names)
         except CandidateError as exc:
             return self.guarded({"status": exc.status, "error": str(exc)})
         return self.guarded({"status": "ok"})
@@ -191,6 +191,18 @@ def _install_upstream_alias() -> None:
         sys.modules["utils.cuda_helpers"] = helpers
 
 
+def _candidate_copy(job: dict) -> str:
+    """Where to import the candidate from: in a sandbox, a copy in its scratch directory (the file's own
+    folder, perhaps the checkout beside the results database, is not readable there)."""
+    folder = os.environ.get("PKB_CANDIDATE_DIR")
+    if not folder or job.get("source") is None:
+        return job["candidate"]
+    path = os.path.join(folder, os.path.basename(job["candidate"]))
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(job["source"])
+    return path
+
+
 def _import_candidate(path: str, argument_names: tuple[str, ...]):
     """Import the candidate file and return its ``solution``, checked against the reference's arguments."""
     _install_upstream_alias()
@@ -224,13 +236,20 @@ def _looks_like_build_failure(exc: BaseException) -> bool:
 
 
 def worker_main(conn: Connection, rank: int, world_size: int, mode: str, store_port: int, role: str,
-                log_path: str, env_updates: dict[str, str]) -> None:
-    """Entry point of a rank process (forked by the group's server; not for use by hand)."""
+                log_path: str, env_updates: dict[str, str], log_fd: int | None = None,
+                sandbox: dict | None = None) -> None:
+    """Entry point of a rank process (forked by the zygote, or in a sandbox by its keeper with the log
+    already open as ``log_fd`` and what the sandbox enforces as ``sandbox``; not for use by hand)."""
     os.setsid()  # its own session: the parent can kill it and everything it starts at once
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    if log_fd is None:
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.environ.update(env_updates)
+    if sandbox is not None:  # CUDA extensions come from the parent's build broker, read-only
+        from pkb.kernels import build
+
+        build.BROKER = build.BrokerClient(conn, os.environ["PKB_BUILD_CACHE"])
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
         worker = Worker(rank, world_size, Mode(mode), role)
@@ -238,7 +257,7 @@ def worker_main(conn: Connection, rank: int, world_size: int, mode: str, store_p
     except Exception:
         send_reply(conn, {"ready": False, "error": traceback.format_exc(limit=-4)})
         return
-    send_reply(conn, {"ready": True, "device": str(worker.device), "pid": os.getpid()})
+    send_reply(conn, {"ready": True, "device": str(worker.device), "pid": os.getpid(), "sandbox": sandbox})
     handlers = {"load": worker.load, "run": worker.run, "time_prepare": worker.time_prepare,
                 "time_refresh": worker.time_refresh, "time_repeat": worker.time_repeat, "time_finish": worker.time_finish,
                 "time_outputs": worker.time_outputs}

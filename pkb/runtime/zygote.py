@@ -22,15 +22,7 @@ import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-
-def die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies (no orphaned ranks spinning forever)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the control socket's EOF still ends the zygote
-        pass
+from pkb.runtime.sandbox import die_with_parent
 
 
 def serve(control: socket.socket) -> None:
@@ -50,6 +42,9 @@ def serve(control: socket.socket) -> None:
         if not message:
             return
         request = pickle.loads(message)
+        if request.get("kind") == "jail":
+            _fork_jail(control, request)
+            continue
         parent_end, child_end = socket.socketpair()
         pid = os.fork()
         if pid == 0:
@@ -63,6 +58,32 @@ def serve(control: socket.socket) -> None:
                 os._exit(1)
         child_end.close()
         socket.send_fds(control, [pickle.dumps(pid)], [parent_end.fileno()])
+        parent_end.close()
+
+
+def _fork_jail(control: socket.socket, request: dict) -> None:
+    """Fork a jail for a sandboxed group (pkb.runtime.jail); answer its pid, a control socket and one
+    socket per rank."""
+    from pkb.runtime import jail
+
+    pairs = [socket.socketpair() for _ in request["ranks"]]
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        control.close()
+        ours.close()
+        for parent_end, _ in pairs:
+            parent_end.close()
+        try:
+            jail.jail_main(theirs, [child_end for _, child_end in pairs], request)
+        finally:
+            os._exit(1)
+    theirs.close()
+    for _, child_end in pairs:
+        child_end.close()
+    socket.send_fds(control, [pickle.dumps(pid)], [ours.fileno()] + [parent_end.fileno() for parent_end, _ in pairs])
+    ours.close()
+    for parent_end, _ in pairs:
         parent_end.close()
 
 
@@ -101,6 +122,16 @@ class Zygote:
         if not fds:
             raise RuntimeError("the rank-process server did not answer (it may have died); see its output above")
         return pickle.loads(message), Connection(fds[0])
+
+    def fork_jail(self, **request) -> tuple[int, socket.socket, list[Connection]]:
+        """A sandboxed group (``request``: plan, ranks, log_paths): the jail's pid, its control socket and
+        one connection per rank."""
+        with self._lock:
+            self.control.send(pickle.dumps({"kind": "jail", **request}))
+            message, fds, _, _ = socket.recv_fds(self.control, 1024, 1 + len(request["ranks"]))
+        if len(fds) != 1 + len(request["ranks"]):
+            raise RuntimeError("the rank-process server did not answer (it may have died); see its output above")
+        return pickle.loads(message), socket.socket(fileno=fds[0]), [Connection(fd) for fd in fds[1:]]
 
     def stop(self) -> None:
         try:

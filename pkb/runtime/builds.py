@@ -1,0 +1,166 @@
+"""The build broker: CUDA/C++ extensions for sandboxed candidates, built so that no candidate can
+write what another one loads.
+
+A sandboxed rank that needs an extension (``pkb.kernels.load_cuda``, or upstream's
+``compile_cuda_extension``) sends the build request — sources, flags, architecture — to its parent.
+The parent's broker names the extension by a hash of that request (``extension_name``, computed
+here, not taken from the rank), builds it once in a sandboxed build process of its own (the same
+sandbox as a candidate: the compiler, run on untrusted source and flags, can write only its own
+scratch directory), receives the library's bytes, and writes them into a content-addressed cache
+that only the parent writes and candidates read. Ranks of the same group, and later evaluations of
+the same source, load it from there without building again; a build that two groups ask for at once
+happens once.
+
+The cache is ``<torch's extensions dir>/pkb-broker/<name>_<hash>/<name>_<hash>.so``, apart from the
+directory that unsandboxed builds (``--sandbox off``) write.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from pkb.kernels.build import BuildError, build_locally, cached_library, extension_name
+from pkb.runtime.channel import ChannelError, decode_reply, send_reply
+
+BUILD_TIMEOUT_S = 900.0
+MAX_REQUEST_BYTES = 16 << 20
+_STRING_LISTS = ("cuda_sources", "cpp_sources", "extra_cuda_cflags", "extra_cflags", "extra_include_paths",
+                 "extra_ldflags")
+
+
+def broker_cache_root() -> Path:
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root(), "pkb-broker")
+
+
+def validated(request) -> dict:
+    """The request as plain strings and lists, or ValueError: it comes from a candidate's process."""
+    if not isinstance(request, dict):
+        raise ValueError("a build request must be a dict")
+    clean = {}
+    for key in ("name", "arch", "torch", "python"):
+        if not isinstance(request.get(key), str) or not request[key]:
+            raise ValueError(f"build request: {key} must be a non-empty string")
+        clean[key] = request[key]
+    if not clean["name"].isidentifier():
+        raise ValueError(f"build request: the extension name {clean['name']!r} is not an identifier")
+    for key in _STRING_LISTS:
+        value = request.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"build request: {key} must be a list of strings")
+        clean[key] = list(value)
+    functions = request.get("functions")
+    if functions is not None and (not isinstance(functions, list) or not all(isinstance(f, str) for f in functions)):
+        raise ValueError("build request: functions must be a list of strings")
+    clean["functions"] = functions
+    clean["with_cuda"] = bool(request.get("with_cuda", True))
+    if sum(len(s) for key in _STRING_LISTS for s in clean[key]) > MAX_REQUEST_BYTES:
+        raise ValueError("build request: the sources exceed 16 MiB")
+    return clean
+
+
+class BuildBroker:
+    """Builds requested extensions in sandboxed build processes; one per session (its cache outlives it)."""
+
+    MAX_PARALLEL = 4
+
+    def __init__(self, plan_for: Callable[[str], object], cache_root: Path | None = None):
+        self.plan_for = plan_for  # scratch directory -> a SandboxPlan for one build process
+        self.cache_root = Path(cache_root or broker_cache_root())
+        self._builds: dict[str, Future] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(self.MAX_PARALLEL, thread_name_prefix="pkb-build")
+        self.seconds: dict[str, float] = {}  # extension -> seconds its build took (for reports)
+
+    def request(self, raw: object, answer: Callable[[dict], None]) -> None:
+        """Answer ``raw`` (a rank's request) with ``{"path": library}`` or ``{"error": text}``, from a
+        build thread once the library is in the cache."""
+        try:
+            request = validated(raw)
+        except ValueError as exc:
+            answer({"error": str(exc)})
+            return
+        full_name = extension_name(request)
+        with self._lock:
+            build = self._builds.get(full_name)
+            if build is None or (build.done() and "error" in build.result()):
+                build = self._pool.submit(self._build, full_name, request)
+                self._builds[full_name] = build
+        build.add_done_callback(lambda done: answer(done.result()))
+
+    def _build(self, full_name: str, request: dict) -> dict:
+        library = cached_library(self.cache_root, full_name)
+        if library.is_file():
+            return {"path": str(library)}
+        began = time.monotonic()
+        try:
+            data = self._build_sandboxed(request)
+        except BuildError as exc:
+            return {"error": str(exc)}
+        except Exception as exc:  # pkb's own failure: said so, as a build error the candidate's verdict names
+            return {"error": f"pkb's build broker failed: {type(exc).__name__}: {exc}"}
+        library.parent.mkdir(parents=True, exist_ok=True)
+        staging = tempfile.NamedTemporaryFile(dir=library.parent, prefix=".incoming-", delete=False)
+        with staging:
+            staging.write(data)
+        os.chmod(staging.name, 0o755)
+        os.replace(staging.name, library)
+        self.seconds[full_name] = time.monotonic() - began
+        return {"path": str(library)}
+
+    def _build_sandboxed(self, request: dict) -> bytes:
+        from pkb.runtime.group import RankGroup
+
+        group = RankGroup.builder(self.plan_for, request)
+        try:
+            conn = group.ranks[0].conn
+            if not conn.poll(BUILD_TIMEOUT_S):
+                raise BuildError(f"the build did not finish within {BUILD_TIMEOUT_S:.0f} s")
+            try:
+                reply = decode_reply(conn.recv_bytes())
+            except (EOFError, OSError, ChannelError):
+                raise BuildError("the build process died:\n" + group.log_tail(0)) from None
+        finally:
+            group.kill()
+        if reply.get("error"):
+            raise BuildError(reply["error"] if isinstance(reply["error"], str) else "the build failed")
+        library = reply.get("library")
+        if not isinstance(library, torch.Tensor) or library.dtype != torch.uint8:
+            raise BuildError("the build process sent no library")
+        return library.numpy().tobytes()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def builder_main(conn: Connection, request: dict, log_path: str, env_updates: dict[str, str], log_fd: int,
+                 sandbox: dict, **_) -> None:
+    """A sandboxed build process: build ``request`` in this sandbox's scratch directory and send the
+    library's bytes (never a path: the parent reads nothing this process wrote). Never returns."""
+    os.setsid()
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.environ.update(env_updates)
+    try:
+        directory = Path(os.environ["TORCH_EXTENSIONS_DIR"], extension_name(request))
+        directory.mkdir(parents=True, exist_ok=True)
+        module = build_locally(request, directory)
+        data = Path(module.__file__).read_bytes()
+        reply = {"library": torch.frombuffer(bytearray(data), dtype=torch.uint8)}
+    except BuildError as exc:
+        reply = {"error": str(exc)}
+    except Exception:
+        reply = {"error": traceback.format_exc(limit=-6)}
+    send_reply(conn, reply)
+    os._exit(0)

@@ -1,0 +1,557 @@
+"""The sandbox every candidate process runs in (docs/threat-model.md, "Containment").
+
+A candidate group is started by a trusted *jail* process, forked from the zygote, and a *keeper*
+below it that enters the sandbox and then forks the W ranks, so that all ranks of one evaluation share
+one Landlock domain (they may signal each other and share abstract sockets, as NCCL and symmetric memory
+need, and nothing outside):
+
+    zygote ── jail (trusted: tears the tree down on request) ── keeper (sandboxed; pid 1 of its own
+              pid namespace where the kernel allows) ── rank 0 .. rank W-1 (candidate code)
+
+What is enforced, each on its own so that a kernel that lacks one still gets the others (``auto``):
+
+- ``landlock-fs``: writes only in the evaluation's scratch directory and /dev/shm; reads only where
+  Python, torch, the toolkits and the system live (pkb's package too, read-only), never the checkout,
+  the results database or the home directory. Landlock, ABI 3 or later.
+- ``landlock-ioctl``: device ioctls only on /dev/nvidia* and the null/zero/random devices (ABI 5).
+- ``landlock-scopes``: no signal to, and no abstract-socket connection with, a process outside the
+  evaluation (ABI 6). Landlock also forbids ptrace (and so /proc/PID/mem) of any process outside.
+- ``no-new-privs`` and ``seccomp``: no privilege through execve; no namespaces, mounts, ptrace,
+  open_by_handle_at, bpf, perf events, kexec or keyrings.
+- ``separate-uid``: when pkb runs as root, candidates run as a uid of their own (a fresh one per
+  evaluation) with no capability but reading files (CAP_DAC_READ_SEARCH, limited by Landlock's rules):
+  root's sockets (a container daemon, an init system) and files stay out of reach, and the process
+  limit holds (the kernel does not apply RLIMIT_NPROC to root).
+- ``pid-namespace``: the keeper is pid 1 of a pid namespace; when it dies the kernel kills every
+  process in it, double-forked ``setsid`` children too. Without it, the jail is a child subreaper and
+  kills every descendant that reaches it.
+- ``network-namespace``: the ranks have a loopback of their own and reach nothing else; their
+  rendezvous store runs in the keeper, inside.
+- ``mount-namespace``: a private /proc (only the evaluation's processes), a private /dev/shm and a
+  size-bounded scratch directory (tmpfs).
+- ``rlimits``: a process limit (fork bombs), a file-size limit, no core files; in cpu mode a data
+  limit (memory hogs); the OOM killer picks candidate processes first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import glob
+import os
+import platform
+import resource
+import secrets
+import struct
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SANDBOX_LEVELS = ("auto", "required", "off")
+
+PROTECTIONS = {
+    "landlock-fs": "writes only in the evaluation's scratch directory; reads only where software lives",
+    "landlock-ioctl": "device ioctls only on the GPU and null/random devices",
+    "landlock-scopes": "no signal, ptrace or abstract-socket connection outside the evaluation",
+    "no-new-privs": "no privilege gained through execve",
+    "seccomp": "no namespaces, mounts, ptrace, open_by_handle_at, bpf, perf events, kexec or keyrings",
+    "separate-uid": "a uid of its own per evaluation when pkb runs as root",
+    "pid-namespace": "every process it starts dies with the evaluation",
+    "network-namespace": "a loopback of its own; nothing else reachable",
+    "mount-namespace": "a private /proc and /dev/shm, a size-bounded scratch directory",
+    "rlimits": "process, file-size and core limits; the OOM killer picks candidates first",
+}
+
+# Landlock (include/uapi/linux/landlock.h)
+_CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same on every architecture
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+FS_REMOVE_DIR, FS_REMOVE_FILE, FS_MAKE_CHAR, FS_MAKE_DIR = 1 << 4, 1 << 5, 1 << 6, 1 << 7
+FS_MAKE_REG, FS_MAKE_SOCK, FS_MAKE_FIFO, FS_MAKE_BLOCK = 1 << 8, 1 << 9, 1 << 10, 1 << 11
+FS_MAKE_SYM, FS_REFER, FS_TRUNCATE, FS_IOCTL_DEV = 1 << 12, 1 << 13, 1 << 14, 1 << 15
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
+_FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 << 16) - 1}
+_FILE_ONLY = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV  # rights a file rule may hold
+READ = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
+DEVICE = FS_READ_FILE | FS_WRITE_FILE | FS_IOCTL_DEV
+
+# namespaces, mounts, capabilities
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWUSER = 0x00020000, 0x20000000, 0x40000000, 0x10000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_KEEPCAPS, PR_SET_NO_NEW_PRIVS = 1, 8, 38
+PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 24, 36, 47, 2
+CAP_DAC_READ_SEARCH = 2
+CANDIDATE_UIDS = (1 << 30, 1 << 24)  # candidates get a uid in [base, base + span): unused by any account
+
+# The /etc files Python, glibc and the toolchains read (the rest, e.g. shadow, stays unreadable).
+ETC_READABLE = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "hosts", "host.conf", "nsswitch.conf",
+                "passwd", "group", "resolv.conf", "gai.conf", "ssl", "ca-certificates", "ca-certificates.conf",
+                "os-release", "debian_version", "alternatives", "mime.types", "protocols", "services",
+                "nvidia", "OpenCL", "vulkan", "glvnd", "fonts", "timezone", "lsb-release", "redhat-release",
+                "system-release", "pki", "crypto-policies", "environment")
+SYSTEM_READABLE = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/opt", "/sys", "/proc")
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class SandboxError(OSError):
+    """A protection the plan asked for could not be applied (the evaluation is not started)."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """``--sandbox required`` on a machine that lacks part of the full set; the message says what."""
+
+
+@dataclass
+class SandboxStatus:
+    """Which protections an evaluation's candidate processes ran under (``details["sandbox"]``)."""
+
+    level: str
+    enforced: list[str] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def full(self) -> bool:
+        return self.level != "off" and not self.missing and set(self.enforced) >= set(PROTECTIONS)
+
+    def to_dict(self) -> dict:
+        return {"level": self.level, "full": self.full, "enforced": list(self.enforced), "missing": dict(self.missing)}
+
+    @classmethod
+    def off(cls) -> "SandboxStatus":
+        return cls("off", [], {name: "--sandbox off" for name in PROTECTIONS})
+
+    def describe(self) -> str:
+        if self.level == "off":
+            return "sandbox: off (candidates run unconfined: for debugging only)"
+        if self.full:
+            return f"sandbox: {self.level} (full: {', '.join(self.enforced)})"
+        missing = "; ".join(f"{name} ({why})" for name, why in self.missing.items())
+        return f"sandbox: {self.level} (partial; missing: {missing})"
+
+
+# -- what the kernel offers ---------------------------------------------------------------------------
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 without Landlock."""
+    if sys.platform != "linux":
+        return 0
+    abi = _libc.syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    return max(int(abi), 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _namespaces_offered() -> dict[str, str | None]:
+    """For each namespace protection: None if a child could set it up here, else why not (tried in a
+    throw-away child process, as the jail will)."""
+    names = ("pid-namespace", "network-namespace", "mount-namespace")
+    if sys.platform != "linux":
+        return {name: "not Linux" for name in names}
+    if os.geteuid() != 0:
+        return {name: "pkb is not root (run pkb as root for namespaces)" for name in names}
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        results = []
+        for flag in (CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWNS):
+            results.append(0 if _libc.unshare(flag) == 0 else ctypes.get_errno())
+        if results[2] == 0:
+            results[2] = _try_mount_private_tmpfs()
+        os.write(write_end, struct.pack("3i", *results))
+        os._exit(0)
+    os.close(write_end)
+    data = os.read(read_end, 12)
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    codes = struct.unpack("3i", data) if len(data) == 12 else (errno.EIO,) * 3
+    return {name: (None if code == 0 else f"unshare/mount refused: {os.strerror(code)}")
+            for name, code in zip(names, codes)}
+
+
+def _try_mount_private_tmpfs() -> int:
+    if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return ctypes.get_errno()
+    if _libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m") != 0:
+        return ctypes.get_errno()
+    return 0
+
+
+def offered(level: str) -> SandboxStatus:
+    """What ``level`` gives on this machine, before any evaluation runs."""
+    if level == "off":
+        return SandboxStatus.off()
+    status = SandboxStatus(level)
+    abi = landlock_abi()
+    needs = {"landlock-fs": 3, "landlock-ioctl": 5, "landlock-scopes": 6}
+    for name, version in needs.items():
+        if abi >= version:
+            status.enforced.append(name)
+        else:
+            status.missing[name] = (f"Landlock ABI {abi}, {name} needs {version} (Linux 6.12+ with Landlock in "
+                                    "the lsm= boot list)" if abi else "this kernel has no Landlock")
+    if sys.platform == "linux":
+        status.enforced += ["no-new-privs"]
+        if _seccomp_arch() is not None:
+            status.enforced.append("seccomp")
+        else:
+            status.missing["seccomp"] = f"no syscall table for {platform.machine()}"
+    else:
+        status.missing.update({"no-new-privs": "not Linux", "seccomp": "not Linux"})
+    if os.geteuid() == 0:
+        status.enforced.append("separate-uid")
+    else:
+        status.missing["separate-uid"] = ("pkb is not root: candidates run as your user (its own sockets, e.g. a "
+                                          "session bus, stay reachable); run pkb as root for a uid of their own")
+    for name, why in _namespaces_offered().items():
+        if why is None:
+            status.enforced.append(name)
+        else:
+            status.missing[name] = why
+    status.enforced.append("rlimits")
+    return status
+
+
+def check_sandbox(level: str, mode=None) -> SandboxStatus:
+    """What ``level`` gives here; for ``required``, SandboxUnavailable unless it is the full set."""
+    if level not in SANDBOX_LEVELS:
+        raise ValueError(f"sandbox must be one of {SANDBOX_LEVELS}, got {level!r}")
+    status = offered(level)
+    if level == "required" and not status.full:
+        missing = "; ".join(f"{name}: {why}" for name, why in status.missing.items())
+        raise SandboxUnavailable(f"--sandbox required, but this machine lacks part of the sandbox ({missing}); "
+                                 "run as root on Linux 6.12+ with Landlock enabled, or use --sandbox auto to "
+                                 "evaluate with what is there (each result records what was enforced)")
+    return status
+
+
+# -- the plan a jail carries out ----------------------------------------------------------------------
+
+
+@dataclass
+class SandboxPlan:
+    """Everything a jail needs, decided in the parent (plain data: it travels to the zygote pickled)."""
+
+    level: str
+    scratch: str  # the evaluation's private directory (created by the parent, owned by ``uid``)
+    uid: int | None  # the candidate uid when pkb is root
+    readable: list[str]
+    devices: list[str]
+    scratch_bytes: int
+    shm_bytes: int
+    max_processes: int
+    max_file_bytes: int
+    max_data_bytes: int | None  # cpu mode only (GPU drivers map large private regions)
+    namespaces: dict[str, str | None]  # offered namespaces (None) or why not
+
+    @property
+    def root(self) -> bool:
+        return self.uid is not None
+
+
+def new_plan(level: str, scratch: str, world_size: int, cpu_mode: bool, cache_roots: list[str]) -> SandboxPlan:
+    """The plan for one candidate group with ``scratch`` as its writable directory."""
+    uid = CANDIDATE_UIDS[0] + secrets.randbelow(CANDIDATE_UIDS[1]) if os.geteuid() == 0 else None
+    memory = _meminfo_bytes("MemTotal") or (16 << 30)
+    available = _meminfo_bytes("MemAvailable") or memory // 2
+    return SandboxPlan(
+        level=level, scratch=scratch, uid=uid, readable=readable_paths(cache_roots), devices=device_paths(),
+        scratch_bytes=min(4 << 30, memory // 8), shm_bytes=max(64 << 20, memory // 4),
+        max_processes=1024 + 256 * world_size, max_file_bytes=8 << 30,
+        max_data_bytes=max(2 << 30, available // (2 * world_size)) if cpu_mode else None,
+        namespaces=_namespaces_offered())
+
+
+def readable_paths(extra: list[str]) -> list[str]:
+    """Where a candidate may read (and execute): the system, Python's and torch's directories, the
+    toolkits on PATH, CUDA_HOME, pkb's own package (not the checkout around it), and ``extra``."""
+    import pkb
+
+    package = Path(pkb.__file__).resolve().parent
+    checkout = package.parent
+    paths = set(SYSTEM_READABLE) | {f"/etc/{name}" for name in ETC_READABLE} | {str(package)}
+    paths |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    paths |= {value for key, value in sysconfig.get_paths().items() if key in ("stdlib", "platstdlib", "purelib",
+                                                                                "platlib", "include", "scripts")}
+    for entry in sys.path:
+        if entry and Path(entry).resolve() != checkout and Path(entry).resolve() != Path.cwd().resolve():
+            paths.add(entry)
+    for variable in ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CPATH", "LIBRARY_PATH"):
+        paths |= {p for p in os.environ.get(variable, "").split(os.pathsep) if p and os.path.isabs(p)}
+    home = Path.home().resolve()
+    paths = {p for p in paths if os.path.isabs(p) and Path(p).resolve() not in (home, checkout, Path("/"))}
+    paths |= set(extra)
+    return sorted(p for p in paths if os.path.exists(p))
+
+
+def device_paths() -> list[str]:
+    """The device files candidates may open and ioctl: the GPU's and the null/zero/random ones."""
+    return [p for p in (*DEVICES, *sorted(glob.glob("/dev/nvidia*"))) if os.path.exists(p)]
+
+
+def die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (no orphaned ranks spinning forever)."""
+    if sys.platform == "linux":
+        _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a scratch directory, whatever a candidate did to its modes (never following its links)."""
+    import shutil
+
+    def unlock(function, target, _):  # every process of the evaluation is dead by now: nothing races us
+        try:
+            for folder in (os.path.dirname(target), target):
+                if os.path.isdir(folder) and not os.path.islink(folder):
+                    os.chmod(folder, 0o700)
+            function(target)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=unlock)
+
+
+def _meminfo_bytes(key: str) -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+# -- carrying it out (in the jail and the keeper; trusted code, no candidate yet) ----------------------
+
+
+def unshare_namespaces(plan: SandboxPlan) -> list[str]:
+    """In the jail: new pid, network and mount namespaces where offered; their names."""
+    done = []
+    for name, flag in (("pid-namespace", CLONE_NEWPID), ("network-namespace", CLONE_NEWNET),
+                       ("mount-namespace", CLONE_NEWNS)):
+        if plan.namespaces.get(name, "no") is None and _libc.unshare(flag) == 0:
+            done.append(name)
+    return done
+
+
+def prepare_keeper(plan: SandboxPlan, namespaces: list[str]) -> None:
+    """In the keeper, still privileged: private mounts, loopback up, scratch layout, OOM preference."""
+    if "mount-namespace" in namespaces:
+        _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make mounts private")
+        owner = f",uid={plan.uid},gid={plan.uid}" if plan.root else ""
+        _check(_libc.mount(b"tmpfs", plan.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                           f"size={plan.scratch_bytes},mode=0700{owner}".encode()), "mount the scratch tmpfs")
+        _check(_libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV,
+                           f"size={plan.shm_bytes},mode=1777".encode()), "mount a private /dev/shm")
+        if "pid-namespace" in namespaces:
+            _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+    if "network-namespace" in namespaces:
+        _loopback_up()
+    for sub in scratch_dirs(plan.scratch).values():
+        os.makedirs(sub, exist_ok=True)
+        if plan.root:
+            os.chown(sub, plan.uid, plan.uid)
+    Path("/proc/self/oom_score_adj").write_text("1000")
+
+
+def scratch_dirs(scratch: str) -> dict[str, str]:
+    """The environment variables that point into the scratch directory, and where."""
+    return {"HOME": f"{scratch}/home", "TMPDIR": f"{scratch}/tmp", "TORCH_EXTENSIONS_DIR": f"{scratch}/torch_extensions",
+            "TRITON_CACHE_DIR": f"{scratch}/triton", "CUDA_CACHE_PATH": f"{scratch}/nv", "XDG_CACHE_HOME": f"{scratch}/cache",
+            "PKB_CANDIDATE_DIR": f"{scratch}/candidate"}
+
+
+def candidate_environment(plan: SandboxPlan, namespaces: list[str]) -> dict[str, str]:
+    """What a sandboxed process's environment gets: caches and temporary files in its scratch directory,
+    gloo and NCCL on the private loopback when there is one."""
+    env = {**scratch_dirs(plan.scratch), "PYTHONDONTWRITEBYTECODE": "1", "USER": "pkb-candidate",
+           "LOGNAME": "pkb-candidate"}
+    if "network-namespace" in namespaces:
+        env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
+    return env
+
+
+def enter(plan: SandboxPlan, namespaces: list[str]) -> SandboxStatus:
+    """In the keeper, last: limits, the uid, no_new_privs, Landlock and seccomp. Irreversible; inherited
+    by every process the keeper forks. Raises SandboxError if a protection fails to apply."""
+    status = SandboxStatus(plan.level, list(namespaces))
+    for name in ("pid-namespace", "network-namespace", "mount-namespace"):
+        if name not in namespaces:
+            status.missing[name] = plan.namespaces.get(name) or "could not be created"
+    _set_limits(plan)
+    status.enforced.append("rlimits")
+    if plan.root:
+        _become(plan.uid)
+        status.enforced.append("separate-uid")
+    else:
+        status.missing["separate-uid"] = offered(plan.level).missing.get("separate-uid", "pkb is not root")
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
+    status.enforced.append("no-new-privs")
+    abi = landlock_abi()
+    for name, version in (("landlock-fs", 3), ("landlock-ioctl", 5), ("landlock-scopes", 6)):
+        (status.enforced.append(name) if abi >= version
+         else status.missing.__setitem__(name, f"Landlock ABI {abi} < {version}" if abi else "no Landlock"))
+    if abi >= 3:
+        restrict_files(plan, abi)
+    if _seccomp_arch() is not None:
+        _install_seccomp()
+        status.enforced.append("seccomp")
+    else:
+        status.missing["seccomp"] = f"no syscall table for {platform.machine()}"
+    status.enforced.sort(key=list(PROTECTIONS).index)
+    return status
+
+
+def restrict_files(plan: SandboxPlan, abi: int) -> None:
+    """Landlock: ``plan.readable`` read-only, the scratch directory and /dev/shm writable, the devices
+    usable, everything else out of reach; signals and abstract sockets scoped to the domain (ABI 6)."""
+    handled = _FS_BY_ABI[max(v for v in _FS_BY_ABI if v <= abi)]
+    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
+    attr = struct.pack("QQQ", handled, 0, scoped) if abi >= 6 else struct.pack("QQ", handled, 0)
+    ruleset = _libc.syscall(_CREATE_RULESET, attr, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    _check(-1 if ruleset < 0 else 0, "create a Landlock ruleset")
+    try:
+        for path in plan.readable:
+            _allow(ruleset, path, READ & handled)
+        for path in (plan.scratch, "/dev/shm"):
+            _allow(ruleset, path, handled & ~FS_IOCTL_DEV)
+        for path in plan.devices:
+            _allow(ruleset, path, DEVICE & handled)
+        _check(_libc.syscall(_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)), "enforce the Landlock ruleset")
+    finally:
+        os.close(ruleset)
+
+
+def _allow(ruleset: int, path: str, access: int) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return  # gone since the plan was made: nothing to allow
+    try:
+        if not os.path.isdir(path):
+            access &= _FILE_ONLY
+        rule = struct.pack("=Qi", access, fd)  # struct landlock_path_beneath_attr is packed
+        _check(_libc.syscall(_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), rule,
+                             ctypes.c_uint32(0)), f"allow {path}")
+    finally:
+        os.close(fd)
+
+
+def _set_limits(plan: SandboxPlan) -> None:
+    limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, plan.max_file_bytes)]
+    processes = plan.max_processes
+    if not plan.root:  # the limit counts every process of this user: leave room for the ones running now
+        processes += _processes_of(os.getuid())
+    limits.append((resource.RLIMIT_NPROC, processes))
+    if plan.max_data_bytes:
+        limits.append((resource.RLIMIT_DATA, plan.max_data_bytes))
+    for which, value in limits:
+        soft, hard = resource.getrlimit(which)
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (value, value))
+
+
+def _processes_of(uid: int) -> int:
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                count += entry.stat().st_uid == uid
+            except OSError:
+                pass
+    return count
+
+
+def _become(uid: int) -> None:
+    """Drop root for ``uid``, keeping only CAP_DAC_READ_SEARCH (ambient, so compilers it runs read too):
+    Landlock's rules, not file modes, decide what it reads; it can write, signal and connect to nothing
+    that root owns."""
+    last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    for cap in range(last_cap + 1):
+        if cap != CAP_DAC_READ_SEARCH:
+            _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop a capability from the bounding set")
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    _check(_libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "keep capabilities across setuid")
+    os.setresuid(uid, uid, uid)
+    header = struct.pack("Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    keep = 1 << CAP_DAC_READ_SEARCH
+    data = struct.pack("6I", keep, keep, keep, 0, 0, 0)  # effective, permitted, inheritable (two words)
+    _check(_libc.capset(header, data), "set capabilities")
+    _check(_libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH, 0, 0), "raise an ambient capability")
+
+
+def _loopback_up() -> None:
+    import fcntl
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, 0x8913, request))[1]  # SIOCGIFFLAGS
+        fcntl.ioctl(sock, 0x8914, struct.pack("16sH14x", b"lo", flags | 0x1 | 0x40))  # SIOCSIFFLAGS: UP, RUNNING
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise SandboxError(code, f"sandbox: could not {what}: {os.strerror(code)}")
+
+
+# -- seccomp ------------------------------------------------------------------------------------------
+
+_SECCOMP = {  # machine: (AUDIT_ARCH, {syscall: number}) for the calls candidates never need
+    "x86_64": (0xC000003E, dict(unshare=272, setns=308, mount=165, umount2=166, pivot_root=155, chroot=161,
+                                open_by_handle_at=304, kexec_load=246, kexec_file_load=320, bpf=321, userfaultfd=323,
+                                perf_event_open=298, keyctl=250, add_key=248, request_key=249, ptrace=101,
+                                open_tree=428, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
+                                mount_setattr=442)),
+    "aarch64": (0xC00000B7, dict(unshare=97, setns=268, mount=40, umount2=39, pivot_root=41, chroot=51,
+                                 open_by_handle_at=265, kexec_load=104, kexec_file_load=294, bpf=280, userfaultfd=282,
+                                 perf_event_open=241, keyctl=219, add_key=217, request_key=218, ptrace=117,
+                                 open_tree=428, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
+                                 mount_setattr=442)),
+}
+_CLONE = {"x86_64": 56, "aarch64": 220}
+_CLONE3 = 435
+
+
+def _seccomp_arch():
+    return _SECCOMP.get(platform.machine()) if sys.platform == "linux" else None
+
+
+def seccomp_program() -> bytes:
+    """A classic-BPF filter: EPERM for the calls in ``_SECCOMP``, for clone with CLONE_NEWUSER and for
+    other architectures' and x32's calls; ENOSYS for clone3 (its flags cannot be inspected; glibc falls back to clone), everything else allowed."""
+    audit_arch, numbers = _seccomp_arch()
+    ld_abs, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+    denied = sorted(numbers.values())
+    jge = 0x35
+    # another architecture's calls (i386 through int 0x80) and x32's numbers are refused outright
+    program = [(ld_abs, 0, 0, 4), (jeq, 1, 0, audit_arch), (ret, 0, 0, eperm), (ld_abs, 0, 0, 0),
+               (jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]
+    body = [(jeq, 0, 1, number) for number in denied]  # patched below: jump to EPERM on a match
+    clone = [(jeq, 0, 3, _CLONE[platform.machine()]), (ld_abs, 0, 0, 16), (jset, 0, 1, CLONE_NEWUSER),
+             (ret, 0, 0, eperm), (ld_abs, 0, 0, 0)]
+    tail = [(jeq, 0, 1, _CLONE3), (ret, 0, 0, enosys), (ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    instructions = program + body + clone + tail
+    eperm_at = len(instructions) - 1
+    start = len(program)
+    for i, number in enumerate(denied):
+        at = start + i
+        instructions[at] = (jeq, eperm_at - at - 1, 0, number)
+    return b"".join(struct.pack("HBBI", code, jt, jf, k) for code, jt, jf, k in instructions)
+
+
+def _install_seccomp() -> None:
+    program = seccomp_program()
+    count = len(program) // 8
+    buffer = ctypes.create_string_buffer(program)
+    fprog = struct.pack("HxxxxxxQ", count, ctypes.addressof(buffer))
+    _check(_libc.prctl(22, 2, ctypes.c_char_p(fprog), 0, 0), "install the seccomp filter")  # SECCOMP_MODE_FILTER
