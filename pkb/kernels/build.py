@@ -65,7 +65,7 @@ def load_cuda(name: str, cuda_sources: str | Sequence[str], cpp_sources: str | S
         "functions": list(functions) if functions else None, "extra_cuda_cflags": list(extra_cuda_cflags),
         "extra_cflags": list(extra_cflags), "extra_include_paths": list(extra_include_paths),
         "extra_ldflags": list(extra_ldflags), "with_cuda": bool(with_cuda), "arch": cuda_arch_list(),
-        "torch": torch.__version__, "python": sys.version.split()[0],
+        "torch": str(torch.__version__), "python": sys.version.split()[0],
     }
     if BROKER is not None:
         return BROKER.load(request)
@@ -127,17 +127,18 @@ class BrokerClient:
     parent over the rank's channel and the rank waits for the answer."""
 
     def __init__(self, conn, cache_root: str):
+        from pkb.runtime.channel import recv_job, send_reply  # now: the candidate may not import the harness
+
         self.conn = conn
         self.cache_root = Path(cache_root)
+        self._send, self._receive = send_reply, recv_job
 
     def load(self, request: dict):
         full_name = extension_name(request)
         library = cached_library(self.cache_root, full_name)
         if not library.is_file():
-            from pkb.runtime.channel import recv_job, send_reply
-
-            send_reply(self.conn, {"build": request})
-            answer = recv_job(self.conn)
+            self._send(self.conn, {"build": request})
+            answer = self._receive(self.conn)
             if answer.get("error"):
                 raise BuildError(answer["error"])
             library = Path(answer["path"])

@@ -21,16 +21,14 @@ import os
 import tempfile
 import threading
 import time
-import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from pkb.kernels.build import BuildError, build_locally, cached_library, extension_name
-from pkb.runtime.channel import ChannelError, decode_reply, send_reply
+from pkb.kernels.build import BuildError, cached_library, extension_name
+from pkb.runtime.channel import ChannelError, decode_reply
 
 BUILD_TIMEOUT_S = 900.0
 MAX_REQUEST_BYTES = 16 << 20
@@ -142,25 +140,3 @@ class BuildBroker:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def builder_main(conn: Connection, request: dict, log_path: str, env_updates: dict[str, str], log_fd: int,
-                 sandbox: dict, **_) -> None:
-    """A sandboxed build process: build ``request`` in this sandbox's scratch directory and send the
-    library's bytes (never a path: the parent reads nothing this process wrote). Never returns."""
-    os.setsid()
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.environ.update(env_updates)
-    try:
-        directory = Path(os.environ["TORCH_EXTENSIONS_DIR"], extension_name(request))
-        directory.mkdir(parents=True, exist_ok=True)
-        module = build_locally(request, directory)
-        data = Path(module.__file__).read_bytes()
-        reply = {"library": torch.frombuffer(bytearray(data), dtype=torch.uint8)}
-    except BuildError as exc:
-        reply = {"error": str(exc)}
-    except Exception:
-        reply = {"error": traceback.format_exc(limit=-6)}
-    send_reply(conn, reply)
-    os._exit(0)

@@ -21,6 +21,7 @@ import time
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from pkb.runtime import sandbox
 from pkb.runtime.channel import send_reply
@@ -166,10 +167,34 @@ def keeper_main(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, names
 def _run_target(conn: Connection, kwargs: dict, port: int, log_fd: int, status: dict) -> None:
     target = kwargs.pop("target", "worker")
     if target == "builder":
-        from pkb.runtime.builds import builder_main
-
         builder_main(conn, log_fd=log_fd, sandbox=status, **kwargs)
     else:
         from pkb.runtime.worker import worker_main
 
         worker_main(conn, store_port=port, log_fd=log_fd, sandbox=status, **kwargs)
+
+
+def builder_main(conn: Connection, request: dict, log_path: str, env_updates: dict[str, str], log_fd: int,
+                 sandbox: dict, **_) -> None:
+    """A sandboxed build process: build ``request`` in this sandbox's scratch directory and send the
+    library's bytes (never a path: the parent reads nothing this process wrote). Never returns."""
+    os.setsid()
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.environ.update(env_updates)
+    import torch
+
+    from pkb.kernels.build import BuildError, build_locally, extension_name
+
+    try:
+        directory = Path(os.environ["TORCH_EXTENSIONS_DIR"], extension_name(request))
+        directory.mkdir(parents=True, exist_ok=True)
+        module = build_locally(request, directory)
+        data = Path(module.__file__).read_bytes()
+        reply = {"library": torch.frombuffer(bytearray(data), dtype=torch.uint8)}
+    except BuildError as exc:
+        reply = {"error": str(exc)}
+    except Exception:
+        reply = {"error": traceback.format_exc(limit=-6)}
+    send_reply(conn, reply)
+    os._exit(0)

@@ -197,6 +197,8 @@ def _candidate_copy(job: dict) -> str:
     folder = os.environ.get("PKB_CANDIDATE_DIR")
     if not folder or job.get("source") is None:
         return job["candidate"]
+    folder = os.path.join(folder, f"rank{dist.get_rank()}")  # each rank its own: no rank reads another's half-written copy
+    os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, os.path.basename(job["candidate"]))
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(job["source"])
