@@ -76,6 +76,7 @@ class BuildBroker:
     def __init__(self, plan_for: Callable[[str], object], cache_root: Path | None = None):
         self.plan_for = plan_for  # scratch directory -> a SandboxPlan for one build process
         self.cache_root = Path(cache_root or broker_cache_root())
+        self.cache_root.mkdir(parents=True, exist_ok=True)  # it must exist when a sandbox's rules are made
         self._builds: dict[str, Future] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.MAX_PARALLEL, thread_name_prefix="pkb-build")
