@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the GPU, roofline and multi-GPU issues ask to prove, on a device machine, by stage:
 #   bash benchmarks/gpu_proof.sh env tests timing calibrate fidelity solutions shipped baseline1 baseline2
-#                                setup corpus compat ray
+#                                setup corpus compat ray sandbox attacks overhead
 # (TESTS_K selects tests with -k, CORPUS the upstream reference folder (default ../shared/upstream/reference),
 #  CORPUS_MODE its mode (default cuda with 2 GPUs, else shared-gpu), TIMING_PARTS the parts of gpu_timing.py, BASELINE_PROBLEMS the problems,
 #  BASELINE_TIMEOUT the seconds one baseline case may take; the ray stage installs Ray from .whl/ where the node lacks it)
@@ -59,6 +59,18 @@ for name in "$@"; do
         stage ray python3 -m pkb.cli run --problems collectives --mode "$mode" --world-size 2 --trials 2 --db /tmp/pkb-ray.sqlite --executor ray
         stage ray python3 benchmarks/executor_overhead.py --mode "$mode" --problems 1-8 --rounds 4 --slots 1 --out "$OUT/ray_${mode}.json"
         stage ray python3 benchmarks/executor_overhead.py --mode cpu --problems 1-8 --rounds 4 --slots 1,auto --out "$OUT/ray_cpu.json" ;;
+    sandbox) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"  # what the candidate sandbox enforces here
+        stage sandbox bash -c 'uname -r; id -u; cat /sys/kernel/security/lsm 2>/dev/null; echo
+           python3 -c "from pkb.runtime.sandbox import offered; print(offered(\"auto\").describe())"'
+        for level in auto off; do
+          stage sandbox python3 -m pkb.cli eval allreduce benchmarks/sandbox_probe.py --mode "$mode" --world-size 2 \
+            --trials 1 --sandbox "$level"
+        done ;;
+    attacks) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"  # the CI attacks, in a GPU mode
+        stage attacks python3 -m pytest -q -s -p no:cacheprovider tests/test_containment.py ${ATTACKS_K:+-k "$ATTACKS_K"} ;;
+    overhead) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"
+        stage overhead python3 benchmarks/sandbox_overhead.py --mode "$mode" --world-size 2 --problems "${OVERHEAD_PROBLEMS:-1-8}" \
+          --rounds "${OVERHEAD_ROUNDS:-3}" --cuda-build --out "$OUT/overhead_${mode}.json" ;;
     *) echo "unknown stage $name" >&2; exit 2 ;;
   esac
 done

@@ -249,6 +249,7 @@ class SandboxPlan:
     max_file_bytes: int
     max_data_bytes: int | None  # cpu mode only (GPU drivers map large private regions)
     namespaces: dict[str, str | None]  # offered namespaces (None) or why not
+    skip: tuple[str, ...] = ()  # protections left out on purpose (PKB_SANDBOX_SKIP, for diagnosis)
 
     @property
     def root(self) -> bool:
@@ -265,7 +266,17 @@ def new_plan(level: str, scratch: str, world_size: int, cpu_mode: bool, cache_ro
         scratch_bytes=min(4 << 30, memory // 8), shm_bytes=max(64 << 20, memory // 4),
         max_processes=1024 + 256 * world_size, max_file_bytes=8 << 30,
         max_data_bytes=max(2 << 30, available // (2 * world_size)) if cpu_mode else None,
-        namespaces=_namespaces_offered())
+        namespaces=_namespaces_offered(), skip=skipped_protections())
+
+
+def skipped_protections() -> tuple[str, ...]:
+    """The protections ``PKB_SANDBOX_SKIP`` (comma-separated names) leaves out: for finding which one
+    breaks something on a new machine. Every result says what was left out and why."""
+    names = tuple(n.strip() for n in os.environ.get("PKB_SANDBOX_SKIP", "").split(",") if n.strip())
+    unknown = [n for n in names if n not in PROTECTIONS]
+    if unknown:
+        raise ValueError(f"PKB_SANDBOX_SKIP names unknown protections {unknown}; known: {', '.join(PROTECTIONS)}")
+    return names
 
 
 def readable_paths(extra: list[str]) -> list[str]:
@@ -335,6 +346,8 @@ def unshare_namespaces(plan: SandboxPlan) -> list[str]:
     done = []
     for name, flag in (("pid-namespace", CLONE_NEWPID), ("network-namespace", CLONE_NEWNET),
                        ("mount-namespace", CLONE_NEWNS)):
+        if name in plan.skip:
+            continue
         if plan.namespaces.get(name, "no") is None and _libc.unshare(flag) == 0:
             done.append(name)
     return done
@@ -384,51 +397,68 @@ def enter(plan: SandboxPlan, namespaces: list[str]) -> SandboxStatus:
     for name in ("pid-namespace", "network-namespace", "mount-namespace"):
         if name not in namespaces:
             status.missing[name] = plan.namespaces.get(name) or "could not be created"
-    _set_limits(plan)
-    status.enforced.append("rlimits")
-    if plan.root:
+    wanted = lambda name: name not in plan.skip  # noqa: E731
+    if wanted("rlimits"):
+        _set_limits(plan)
+        status.enforced.append("rlimits")
+    if plan.root and wanted("separate-uid"):
         _become(plan.uid)
         status.enforced.append("separate-uid")
-    else:
+    elif not plan.root:
         status.missing["separate-uid"] = offered(plan.level).missing.get("separate-uid", "pkb is not root")
-    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
-    status.enforced.append("no-new-privs")
+    if wanted("no-new-privs") or not plan.root:  # Landlock needs it without CAP_SYS_ADMIN
+        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
+        status.enforced.append("no-new-privs")
     abi = landlock_abi()
-    for name, version in (("landlock-fs", 3), ("landlock-ioctl", 5), ("landlock-scopes", 6)):
+    landlock = {name: version for name, version in (("landlock-fs", 3), ("landlock-ioctl", 5), ("landlock-scopes", 6))
+                if wanted(name)}
+    for name, version in landlock.items():
         (status.enforced.append(name) if abi >= version
          else status.missing.__setitem__(name, f"Landlock ABI {abi} < {version}" if abi else "no Landlock"))
-    if abi >= 3:
-        restrict_files(plan, abi)
-    if _seccomp_arch() is not None:
+    if abi >= 3 and landlock:
+        restrict_files(plan, abi, files="landlock-fs" in landlock, ioctl="landlock-ioctl" in landlock,
+                       scopes="landlock-scopes" in landlock)
+    if _seccomp_arch() is None:
+        status.missing["seccomp"] = f"no syscall table for {platform.machine()}"
+    elif wanted("seccomp"):
         _install_seccomp()
         status.enforced.append("seccomp")
-    else:
-        status.missing["seccomp"] = f"no syscall table for {platform.machine()}"
-    status.enforced.sort(key=list(PROTECTIONS).index)
+    for name in plan.skip:
+        status.missing[name] = "left out by PKB_SANDBOX_SKIP"
+    status.enforced = sorted(set(status.enforced) - set(plan.skip), key=list(PROTECTIONS).index)
     return status
 
 
-def restrict_files(plan: SandboxPlan, abi: int) -> None:
+def restrict_files(plan: SandboxPlan, abi: int, files: bool = True, ioctl: bool = True, scopes: bool = True) -> None:
     """Landlock: ``plan.readable`` read-only, the scratch directory and /dev/shm writable, the devices
     usable, everything else out of reach; signals and abstract sockets scoped to the domain (ABI 6)."""
-    handled = _FS_BY_ABI[max(v for v in _FS_BY_ABI if v <= abi)]
-    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
+    handled = _FS_BY_ABI[max(v for v in _FS_BY_ABI if v <= abi)] if files else 0
+    handled = handled if ioctl else handled & ~FS_IOCTL_DEV
+    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 and scopes else 0
+    if not handled and not scoped:
+        return
     attr = struct.pack("QQQ", handled, 0, scoped) if abi >= 6 else struct.pack("QQ", handled, 0)
     ruleset = _libc.syscall(_CREATE_RULESET, attr, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
     _check(-1 if ruleset < 0 else 0, "create a Landlock ruleset")
     try:
-        for path in plan.readable:
+        for path in plan.readable if handled else ():
             _allow(ruleset, path, READ & handled)
-        for path in (plan.scratch, "/dev/shm"):
+        for path in (plan.scratch, "/dev/shm") if handled else ():
             _allow(ruleset, path, handled & ~FS_IOCTL_DEV)
-        for path in plan.devices:
+        for path in plan.devices if handled else ():
             _allow(ruleset, path, DEVICE & handled)
+        # The CUDA driver names its threads through /proc/self/task/TID/comm and fails to start if it
+        # cannot. Nothing else there is writable: other processes' files need ptrace access (refused
+        # by Landlock outside the domain), /proc/sys needs root.
+        _allow(ruleset, "/proc", (READ | FS_WRITE_FILE | FS_TRUNCATE) & handled)
         _check(_libc.syscall(_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)), "enforce the Landlock ruleset")
     finally:
         os.close(ruleset)
 
 
 def _allow(ruleset: int, path: str, access: int) -> None:
+    if not access:
+        return
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError:
