@@ -131,11 +131,18 @@ def plan(problems: Iterable[Problem], solutions_dir: Path | None, include_refere
 
 
 def evaluation_key(problem: Problem, candidate: Candidate, config: EvalConfig) -> str:
-    """The store's key for evaluating ``candidate`` on ``problem`` with ``config`` (equal keys: same job)."""
+    """The store's key for evaluating ``candidate`` on ``problem`` with ``config`` (equal keys: same job).
+
+    A setting at its default adds nothing, so databases written before it existed still resume. The
+    sandbox level is part of the key: a result of ``--sandbox off`` (unconfined) is never reused by a
+    sandboxed run, nor one of ``auto`` by a run that asks for ``required`` (the hashed text ends
+    ``|report|sandbox=off``, ``|report|sandbox=required``; ``|report`` with ``auto``, as before).
+    """
     timing = ("perf+graph" if config.cuda_graph else "perf") if config.perf else ""
     cases = "" if config.cases == "all" else f"|cases={config.cases}"
+    sandbox = "" if config.sandbox == "auto" else f"|sandbox={config.sandbox}"
     return run_key(problem.name, problem.version, candidate.sha256, config.mode.value, config.world_size,
-                   config.num_trials, f"{timing}|{config.policy}{cases}")
+                   config.num_trials, f"{timing}|{config.policy}{cases}{sandbox}")
 
 
 def run_jobs(jobs: list[Job], config: EvalConfig, store: ResultStore,

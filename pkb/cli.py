@@ -2,7 +2,7 @@
 
 Exit codes: 0 success (``eval``: the verdict is ``ok``), 1 a verdict other than ``ok`` (or, for
 ``run``, any failed evaluation), 2 a usage error (unknown problem, missing file, a mode this machine
-cannot run), with a message that says what to do instead.
+cannot run, ``--sandbox required`` where a protection is missing), with a message that says what to do instead.
 """
 
 from __future__ import annotations
@@ -114,7 +114,8 @@ def human_bytes(count: float) -> str:
 
 def make_config(args, world_size: int, executor=None):
     """The evaluation settings of ``args``; ``--mode auto`` decides by the GPUs of ``executor``'s machines
-    (a Ray cluster's largest node) or, without one, of this machine."""
+    (a Ray cluster's largest node) or, without one, of this machine. The mode and the sandbox candidates
+    get are said on stderr (unless ``--json``)."""
     from pkb.evaluate.evaluator import EvalConfig
     from pkb.runtime.modes import ModeUnavailable, choose_mode
 
@@ -123,10 +124,30 @@ def make_config(args, world_size: int, executor=None):
         choice = choose_mode(args.mode, world_size, num_gpus=gpus)
     except ModeUnavailable as exc:
         raise UsageError(str(exc) + (" (GPUs counted on the largest node of the Ray cluster)" if gpus is not None else "")) from None
+    sandbox = sandbox_line(args.sandbox, choice.mode, on_ray=executor is not None and executor.name == "ray")
     if not args.json:
         print(f"mode: {choice.mode} ({choice.reason})", file=sys.stderr)
+        print(f"sandbox: {sandbox}", file=sys.stderr)
     return EvalConfig(world_size=world_size, mode=choice.mode, num_trials=args.trials, timeout_s=args.timeout,
-                      perf=args.perf, cuda_graph=args.cuda_graph, policy=args.policy, cases=args.cases)
+                      perf=args.perf, cuda_graph=args.cuda_graph, policy=args.policy, cases=args.cases,
+                      sandbox=args.sandbox)
+
+
+def sandbox_line(level: str, mode, on_ray: bool = False) -> str:
+    """What ``--sandbox level`` gives candidates here, e.g. ``auto (full: landlock-fs, ...)``; on a Ray
+    cluster each node checks for itself (a node that cannot honour ``required`` ends its tasks as
+    ``infra_error``). Raises UsageError where ``required`` cannot be honoured on this machine."""
+    from pkb.runtime.sandbox import SandboxStatus, SandboxUnavailable, check_sandbox
+
+    if level == "off":
+        return SandboxStatus.off().describe().removeprefix("sandbox: ")
+    if on_ray:
+        return f"{level} (checked on each node of the Ray cluster)"
+    try:
+        status = check_sandbox(level, mode)
+    except SandboxUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    return status.describe().removeprefix("sandbox: ")
 
 
 def cmd_eval(args) -> int:
@@ -285,6 +306,8 @@ class Progress:
 
 
 def add_eval_options(p, world_size_default, executor: bool = False):
+    from pkb.runtime.sandbox import SANDBOX_LEVELS
+
     p.add_argument("--world-size", type=int, default=world_size_default)
     p.add_argument("--mode", default="auto", choices=["auto", "cpu", "cuda", "shared-gpu"])
     p.add_argument("--trials", type=int, default=3, help="correctness trials, each with fresh secret seeds")
@@ -298,6 +321,11 @@ def add_eval_options(p, world_size_default, executor: bool = False):
     p.add_argument("--cases", default="all", choices=["all", "upstream", "tests", "benchmarks"],
                    help="which cases the correctness trials run: all (upstream + tests, the default), upstream "
                         "(the upstream benchmark's inputs: the paper's protocol), tests, or benchmarks")
+    p.add_argument("--sandbox", default="auto", choices=SANDBOX_LEVELS,
+                   help="how candidate processes are confined (Landlock, namespaces, uid drop): auto (the default) "
+                        "applies every protection this machine offers and says which are missing; required refuses "
+                        "to run (exit 2) unless all are available; off runs candidates unconfined, for debugging only "
+                        "(its results are stored apart and reports flag them)")
     p.add_argument("--json", action="store_true")
     if executor:
         p.add_argument("--executor", default="local", choices=["local", "ray"],

@@ -245,6 +245,40 @@ def test_a_missing_key_is_a_usage_error_before_any_work(capsys, monkeypatch, tmp
     assert code == 2 and "provider:model" in err
 
 
+def test_generate_and_agent_take_the_sandbox_level_and_required_stops_them_before_any_model_call(
+        capsys, keys, monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    import pkb.generate.agent
+    import pkb.generate.sampler
+    from pkb.runtime import sandbox
+
+    def check(level, mode):
+        if level == "required":
+            raise sandbox.SandboxUnavailable("--sandbox required: missing landlock-fs (no Landlock in this kernel)")
+        return SimpleNamespace(full=True, enforced=["landlock-fs"], missing={})
+
+    configs = []
+    monkeypatch.setattr(sandbox, "check_sandbox", check)
+    monkeypatch.setattr(pkb.generate.sampler, "generate", lambda problems, provider, settings, store, profile, config,
+                        *rest: configs.append(config) or [])
+    no_outcome = SimpleNamespace(to_dict=dict, stopped_by=None, best_step=None, steps=[], cost_usd=None)
+    monkeypatch.setattr(pkb.generate.agent, "run_agent", lambda problem, provider, settings, store, profile, config,
+                        *rest: configs.append(config) or no_outcome)
+    with FakeModelServer({"coder": [Reply(GOOD)]}) as server:
+        common = ["--model", "openai:coder", "--base-url", server.url + "/v1", "--db", str(tmp_path / "g.sqlite"),
+                  "--out", str(tmp_path), *EVAL]
+        code, _, err = run_cli(capsys, "generate", "--problems", "1", "--sandbox", "off", *common)
+        assert code == 0 and "sandbox: off (candidates run unconfined" in err
+        run_cli(capsys, "agent", "--problem", "1", "--sandbox", "off", "--json", *common)
+        run_cli(capsys, "agent", "--problem", "1", *common)
+        assert [config.sandbox for config in configs] == ["off", "off", "auto"]
+        for command in (["generate", "--problems", "1"], ["agent", "--problem", "1"]):
+            code, _, err = run_cli(capsys, *command, "--sandbox", "required", *common)
+            assert code == 2 and "missing landlock-fs (no Landlock in this kernel)" in err
+        assert len(configs) == 3 and server.requests == []  # refused before any model call
+
+
 # -- pkb generate ---------------------------------------------------------------------------------------------
 
 

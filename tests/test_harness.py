@@ -219,3 +219,133 @@ def test_an_interrupted_run_keeps_what_finished_and_resumes(tmp_path):
     assert resumed.stderr.count("(stored earlier)") == stored
     # eight self-checks, the portable all-reduce, eight GPU solutions (skipped here)
     assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM results").fetchone()[0] == 17
+
+
+# -- the sandbox level: the flag, the check before any work, the store's key -------------------------------
+
+
+def fake_check(calls: list, missing: dict[str, str] | None = None):
+    """A stand-in for pkb.runtime.sandbox.check_sandbox: ``missing`` protections (none: the full set);
+    ``required`` with any missing raises, as the real check does."""
+    from types import SimpleNamespace
+
+    from pkb.runtime.sandbox import SandboxUnavailable
+
+    missing = missing or {}
+
+    def check(level, mode):
+        calls.append((level, mode))
+        if level == "required" and missing:
+            raise SandboxUnavailable(f"--sandbox required: this machine lacks {', '.join(missing)} "
+                                     f"({'; '.join(missing.values())}); fix that, or use --sandbox auto")
+        enforced = [name for name in ("landlock-fs", "network-namespace", "uid-drop") if name not in missing]
+        return SimpleNamespace(full=not missing, enforced=enforced, missing=dict(missing))
+
+    return check
+
+
+def test_the_sandbox_flag_reaches_the_config_and_is_said_on_stderr(monkeypatch, capsys):
+    from pkb.cli import build_parser, make_config
+    from pkb.runtime import sandbox
+    from pkb.runtime.modes import Mode
+
+    calls: list = []
+    parse = lambda *extra: build_parser().parse_args(["eval", "1", "reference", "--mode", "cpu", *extra])  # noqa: E731
+    assert parse().sandbox == "auto"
+    with pytest.raises(SystemExit) as exit_info:
+        parse("--sandbox", "loose")
+    assert exit_info.value.code == 2
+
+    monkeypatch.setattr(sandbox, "check_sandbox", fake_check(calls))
+    config = make_config(parse("--sandbox", "required"), 2)
+    assert config.sandbox == "required" and calls == [("required", Mode.CPU)]
+    assert "sandbox: required (full: landlock-fs, network-namespace, uid-drop)" in capsys.readouterr().err
+
+    monkeypatch.setattr(sandbox, "check_sandbox", fake_check(calls, {"network-namespace": "no user namespaces"}))
+    assert make_config(parse(), 2).sandbox == "auto"
+    assert "sandbox: auto (partial; missing: network-namespace (no user namespaces))" in capsys.readouterr().err
+    assert make_config(parse("--json"), 2).sandbox == "auto" and capsys.readouterr().err == ""
+
+    calls.clear()
+    assert make_config(parse("--sandbox", "off"), 2).sandbox == "off"
+    assert "sandbox: off (candidates run unconfined: for debugging only)" in capsys.readouterr().err
+
+
+def test_sandbox_required_on_a_machine_without_the_full_set_is_a_usage_error_before_any_work(monkeypatch, capsys,
+                                                                                            tmp_path):
+    from pkb.cli import main
+    from pkb.runtime import sandbox
+
+    calls: list = []
+    monkeypatch.setattr(sandbox, "check_sandbox", fake_check(calls, {"landlock-fs": "kernel 5.4 has no Landlock"}))
+    assert main(["eval", "1", "reference", "--mode", "cpu", "--sandbox", "required"]) == 2
+    err = capsys.readouterr().err
+    assert "pkb: error: --sandbox required: this machine lacks landlock-fs (kernel 5.4 has no Landlock)" in err
+    db = tmp_path / "never.sqlite"
+    assert main(["run", "--problems", "1", "--mode", "cpu", "--sandbox", "required", "--db", str(db)]) == 2
+    assert "lacks landlock-fs" in capsys.readouterr().err and not db.exists()  # refused before any evaluation
+    assert [level for level, _ in calls] == ["required", "required"]
+
+
+def test_the_sandbox_level_is_in_the_evaluation_key_and_auto_keeps_the_key_of_earlier_databases():
+    from pkb.batch import evaluation_key
+    from pkb.evaluate.candidate import Candidate
+    from pkb.evaluate.evaluator import EvalConfig
+    from pkb.registry import get_problem
+    from pkb.runtime.modes import Mode
+    from pkb.store.db import run_key
+
+    problem = get_problem("allreduce")
+    candidate = Candidate.reference_of(problem)
+    key = lambda level: evaluation_key(problem, candidate, EvalConfig(2, Mode.CPU, sandbox=level))  # noqa: E731
+    before = lambda suffix: run_key("allreduce", problem.version, candidate.sha256, "cpu", 2, 3,  # noqa: E731
+                                    "|report" + suffix)
+    assert key("auto") == before("")  # the key pkb wrote before the sandbox existed
+    assert key("off") == before("|sandbox=off") and key("required") == before("|sandbox=required")
+    assert len({key("auto"), key("off"), key("required")}) == 3
+
+
+class RecordingExecutor:
+    """Answers every task ``ok`` at once and remembers which tasks it was given (no rank processes)."""
+
+    name = "recording"
+
+    def __init__(self):
+        self.submitted: list = []
+        self._queue: list = []
+
+    def submit(self, task) -> None:
+        self.submitted.append(task)
+        self._queue.append(task)
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def finished(self, wait: bool = True):
+        from pkb.evaluate.evaluator import new_result
+
+        while self._queue:
+            task = self._queue.pop(0)
+            yield task, new_result(task.problem, task.candidate, task.config, Status.OK)
+
+
+def test_a_result_of_sandbox_off_is_never_resumed_by_a_sandboxed_run(tmp_path):
+    from pkb.batch import Job, run_jobs
+    from pkb.evaluate.candidate import Candidate
+    from pkb.evaluate.evaluator import EvalConfig
+    from pkb.registry import get_problem
+    from pkb.runtime.modes import Mode
+
+    problem = get_problem("allreduce")
+    jobs = [Job(problem, Candidate.reference_of(problem), "reference")]
+
+    def evaluated(level: str) -> int:
+        executor = RecordingExecutor()
+        with ResultStore(tmp_path / "r.sqlite") as store:
+            run_jobs(jobs, EvalConfig(2, Mode.CPU, sandbox=level), store, executor=executor)
+        return len(executor.submitted)
+
+    assert evaluated("off") == 1 and evaluated("off") == 0  # resumed at the same level
+    assert evaluated("auto") == 1 and evaluated("auto") == 0  # the unconfined result is not reused
+    assert evaluated("required") == 1 and evaluated("off") == 0

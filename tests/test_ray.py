@@ -1,15 +1,18 @@
 """``--executor ray`` on a local Ray cluster in cpu mode: the same verdicts as this machine's executor
 (crashing, hanging and cheating candidates included), the same ``pkb run`` table, and a worker killed in
 the middle of an evaluation retried; when the retries run out, an ``infra_error`` that reports leave out
-and a rerun evaluates again."""
+and a rerun evaluates again. Without a cluster: sandbox levels never share rank processes, and a node
+that cannot give ``--sandbox required`` answers ``infra_error`` with its message."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,7 @@ from pkb.cli import main
 from pkb.console import UsageError
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.evaluator import EvalConfig
-from pkb.executor import LocalExecutor
+from pkb.executor import LocalExecutor, Task
 from pkb.executor.ray_cluster import INSTALL_HINT, RayExecutor, slot_resources, slots_on, whole_node
 from pkb.problem import Status
 from pkb.registry import get_problem
@@ -29,6 +32,8 @@ from pkb.store.db import ResultStore
 
 TEMPLATES = Path(__file__).parent / "candidates"
 CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, timeout_s=20.0)
+# for the slow candidate, which writes a marker file the sandbox forbids (these tests kill the machine, not escapes)
+UNCONFINED = replace(CONFIG, sandbox="off")
 HONEST_ALLREDUCE = """
 REQUIRES = ()
 import torch
@@ -84,6 +89,79 @@ def test_without_ray_the_flag_says_how_to_install_it(monkeypatch, capsys):
     assert "--executor ray" in capsys.readouterr().err
 
 
+# -- sandbox levels, without a cluster -------------------------------------------------------------------
+
+
+class FakeSession:
+    """Stands in for pkb.evaluate.evaluator.Session: remembers what it was built for; ``required`` is
+    refused, as on a machine that lacks part of the sandbox."""
+
+    built: list = []
+
+    def __init__(self, mode, world_size, sandbox="auto"):
+        from pkb.runtime.sandbox import SandboxUnavailable
+
+        if sandbox == "required":
+            raise SandboxUnavailable("--sandbox required: missing uid-drop (pkb runs as an unprivileged user): "
+                                     "start it as root, or use --sandbox auto")
+        FakeSession.built.append((mode, world_size, sandbox))
+
+    def close(self) -> None:
+        pass
+
+
+def fake_evaluate(problem, candidate, config, session=None):
+    from pkb.evaluate.evaluator import new_result
+
+    return new_result(problem, candidate, config, Status.OK)
+
+
+def test_evaluations_at_different_sandbox_levels_never_share_rank_processes(monkeypatch):
+    import pkb.executor
+    import pkb.evaluate.evaluator
+    from pkb.executor.ray_cluster import NodeEvaluator, _slot_key
+    from pkb import __version__
+
+    problem = get_problem("allreduce")
+    levels = ["auto", "off", "auto", "off"]
+    monkeypatch.setattr(FakeSession, "built", [])
+    monkeypatch.setattr(pkb.executor, "Session", FakeSession)
+    monkeypatch.setattr(pkb.executor, "evaluate", fake_evaluate)
+    with LocalExecutor() as executor:
+        for level in levels:
+            executor.submit(Task(problem, Candidate.reference_of(problem), replace(CONFIG, sandbox=level)))
+        assert [r.status for _, r in executor.finished()] == [Status.OK] * 4
+    assert FakeSession.built == [(Mode.CPU, 2, "auto"), (Mode.CPU, 2, "off")]
+
+    monkeypatch.setattr(FakeSession, "built", [])
+    monkeypatch.setattr(pkb.evaluate.evaluator, "Session", FakeSession)
+    monkeypatch.setattr(pkb.evaluate.evaluator, "evaluate", fake_evaluate)
+    node = NodeEvaluator(__version__)
+    for level in levels:
+        assert node.evaluate(problem.name, problem.version, Candidate.reference_of(problem),
+                             replace(CONFIG, sandbox=level)).ok
+    assert FakeSession.built == [(Mode.CPU, 2, "auto"), (Mode.CPU, 2, "off")]
+    assert _slot_key(replace(CONFIG, sandbox="off")) != _slot_key(CONFIG)  # a slot's actor serves one level
+
+
+def test_a_node_that_cannot_give_the_required_sandbox_answers_infra_error_with_its_message(monkeypatch, tmp_path):
+    import pkb.evaluate.evaluator
+    from pkb import __version__
+    from pkb.executor.ray_cluster import NodeEvaluator
+
+    monkeypatch.setattr(pkb.evaluate.evaluator, "Session", FakeSession)
+    monkeypatch.setattr(pkb.evaluate.evaluator, "evaluate", fake_evaluate)
+    problem = get_problem("allreduce")
+    candidate = from_source("honest_allreduce", HONEST_ALLREDUCE, tmp_path)
+    result = NodeEvaluator(__version__).evaluate(problem.name, problem.version, candidate,
+                                                 replace(CONFIG, sandbox="required"))  # returns, never raises
+    assert result.status is Status.INFRA_ERROR and not result.status.is_verdict  # a rerun evaluates it again
+    assert "missing uid-drop (pkb runs as an unprivileged user): start it as root" in result.message
+    assert f"node {socket.gethostname()} cannot run candidates with --sandbox required" in result.message
+    assert result.details["node"] == socket.gethostname()
+    assert result.details["solution_path"] == str(candidate.path)  # the driver's file, as in every row
+
+
 # -- on a local cluster --------------------------------------------------------------------------------
 
 
@@ -123,7 +201,8 @@ def test_pkb_run_on_ray_prints_the_same_table(ray_cluster, tmp_path, capsys):
 
 
 def slow_candidate(tmp_path: Path) -> tuple[Candidate, Path]:
-    """An honest all-reduce that says (in a file) when it is loaded, so a test knows it is mid-evaluation."""
+    """An honest all-reduce that says (in a file) when it is loaded, so a test knows it is mid-evaluation
+    (evaluate it with ``UNCONFINED``: the sandbox would refuse the file)."""
     marker = tmp_path / "loaded"
     return from_source("slow_allreduce", HONEST_ALLREDUCE + f"""
 import pathlib, time
@@ -155,10 +234,10 @@ def test_a_worker_killed_mid_evaluation_is_retried_and_gives_no_candidate_verdic
     problem = get_problem("allreduce")
     candidate, marker = slow_candidate(tmp_path)
     with RayExecutor(parallel=1) as executor:
-        warm = executor.evaluate(problem, Candidate.reference_of(problem), CONFIG)  # starts the one slot
+        warm = executor.evaluate(problem, Candidate.reference_of(problem), UNCONFINED)  # starts the one slot
         assert warm.ok, warm.message
         killer = kill_slot_once_loaded(executor, marker)
-        result = executor.evaluate(problem, candidate, CONFIG)
+        result = executor.evaluate(problem, candidate, UNCONFINED)
         killer.join()
     assert result.status is Status.OK, result.message  # the second attempt, on a fresh worker, decided it
     assert result.details["attempts"] == 2 and len(result.details["infra_errors"]) == 1
@@ -170,9 +249,9 @@ def test_when_the_retries_run_out_the_row_is_infra_error_left_out_and_rerun(ray_
     candidate, marker = slow_candidate(tmp_path)
     job = Job(problem, candidate, "killed")
     with RayExecutor(parallel=1, max_attempts=1) as executor, ResultStore(tmp_path / "r.sqlite") as store:
-        executor.evaluate(problem, Candidate.reference_of(problem), CONFIG)
+        executor.evaluate(problem, Candidate.reference_of(problem), UNCONFINED)
         killer = kill_slot_once_loaded(executor, marker)
-        [result] = run_jobs([job], CONFIG, store, executor=executor)
+        [result] = run_jobs([job], UNCONFINED, store, executor=executor)
         killer.join()
         assert result.status is Status.INFRA_ERROR and "no verdict on the candidate" in result.message
         assert [r.status for r in list(store.results())] == [Status.INFRA_ERROR]
@@ -180,7 +259,7 @@ def test_when_the_retries_run_out_the_row_is_infra_error_left_out_and_rerun(ray_
         assert (tally.num_samples, tally.num_skipped) == (0, 1)  # neither a pass nor a failure
 
         marker.unlink()
-        [again] = run_jobs([job], CONFIG, store, executor=executor)  # a rerun evaluates it again
+        [again] = run_jobs([job], UNCONFINED, store, executor=executor)  # a rerun evaluates it again
         assert again.status is Status.OK and again.details["attempts"] == 1
     assert main(["run", "--problems", "1", "--mode", "cpu", "--executor", "ray", "--address", "local", "--parallel",
                  "0", "--db", os.devnull]) == 2  # a usage error, before any work

@@ -539,7 +539,8 @@ def test_pkb_run_ends_with_the_headline_and_stores_each_result_under_its_set(tmp
     # pkb's shipped solutions: the two-step all-reduce is ok (on the upstream cases too); the CUDA ones skip here
     (shipped,) = [line for line in headline if line.startswith("pkb shipped")]
     assert shipped.split("  ")[1].strip() == "1 of 1 (+1 left out)" and "100.0% / 100.0%" in shipped
-    assert headline[-2].startswith("paper: correct on the upstream cases alone")
+    footnote = next(i for i, line in enumerate(headline) if line.startswith("paper: correct on the upstream cases"))
+    assert all(line.startswith("note: ") for line in headline[footnote + 2:])  # e.g. a partial sandbox here
     query = "SELECT solution, solution_set, upstream_ok FROM results ORDER BY id"
     stored = sqlite3.connect(db).execute(query).fetchall()
     assert stored == [("reference", "reference", 1), ("1_allreduce_cuda_peer", "pkb shipped", None),
@@ -594,3 +595,76 @@ def test_export_suite_writes_a_datasets_directory_with_every_problem(tmp_path):
     header = card.split("---")[1]
     assert "configs:" in header and "split: train" in header and "path: data/train-*.parquet" in header
     assert f"{len(problems)} distributed workloads" in card
+
+
+# -- the sandbox note ------------------------------------------------------------------------------------
+
+
+def sandboxed(level: str = "auto", missing: dict[str, str] | None = None) -> dict:
+    """A row's ``details["sandbox"]`` as the evaluator records it."""
+    missing = missing or {}
+    enforced = [] if level == "off" else [name for name in ("landlock-fs", "network-namespace", "uid-drop")
+                                          if name not in missing]
+    return {"sandbox": {"level": level, "full": level != "off" and not missing, "enforced": enforced,
+                        "missing": missing}}
+
+
+SANDBOX_ROWS = [
+    make_result("allreduce", "reference", Status.OK, upstream_ok=True),  # a self-check with no record: not a set's
+    make_result("allreduce", "alpha/allreduce", Status.OK, 2.0, upstream_ok=True),  # older pkb: replaced below
+    make_result("allreduce", "alpha/allreduce", Status.OK, 2.0, upstream_ok=True, details=sandboxed()),
+    make_result("allgather", "alpha/allgather", Status.OK, 1.5, upstream_ok=True, details=sandboxed("off")),
+    make_result("broadcast", "alpha/broadcast", Status.MISMATCH, upstream_ok=False,
+                details=sandboxed(missing={"network-namespace": "unprivileged user namespaces disabled"})),
+    make_result("reduce", "alpha/reduce", Status.OK, upstream_ok=True),  # older pkb: no record
+    make_result("reduce", "alpha/reduce_v2", Status.INFRA_ERROR),  # never ran: no verdict, not counted
+    make_result("layernorm_backward", "alpha/layernorm_backward", Status.OK, upstream_ok=True,
+                details=sandboxed("required")),
+    make_result("allreduce", "beta/allreduce", Status.OK, 1.1, upstream_ok=True, details=sandboxed()),
+    make_result("allgather", "beta/allgather", Status.TIMEOUT, upstream_ok=False, details=sandboxed("required")),
+]
+ALPHA_SANDBOX_NOTE = ("3 of 5 results in set alpha ran without the full sandbox (--sandbox off: 1; partial: 1; "
+                      "no record (older pkb): 1)")
+
+
+def test_the_sandbox_note_counts_off_partial_and_unrecorded_results_per_set(tmp_path):
+    from pkb.report import tables
+
+    report = build(write_db(tmp_path / "r.sqlite", SANDBOX_ROWS))
+    alpha = report.sandbox("alpha")
+    assert (alpha.num_results, alpha.num_without_full) == (5, 3)
+    assert alpha.num_by_gap == {"off": 1, "partial": 1, "unrecorded": 1}
+    assert report.sandbox("alpha", "tensor_parallel").num_without_full == 0
+    assert report.sandbox("beta").num_without_full == 0
+    assert tables.sandbox_notes(report) == {"alpha": ALPHA_SANDBOX_NOTE}  # beta ran fully sandboxed: no note
+    assert ALPHA_SANDBOX_NOTE in tables.headline_notes(report)
+
+    metric_rows = {(r["group"], r["category"], r["protocol"]): r for r in tables.metrics_table(report)}
+    assert metric_rows[("alpha", "all", "pkb")]["results_without_full_sandbox"] == 3
+    assert metric_rows[("alpha", "collectives", "paper")]["results_without_full_sandbox"] == 3
+    assert metric_rows[("alpha", "tensor_parallel", "pkb")]["results_without_full_sandbox"] == 0
+    assert metric_rows[("beta", "all", "pkb")]["results_without_full_sandbox"] == 0
+
+
+def test_no_sandbox_note_when_every_result_ran_under_the_full_sandbox(tmp_path):
+    from pkb.report import tables
+
+    rows = [row for row in SANDBOX_ROWS if row.solution_set == "beta" or row.solution == "reference"]
+    report = build(write_db(tmp_path / "r.sqlite", rows))
+    assert report.groups == ("beta",) and tables.sandbox_notes(report) == {}
+    assert not any("sandbox" in note for note in tables.headline_notes(report))
+
+
+def test_pkb_report_and_pkb_runs_headline_print_the_sandbox_note(tmp_path, capsys):
+    from pkb.cli import print_run_summary
+    from pkb.registry import get_problem
+
+    db = write_db(tmp_path / "r.sqlite", SANDBOX_ROWS)
+    done = pkb("report", "--db", str(db), "--problems", SELECTION_ARG)
+    assert done.returncode == 0, done.stderr
+    notes = [line for line in done.stdout.splitlines() if "sandbox" in line]
+    assert notes == [f"note: {ALPHA_SANDBOX_NOTE}"]
+
+    print_run_summary(SANDBOX_ROWS, [get_problem(name) for name in SELECTION], str(db))
+    notes = [line for line in capsys.readouterr().out.splitlines() if "sandbox" in line]
+    assert notes == [f"note: {ALPHA_SANDBOX_NOTE}"]

@@ -2,7 +2,7 @@
 too) are drawn, the numbers are the database's.
 
 Chromium comes from the system (scripts/ci-system-deps.sh installs Debian's ``chromium``); without it
-this test skips and says so.
+those tests skip and say so. The headline's sandbox note is read from the rendered page without it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pytest
 
 from pkb.problem import Status
 from pkb.report import html as report_html
-from test_report import EXPECTED, KNOWN_ROWS, SELECTION, build, make_result, write_db
+from test_report import (ALPHA_SANDBOX_NOTE, EXPECTED, KNOWN_ROWS, SANDBOX_ROWS, SELECTION, build, make_result,
+                         write_db)
 
 CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(name)), None)
@@ -190,3 +191,43 @@ def test_report_screenshot_shows_the_plots(rendered):
 
     # the per-category protocol bars: pkb's (light, at that plot's opacity alone) are on screen for both sets
     assert all(pixels_near(over_white(color, 0.45), tolerance=3) > 1000 for color in group_colors)
+
+
+class SandboxNotes(HTMLParser):
+    """The headline's sandbox notes: (section id, data attributes, text) of each ``p.note.sandbox``."""
+
+    def __init__(self):
+        super().__init__()
+        self.notes: list[tuple[str | None, dict, str]] = []
+        self._section: str | None = None
+        self._note: tuple | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "section":
+            self._section = attrs.get("id")
+        if tag == "p" and "sandbox" in (attrs.get("class") or "").split():
+            self._note = (self._section, {k: v for k, v in attrs.items() if k.startswith("data-")}, [])
+
+    def handle_endtag(self, tag):
+        if tag == "p" and self._note:
+            section, data, text = self._note
+            self.notes.append((section, data, "".join(text)))
+            self._note = None
+
+    def handle_data(self, data):
+        if self._note:
+            self._note[2].append(data)
+
+
+def test_the_html_headline_says_which_sets_ran_without_the_full_sandbox(tmp_path):
+    parsed = SandboxNotes()
+    parsed.feed(report_html.render(build(write_db(tmp_path / "r.sqlite", SANDBOX_ROWS))))
+    assert parsed.notes == [("headline", {"data-group": "alpha", "data-without-full": "3", "data-results": "5",
+                                          "data-off": "1", "data-partial": "1", "data-unrecorded": "1"},
+                             ALPHA_SANDBOX_NOTE)]
+
+    full_only = [row for row in SANDBOX_ROWS if row.solution_set == "beta"]
+    parsed = SandboxNotes()
+    parsed.feed(report_html.render(build(write_db(tmp_path / "full.sqlite", full_only))))
+    assert parsed.notes == []

@@ -7,7 +7,8 @@ executor ran the evaluation. Every executor runs pkb's own evaluator (``pkb.eval
 pkb process that decides the verdict, with the candidate in rank processes below it: the executor only
 chooses the machine.
 
-- ``LocalExecutor``: here, one evaluation at a time, rank groups kept warm per (mode, world size).
+- ``LocalExecutor``: here, one evaluation at a time, rank groups kept warm per (mode, world size,
+  sandbox level).
 - ``pkb.executor.ray_cluster.RayExecutor``: one warm evaluator per slot of a Ray cluster (a slot holds
   what one evaluation needs on one node); a lost node or a killed worker is retried, and after the
   last attempt recorded as ``infra_error``, never as a verdict on the candidate.
@@ -20,7 +21,7 @@ from typing import Iterator
 
 from pkb.evaluate.evaluator import Session, evaluate
 from pkb.evaluate.result import EvalResult
-from pkb.executor.base import Executor, Task
+from pkb.executor.base import Executor, Task, session_key
 
 __all__ = ["EXECUTORS", "Executor", "LocalExecutor", "Task", "make_executor"]
 
@@ -29,7 +30,7 @@ EXECUTORS = ("local", "ray")
 
 class LocalExecutor(Executor):
     """Evaluations on this machine, one at a time, in the order submitted; the rank groups of each
-    (mode, world size) stay warm for the executor's life."""
+    (mode, world size, sandbox level) stay warm for the executor's life (``session_key``)."""
 
     name = "local"
 
@@ -47,7 +48,7 @@ class LocalExecutor(Executor):
     def finished(self, wait: bool = True) -> Iterator[tuple[Task, EvalResult]]:
         while self._queue:
             task = self._queue.popleft()
-            key = (task.config.mode, task.config.world_size)
+            key = session_key(task.config)
             if key not in self._sessions:
                 self._sessions[key] = Session(*key)
             yield task, evaluate(task.problem, task.candidate, task.config, self._sessions[key])

@@ -21,6 +21,12 @@ class Task:
     tag: Any = None
 
 
+def session_key(config: EvalConfig) -> tuple:
+    """What a warm ``Session`` is built for, ``Session(*key)``: evaluations share one only when they agree
+    on all of it (rank processes confined at one sandbox level never serve another)."""
+    return (config.mode, config.world_size, config.sandbox)
+
+
 class Executor:
     """Runs tasks and yields ``(task, result)`` as each finishes (``finished``)."""
 

@@ -14,7 +14,9 @@ Failures of the machine are not verdicts. A slot whose actor dies (its node lost
 pkb missing or different on the node) is replaced, and its task is retried on a fresh actor, on
 another node if its node is gone, up to ``max_attempts`` times; then the task's row is
 ``infra_error``: left out of pass@k and evaluated again by a rerun. A verdict is only what pkb's
-evaluator decided on a node.
+evaluator decided on a node. Each node checks ``--sandbox`` for itself: a node that cannot honour
+``required`` answers its task with an ``infra_error`` row that carries its message (what is missing, what
+to do) at once, without a retry (the node would refuse again).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from pkb.console import UsageError
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.evaluator import EvalConfig, new_result
 from pkb.evaluate.result import EvalResult
-from pkb.executor.base import Executor, Task
-from pkb.problem import Status
+from pkb.executor.base import Executor, Task, session_key
+from pkb.problem import Problem, Status
 from pkb.runtime.modes import Mode
 
 RAY_VERSION = "2.60.0"  # the version pkb's `ray` extra pins and its tests run
@@ -109,6 +111,7 @@ class NodeEvaluator:
     def evaluate(self, problem_name: str, problem_version: int, candidate: Candidate, config: EvalConfig) -> EvalResult:
         from pkb.evaluate.evaluator import Session, evaluate
         from pkb.registry import get_problem
+        from pkb.runtime.sandbox import SandboxUnavailable
 
         problem = get_problem(problem_name)
         if problem.version != problem_version:
@@ -124,10 +127,13 @@ class NodeEvaluator:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(candidate.source, encoding="utf-8")
             candidate = replace(candidate, path=path)
-        key = (config.mode, config.world_size)
-        if key not in self._sessions:
-            self._sessions[key] = Session(*key)
-        result = evaluate(problem, candidate, config, self._sessions[key])
+        key = session_key(config)
+        try:
+            if key not in self._sessions:
+                self._sessions[key] = Session(*key)
+            result = evaluate(problem, candidate, config, self._sessions[key])
+        except SandboxUnavailable as exc:  # this node cannot confine candidates as asked: no verdict
+            result = sandbox_unavailable(problem, candidate, config, exc)
         result.details["solution_path"] = str(driver_path) if driver_path else None
         result.details["node"] = socket.gethostname()
         return result
@@ -341,8 +347,8 @@ class RayExecutor(Executor):
 
 
 def _slot_key(config: EvalConfig) -> tuple:
-    """Slots are shared by the tasks whose configs need the same slot."""
-    return (*sorted(slot_resources(config).items()), whole_node(config))
+    """Slots are shared by the tasks whose configs need the same slot (and the same sandbox level)."""
+    return (*sorted(slot_resources(config).items()), whole_node(config), config.sandbox)
 
 
 def infra_error(task: Task, errors: list[str]) -> EvalResult:
@@ -350,6 +356,15 @@ def infra_error(task: Task, errors: list[str]) -> EvalResult:
     result = new_result(task.problem, task.candidate, task.config, Status.INFRA_ERROR)
     result.message = (f"the cluster failed {len(errors)} time(s), no verdict on the candidate (a rerun evaluates it "
                       f"again): {errors[-1]}")
+    return result
+
+
+def sandbox_unavailable(problem: Problem, candidate: Candidate, config: EvalConfig, exc: Exception) -> EvalResult:
+    """The row of a task on a node that cannot give ``--sandbox required``: ``infra_error``, with the
+    node's message (what is missing and what to do), decided without running the candidate."""
+    result = new_result(problem, candidate, config, Status.INFRA_ERROR)
+    result.message = (f"node {socket.gethostname()} cannot run candidates with --sandbox {config.sandbox}, no verdict "
+                      f"on the candidate (a rerun evaluates it again): {exc}")
     return result
 
 

@@ -2,7 +2,9 @@
 
 Exit codes: 0 every sample (or the agent's best file) is ``ok`` (``generate --no-eval``: every
 sample has code); 1 otherwise; 2 a usage error: unknown provider, missing API key or SDK, a key the
-server refused, an unknown problem or hardware profile, all reported before (or instead of) work.
+server refused, an unknown problem or hardware profile, ``--sandbox required`` on a machine that lacks a
+protection, all reported before (or instead of) work. The evaluation options (``--mode``, ``--sandbox``,
+...) are ``pkb eval``'s (``pkb.cli.add_eval_options``).
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ problem (anchor ``#problem-<slug>``) with every result, its verdict details and 
 
 Every number cell carries ``data-group``, ``data-metric`` and ``data-value`` (the unrounded value), and
 every plotted mark is an SVG element of class ``mark``, so a test (or a script) can read the page back.
+The headline's note on a set whose results ran without the full sandbox is a ``p.note.sandbox`` with
+``data-group``, ``data-without-full``, ``data-results`` and a count per gap (``data-off``, ``data-partial``,
+``data-unrecorded``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from pathlib import Path
 from pkb.problem import Status
 from pkb.report.metrics import FAST_P_THRESHOLDS, Report
 from pkb.report.records import Record
-from pkb.report.tables import HEADLINE_FOOTNOTE, fast_1, headline_notes, percent, problems_text, times
+from pkb.report.tables import (HEADLINE_FOOTNOTE, fast_1, headline_notes, percent, problems_text, sandbox_notes,
+                               times)
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")
@@ -137,8 +141,18 @@ def _headline(report: Report) -> str:
                    percent(m.roofline.quantiles.get("median")))
             + f"<td>{_e(', '.join(f'{n} {s}' for s, n in m.failures.items()) or '-')}</td>"
             + f"<td>{_e(', '.join(f'{n} {s}' for s, n in paper.failures.items()) or '-')}</td></tr>")
-    notes = "".join(f'<p class="note">{_e(n)}</p>' for n in headline_notes(report) if n not in report.notes)
+    sandbox = {note: group for group, note in sandbox_notes(report).items()}
+    notes = "".join(_sandbox_note(report, sandbox[n], n) if n in sandbox else f'<p class="note">{_e(n)}</p>'
+                    for n in headline_notes(report) if n not in report.notes)
     return f"{text}<table>{head}{''.join(rows)}</table><p class=\"note\">{_e(HEADLINE_FOOTNOTE)}</p>{notes}"
+
+
+def _sandbox_note(report: Report, group: str, note: str) -> str:
+    """A group's results not run under the full sandbox: the headline's note, its counts readable as data."""
+    tally = report.sandbox(group)
+    counts = "".join(f' data-{gap}="{n}"' for gap, n in tally.num_by_gap.items())
+    return (f'<p class="note sandbox" data-group="{_e(group)}" data-without-full="{tally.num_without_full}" '
+            f'data-results="{tally.num_results}"{counts}>{_e(note)}</p>')
 
 
 def _section(anchor: str, title: str, body: str) -> str:

@@ -20,6 +20,9 @@ verdict is ``ok`` on every case pkb checked. Every metric exists on both (``Repo
   (``collectives_used`` empty).
 - ``verdicts``: every verdict's count (on the protocol); ``failures`` are those other than ``ok``,
   ``skipped``, ``harness_error`` and ``infra_error``.
+- ``sandbox`` (``Report.sandbox``, ``SandboxTally``): of a group's results with a verdict, how many
+  candidates ran without the full sandbox: with ``--sandbox off``, with some protection missing on their
+  machine (partial), or with no record of it (rows from a pkb before the sandbox). Protocol-independent.
 
 How results count: a problem of the selection with no result for a group counts as failed (0 in
 pass@k and fast_p). A ``skipped`` sample (it needs what the mode lacks), a ``harness_error`` (pkb's own
@@ -38,7 +41,7 @@ from fractions import Fraction
 from typing import Iterable
 
 from pkb.problem import Status
-from pkb.report.records import PROTOCOLS, Record
+from pkb.report.records import PROTOCOLS, SANDBOX_GAPS, Record, sandbox_gap
 
 FAST_P_THRESHOLDS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)
 DEFAULT_KS = (1, 5, 10, 100)
@@ -183,6 +186,28 @@ def compute(records: Iterable[Record], problems: Iterable[str], ks: Iterable[int
 
 
 @dataclass(frozen=True)
+class SandboxTally:
+    """Results with a verdict (``num_results``) by how their candidates fell short of the full sandbox
+    (``records.sandbox_gap``); a result under the full sandbox is in none of the gaps."""
+
+    num_results: int
+    num_by_gap: dict[str, int]  # every one of SANDBOX_GAPS -> results
+
+    @property
+    def num_without_full(self) -> int:
+        return sum(self.num_by_gap.values())
+
+
+def sandbox_tally(records: Iterable[Record]) -> SandboxTally:
+    """How the candidates of ``records`` were confined. Rows without a verdict (``harness_error``,
+    ``infra_error``: the candidate may never have run, and such a row need not record a sandbox) are
+    left out, as the metrics leave them out. E.g. rows full, off, partial, an old one: ``4`` results,
+    ``{"off": 1, "partial": 1, "unrecorded": 1}``."""
+    gaps = [sandbox_gap(r.result) for r in records if r.status.is_verdict]
+    return SandboxTally(len(gaps), {gap: gaps.count(gap) for gap in SANDBOX_GAPS})
+
+
+@dataclass(frozen=True)
 class SelfCheck:
     """The references checked against themselves: a check of the suite and of the harness, not a set."""
 
@@ -251,6 +276,13 @@ class Report:
 
     def on_category(self, protocol: str) -> dict[str, dict[str, Metrics]]:
         return self.paper_by_category if protocol == "paper" else self.by_category
+
+    def sandbox(self, group: str, category: str | None = None) -> SandboxTally:
+        """How the candidates of ``group``'s counted results (the selection, or one ``category`` of it;
+        the latest row of each sample) were confined."""
+        return sandbox_tally(r for r in self.records if r.group == group and not r.is_reference
+                             and r.problem in self.problems
+                             and (category is None or self.problems[r.problem] == category))
 
     @property
     def timed_off_gpu(self) -> bool:

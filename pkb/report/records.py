@@ -40,6 +40,7 @@ GROUP_KEYS = ("set", "model", "solution")
 PROTOCOLS = ("paper", "pkb")  # paper: correct on the upstream cases (upstream_ok); pkb: correct on every case
 REFERENCE = REFERENCE_SET
 UNKNOWN_CATEGORY = "unknown"
+SANDBOX_GAPS = ("off", "partial", "unrecorded")  # sandbox_gap: how a row's candidate ran short of the full sandbox
 
 # verdicts reached before any input was run: the file fails on any inputs, so on the paper's protocol too
 _FAILS_ON_ANY_INPUTS = (Status.COMPILE_ERROR, Status.IMPORT_ERROR, Status.SIGNATURE_ERROR)
@@ -198,6 +199,18 @@ def paper_status(result: EvalResult, upstream_cases: frozenset[str] | None, reco
     if result.status is not Status.OK and recorded and upstream_cases and set(result.cases) & upstream_cases:
         return result.status
     return None
+
+
+def sandbox_gap(result: EvalResult) -> str | None:
+    """How far short of the full sandbox the candidate of ``result`` ran (one of ``SANDBOX_GAPS``), from the
+    row's ``details["sandbox"]``: ``off`` (``--sandbox off``: unconfined), ``partial`` (its machine lacked
+    a protection), ``unrecorded`` (a row from a pkb before the sandbox); None under the full sandbox."""
+    sandbox = result.details.get("sandbox")
+    if not isinstance(sandbox, dict):
+        return "unrecorded"
+    if sandbox.get("level") == "off":
+        return "off"
+    return None if sandbox.get("full") else "partial"
 
 
 def registry_categories() -> dict[str, str]:

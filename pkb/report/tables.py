@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pkb.report.metrics import FAST_P_THRESHOLDS, Comparison, Metrics, Report, Side
+from pkb.report.metrics import FAST_P_THRESHOLDS, Comparison, Metrics, Report, SandboxTally, Side
 from pkb.report.records import PROTOCOLS, Record
 
 HEADLINE_COLUMNS = ("set", "problems", "pass@1 paper / pkb", "fast_1 paper / pkb", "geomean speedup",
@@ -81,9 +81,26 @@ def headline_notes(report: Report) -> list[str]:
         if m.num_unknown:
             notes.append(f"{group}: {m.num_unknown} sample(s) without an upstream verdict (their run left the "
                          "upstream cases out, or they predate it) are left out of the paper's protocol")
+    notes += sandbox_notes(report).values()
     if report.timed_off_gpu:
         notes.append("some speedups were measured in cpu or shared-gpu mode: not GPU performance")
     return notes + list(report.notes)
+
+
+SANDBOX_GAP_LABELS = {"off": "--sandbox off", "partial": "partial", "unrecorded": "no record (older pkb)"}
+
+
+def sandbox_notes(report: Report) -> dict[str, str]:
+    """Per group whose results include any not run under the full sandbox, e.g. ``3 of 12 results in set X
+    ran without the full sandbox (--sandbox off: 2; partial: 1; no record (older pkb): 0)``."""
+    notes = {}
+    for group in report.groups:
+        tally = report.sandbox(group)
+        if tally.num_without_full:
+            gaps = "; ".join(f"{SANDBOX_GAP_LABELS[gap]}: {n}" for gap, n in tally.num_by_gap.items())
+            notes[group] = (f"{tally.num_without_full} of {tally.num_results} results in {report.group_by} {group} "
+                            f"ran without the full sandbox ({gaps})")
+    return notes
 
 
 # -- the metrics table: one row per (group, category, protocol) ---------------------------------------------
@@ -95,7 +112,8 @@ def metric_columns(ks) -> tuple[str, ...]:
             + tuple(f"pass@{k}" for k in ks)
             + tuple(f"fast_{p:g}" for p in FAST_P_THRESHOLDS if p >= 1)
             + tuple(f"fast_1@{k}" for k in ks if k > 1)
-            + ("geomean_speedup", "num_timed", "median_roofline", "moves_data_itself", "failures"))
+            + ("geomean_speedup", "num_timed", "median_roofline", "moves_data_itself", "failures",
+               "results_without_full_sandbox"))
 
 
 def metrics_table(report: Report) -> list[dict]:
@@ -105,11 +123,13 @@ def metrics_table(report: Report) -> list[dict]:
         for protocol in PROTOCOLS:
             cells = [(ALL_CATEGORIES, report.on(protocol)[group])]
             cells += list(report.on_category(protocol)[group].items())
-            rows += [_metric_row(group, category, protocol, m, report.ks) for category, m in cells]
+            rows += [_metric_row(group, category, protocol, m, report.ks,
+                                 report.sandbox(group, None if category == ALL_CATEGORIES else category))
+                     for category, m in cells]
     return rows
 
 
-def _metric_row(group: str, category: str, protocol: str, m: Metrics, ks) -> dict:
+def _metric_row(group: str, category: str, protocol: str, m: Metrics, ks, sandbox: SandboxTally) -> dict:
     row = {"group": group, "category": category, "protocol": protocol, "problems": m.denominator,
            "attempted": m.num_attempted, "samples": m.num_samples, "unknown": m.num_unknown}
     for k in sorted(set(ks)):
@@ -122,13 +142,14 @@ def _metric_row(group: str, category: str, protocol: str, m: Metrics, ks) -> dic
             row[f"fast_1@{k}"] = fast_1(m, k)
     row.update(geomean_speedup=m.geomean_speedup, num_timed=m.num_timed,
                median_roofline=m.roofline.quantiles.get("median"), moves_data_itself=m.moves_data_itself,
-               failures=json.dumps(m.failures))
+               failures=json.dumps(m.failures), results_without_full_sandbox=sandbox.num_without_full)
     return row
 
 
 def metric_types(ks) -> dict[str, type]:
     return {c: (str if c in ("group", "category", "protocol", "failures") else
-                int if c in ("problems", "attempted", "samples", "unknown", "num_timed") else float)
+                int if c in ("problems", "attempted", "samples", "unknown", "num_timed",
+                             "results_without_full_sandbox") else float)
             for c in metric_columns(ks)}
 
 

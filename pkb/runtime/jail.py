@@ -127,6 +127,7 @@ def keeper_main(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, names
             send_reply(Connection(end.detach()), {"ready": False, "error": message, "sandbox_failed": True})
         os._exit(1)
     environment = sandbox.candidate_environment(plan, namespaces)
+    os.chdir(plan.scratch)  # the working directory it inherited (perhaps the checkout) is not readable
     port = listener.getsockname()[1]
     for index, end in enumerate(rank_ends):
         pid = os.fork()
