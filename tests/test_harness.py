@@ -227,9 +227,7 @@ def test_an_interrupted_run_keeps_what_finished_and_resumes(tmp_path):
 def fake_check(calls: list, missing: dict[str, str] | None = None):
     """A stand-in for pkb.runtime.sandbox.check_sandbox: ``missing`` protections (none: the full set);
     ``required`` with any missing raises, as the real check does."""
-    from types import SimpleNamespace
-
-    from pkb.runtime.sandbox import SandboxUnavailable
+    from pkb.runtime.sandbox import PROTECTIONS, SandboxStatus, SandboxUnavailable
 
     missing = missing or {}
 
@@ -238,8 +236,7 @@ def fake_check(calls: list, missing: dict[str, str] | None = None):
         if level == "required" and missing:
             raise SandboxUnavailable(f"--sandbox required: this machine lacks {', '.join(missing)} "
                                      f"({'; '.join(missing.values())}); fix that, or use --sandbox auto")
-        enforced = [name for name in ("landlock-fs", "network-namespace", "uid-drop") if name not in missing]
-        return SimpleNamespace(full=not missing, enforced=enforced, missing=dict(missing))
+        return SandboxStatus(level, [name for name in PROTECTIONS if name not in missing], dict(missing))
 
     return check
 
@@ -259,7 +256,7 @@ def test_the_sandbox_flag_reaches_the_config_and_is_said_on_stderr(monkeypatch, 
     monkeypatch.setattr(sandbox, "check_sandbox", fake_check(calls))
     config = make_config(parse("--sandbox", "required"), 2)
     assert config.sandbox == "required" and calls == [("required", Mode.CPU)]
-    assert "sandbox: required (full: landlock-fs, network-namespace, uid-drop)" in capsys.readouterr().err
+    assert f"sandbox: required (full: {', '.join(sandbox.PROTECTIONS)})" in capsys.readouterr().err
 
     monkeypatch.setattr(sandbox, "check_sandbox", fake_check(calls, {"network-namespace": "no user namespaces"}))
     assert make_config(parse(), 2).sandbox == "auto"
