@@ -121,6 +121,7 @@ def keeper_main(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, names
         listener.bind(("127.0.0.1", 0))
         listener.listen(256)
         status = sandbox.enter(plan, namespaces)
+        sandbox.set_dumpable(True)  # the ranks may share memory handles with each other (pidfd_getfd)
     except Exception as exc:
         message = f"the sandbox could not be set up: {exc}\n{traceback.format_exc(limit=-4)}"
         for end in rank_ends:

@@ -306,6 +306,16 @@ def device_paths() -> list[str]:
     return [p for p in (*DEVICES, *sorted(glob.glob("/dev/nvidia*"))) if os.path.exists(p)]
 
 
+PR_SET_DUMPABLE = 4
+
+
+def set_dumpable(dumpable: bool) -> None:
+    """A process that is not dumpable cannot be traced, nor its /proc files (environ, maps, mem) read,
+    by any process without CAP_SYS_PTRACE, even one of the same user."""
+    if sys.platform == "linux":
+        _libc.prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)
+
+
 def die_with_parent() -> None:
     """Ask Linux to kill this process when its parent dies (no orphaned ranks spinning forever)."""
     if sys.platform == "linux":

@@ -22,11 +22,12 @@ import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from pkb.runtime.sandbox import die_with_parent
+from pkb.runtime.sandbox import die_with_parent, set_dumpable
 
 
 def serve(control: socket.socket) -> None:
     die_with_parent()
+    set_dumpable(False)  # its children (reference ranks, jails) too: no candidate of the same user reads them
     from pkb.runtime import worker  # imports torch: the one import every rank process shares
 
     try:  # the suite too, so no rank process imports a problem module again
