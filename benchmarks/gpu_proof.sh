@@ -67,7 +67,8 @@ for name in "$@"; do
             --trials 1 --sandbox "$level"
         done ;;
     attacks) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"  # the CI attacks, in a GPU mode
-        stage attacks python3 -m pytest -q -s -p no:cacheprovider tests/test_containment.py ${ATTACKS_K:+-k "$ATTACKS_K"} ;;
+        stage attacks env PKB_CONTAINMENT_MODE="$mode" python3 -m pytest -q -p no:cacheprovider tests/test_containment.py \
+          ${ATTACKS_K:+-k "$ATTACKS_K"} ;;
     overhead) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"
         stage overhead python3 benchmarks/sandbox_overhead.py --mode "$mode" --world-size 2 --problems "${OVERHEAD_PROBLEMS:-1-8}" \
           --rounds "${OVERHEAD_ROUNDS:-3}" --cuda-build --out "$OUT/overhead_${mode}.json" ;;

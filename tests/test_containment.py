@@ -46,6 +46,8 @@ from pkb.runtime.modes import Mode
 
 ATTACKS = Path(__file__).parent / "candidates" / "attacks"
 PKB_PACKAGE = Path(pkb.__file__).resolve().parent
+# The mode of the whole-run test: cpu in CI; shared-gpu on a GPU machine, for device evidence.
+RUN_MODE = os.environ.get("PKB_CONTAINMENT_MODE", "cpu")
 
 # The order of the attacks in a `pkb run` (it takes a folder's files in name order): the grader-killer last, so
 # that uncontained it cannot hide what the others did; the honest and the wrong file after every attacker.
@@ -247,7 +249,7 @@ class Arena:
         return self.python("-m", "pkb", *args, timeout=timeout)
 
     def pkb_run(self, sandbox: str | None = None) -> subprocess.CompletedProcess:
-        return self.pkb("run", "--solutions", str(self.solutions), "--mode", "cpu", "--world-size", "2",
+        return self.pkb("run", "--solutions", str(self.solutions), "--mode", RUN_MODE, "--world-size", "2",
                         "--trials", "1", "--timeout", "60", "--db", str(self.db), *sandbox_flag(sandbox))
 
     def rows(self) -> dict[str, dict]:
