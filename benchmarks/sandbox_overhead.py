@@ -73,6 +73,8 @@ def side_by_side(mode: Mode, world_size: int, problems: str, rounds: int, trials
                     result = evaluate(job.problem, job.candidate, config[level], sessions[level])
                     times[level].setdefault(label, []).append(result.wall_s)
                     statuses.setdefault(label, set()).add(f"{level}:{result.status.value}")
+                    print(f"  round {round_index}: {label} sandbox {level}: {result.wall_s:.3f} s, "
+                          f"{result.status.value}", flush=True)
     rows = []
     for label in times["auto"]:
         on, off = statistics.median(times["auto"][label]), statistics.median(times["off"][label])
@@ -113,7 +115,7 @@ def build_times(mode: Mode, world_size: int, cuda: bool) -> dict:
             result = evaluate(problem, Candidate.from_file(path), config)
             measured[label] = {"wall_s": result.wall_s, "status": result.status.value}
             print(f"build ({'CUDA' if cuda else 'C++'}), {label}: evaluation {result.wall_s:.1f} s, {result.status.value}"
-                  + (f" ({result.message[:200]})" if result.status is not Status.OK else ""))
+                  + (f" ({result.message[:200]})" if result.status is not Status.OK else ""), flush=True)
     return measured
 
 
@@ -131,10 +133,10 @@ def main() -> None:
     mode = Mode(args.mode)
     print(offered("auto").describe())
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores")
-    report = {"sandbox": offered("auto").to_dict(),
-              "side_by_side": side_by_side(mode, args.world_size, args.problems, args.rounds, args.trials)}
+    report = {"sandbox": offered("auto").to_dict()}
     if args.build or args.cuda_build:
         report["build"] = build_times(mode, args.world_size, cuda=args.cuda_build)
+    report["side_by_side"] = side_by_side(mode, args.world_size, args.problems, args.rounds, args.trials)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
 
