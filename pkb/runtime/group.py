@@ -9,6 +9,7 @@ new group for the next job.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import tempfile
@@ -78,6 +79,34 @@ def _log_tail(path: Path, limit: int = 4000) -> str:
     except OSError:
         return ""
     return data[-limit:].decode("utf-8", errors="replace")
+
+
+_teardowns: list[threading.Thread] = []
+
+
+def _finish_jail(pid: int, control: socket.socket, scratch: str | None) -> None:
+    """Wait for the jail's word that no process of its group is left (or kill it after a timeout), then
+    remove the group's scratch directory."""
+    try:
+        control.settimeout(RankGroup.JAIL_END_TIMEOUT_S)
+        control.recv(16)
+    except OSError:
+        pass
+    finally:
+        control.close()
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if scratch:
+        remove_tree(scratch)
+
+
+@atexit.register
+def finish_teardowns() -> None:
+    """Wait until every ended group's processes are gone and its scratch directory removed."""
+    while _teardowns:
+        _teardowns.pop().join()
 
 
 class RankGroup:
@@ -277,24 +306,19 @@ class RankGroup:
     JAIL_END_TIMEOUT_S = 10.0
 
     def _end_jail(self) -> None:
-        """Have the jail end every process of the group (it answers once none is left), then remove the
-        scratch directory."""
+        """Have the jail end every process of the group now. The jail kills them at once; the kernel's
+        teardown of the namespaces (milliseconds) and the removal of the scratch directory finish on a
+        thread, so the next evaluation does not wait for them (``finish_teardowns`` waits)."""
         pid, control = self.jail
         self.jail = None
         try:
-            control.settimeout(self.JAIL_END_TIMEOUT_S)
             control.send(b"kill")
-            control.recv(16)
         except OSError:
             pass
-        finally:
-            control.close()
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if self.scratch:
-            remove_tree(self.scratch)
+        thread = threading.Thread(target=_finish_jail, args=(pid, control, self.scratch), daemon=True,
+                                  name="pkb-jail-teardown")
+        thread.start()
+        _teardowns[:] = [t for t in _teardowns if t.is_alive()] + [thread]
 
     def __enter__(self) -> "RankGroup":
         return self.spawn()
