@@ -288,12 +288,34 @@ def test_no_seed_or_salt_reaches_a_rank_process_before_its_job(session):
     secrets_ = {str(session.seed(problem.name, case.name, trial, rank)) for case in problem.tests
                 for trial in range(2) for rank in range(2)} | {session._salt.hex()}
     try:
-        for member in group.ranks:
+        pids = _rank_pids(group)
+        assert len(pids) == 2
+        for pid in pids:
             for name in ("cmdline", "environ"):
-                data = Path(f"/proc/{member.pid}/{name}").read_bytes().decode(errors="replace")
+                data = Path(f"/proc/{pid}/{name}").read_bytes().decode(errors="replace")
                 assert not any(secret in data for secret in secrets_), name
     finally:
         group.kill()
+
+
+def _rank_pids(group) -> list[int]:
+    """The ranks' pids as this process sees them (a sandboxed group's ranks are the children of its
+    jail's child, the keeper, in a pid namespace of their own)."""
+    if group.jail is None:
+        return [member.pid for member in group.ranks]
+
+    def children(parent: int) -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                    found.append(int(entry))
+            except (OSError, IndexError):
+                pass
+        return found
+
+    keepers = children(group.jail[0])
+    return children(keepers[0]) if len(keepers) == 1 else []
 
 
 def test_ranks_get_different_inputs_and_trials_get_fresh_ones(session):
