@@ -256,7 +256,7 @@ def test_generate_and_agent_take_the_sandbox_level_and_required_stops_them_befor
     def check(level, mode):
         if level == "required":
             raise sandbox.SandboxUnavailable("--sandbox required: missing landlock-fs (no Landlock in this kernel)")
-        return SimpleNamespace(full=True, enforced=["landlock-fs"], missing={})
+        return sandbox.SandboxStatus(level, list(sandbox.PROTECTIONS), {})
 
     configs = []
     monkeypatch.setattr(sandbox, "check_sandbox", check)

@@ -179,7 +179,10 @@ class RankGroup:
             try:
                 replies = self._collect(timeout, what="start-up")
             except GroupFailure as exc:  # no candidate code has run yet: whatever happened is pkb's
-                raise StartFailure(f"the {self.role} ranks did not start: {exc}", exc.rank, exc.log_tail) from None
+                hint = ("; in a sandbox this usually means a file the ranks need is outside what it lets them "
+                        "read: PKB_SANDBOX_SKIP=landlock-fs tells whether that is the cause (docs/threat-model.md)"
+                        if self.plan_for is not None else "")
+                raise StartFailure(f"the {self.role} ranks did not start: {exc}{hint}", exc.rank, exc.log_tail) from None
             failed = [r for r, reply in enumerate(replies) if not reply.get("ready")]
             if failed:
                 self.kill()

@@ -295,10 +295,24 @@ def readable_paths(extra: list[str]) -> list[str]:
             paths.add(entry)
     for variable in ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CPATH", "LIBRARY_PATH"):
         paths |= {p for p in os.environ.get(variable, "").split(os.pathsep) if p and os.path.isabs(p)}
+    paths |= {os.path.realpath(p) for p in paths} | _link_targets(sys.path)  # Landlock sees the real paths
     home = Path.home().resolve()
     paths = {p for p in paths if os.path.isabs(p) and Path(p).resolve() not in (home, checkout, Path("/"))}
     paths |= set(extra)
     return sorted(p for p in paths if os.path.exists(p))
+
+
+def _link_targets(folders: list[str]) -> set[str]:
+    """Where the symbolic links directly inside ``folders`` lead (an environment whose site-packages
+    links to packages installed elsewhere)."""
+    targets = set()
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder or "."))
+        except OSError:
+            continue
+        targets |= {os.path.realpath(entry.path) for entry in entries if entry.is_symlink()}
+    return targets
 
 
 def device_paths() -> list[str]:
