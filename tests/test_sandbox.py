@@ -251,3 +251,24 @@ def test_a_scratch_directory_is_removed_whatever_its_modes(tmp_path):
     os.chmod(scratch / "locked", 0)
     sandbox.remove_tree(str(scratch))
     assert not scratch.exists() and (tmp_path / "outside").read_text() == "kept"
+
+
+@pytest.mark.skipif(not shutil.which("g++") or not shutil.which("ninja"), reason="needs g++ and ninja")
+@pytest.mark.skipif(sandbox.landlock_abi() < 3, reason="needs Landlock")
+def test_a_build_nobody_waits_for_any_more_is_stopped_with_its_evaluation(tmp_path, monkeypatch):
+    """A candidate whose load times out while its extension builds takes the build with it: no build slot
+    stays busy beyond its evaluation (a candidate cannot starve later ones of builds)."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    path = tmp_path / "slow_build.py"
+    path.write_text(BUILDS.format(salt=f"{os.getpid()}-{time.time()}-slow", tamper=False))
+    with Session(Mode.CPU, 2, "auto") as session:
+        config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="upstream", load_timeout_s=3.0)
+        result = evaluate(get_problem("allreduce"), Candidate.from_file(path), config, session)
+        assert result.status is Status.TIMEOUT, result.message
+        broker = session._broker
+        deadline = time.monotonic() + 10
+        while (broker._running or not all(build.done() for build in broker._builds.values())) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert broker._running == {} and all(build.done() for build in broker._builds.values())
+        assert not list((tmp_path / "extensions" / "pkb-broker").glob("*/*.so"))  # killed before it finished

@@ -69,22 +69,31 @@ def validated(request) -> dict:
 
 
 class BuildBroker:
-    """Builds requested extensions in sandboxed build processes; one per session (its cache outlives it)."""
+    """Builds requested extensions in sandboxed build processes; one per session (its cache outlives it).
+
+    A build belongs to the groups that wait for it: when the last of them ends (its evaluation is over,
+    or timed out), the build is dropped from the queue or its process killed, so that no candidate can
+    keep the build slots busy beyond its own evaluation. A group has at most ``MAX_PER_GROUP`` builds
+    of different sources in flight at once.
+    """
 
     MAX_PARALLEL = 4
+    MAX_PER_GROUP = 2
 
     def __init__(self, plan_for: Callable[[str], object], cache_root: Path | None = None):
         self.plan_for = plan_for  # scratch directory -> a SandboxPlan for one build process
         self.cache_root = Path(cache_root or broker_cache_root())
         self.cache_root.mkdir(parents=True, exist_ok=True)  # it must exist when a sandbox's rules are made
         self._builds: dict[str, Future] = {}
+        self._waiters: dict[str, set] = {}  # extension -> the groups waiting for its build
+        self._running: dict[str, object] = {}  # extension -> its build process's group
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.MAX_PARALLEL, thread_name_prefix="pkb-build")
         self.seconds: dict[str, float] = {}  # extension -> seconds its build took (for reports)
 
-    def request(self, raw: object, answer: Callable[[dict], None]) -> None:
-        """Answer ``raw`` (a rank's request) with ``{"path": library}`` or ``{"error": text}``, from a
-        build thread once the library is in the cache."""
+    def request(self, raw: object, answer: Callable[[dict], None], owner: object = None) -> None:
+        """Answer ``raw`` (a rank's request, for the group ``owner``) with ``{"path": library}`` or
+        ``{"error": text}``, from a build thread once the library is in the cache."""
         try:
             request = validated(raw)
         except ValueError as exc:
@@ -92,11 +101,34 @@ class BuildBroker:
             return
         full_name = extension_name(request)
         with self._lock:
+            pending = [name for name, waiting in self._waiters.items() if owner in waiting and name != full_name
+                       and not self._builds[name].done()]
+            if owner is not None and len(pending) >= self.MAX_PER_GROUP:
+                answer({"error": f"more than {self.MAX_PER_GROUP} extensions of different sources built at once "
+                                 "by one evaluation"})
+                return
             build = self._builds.get(full_name)
-            if build is None or (build.done() and "error" in build.result()):
+            if build is None or build.cancelled() or (build.done() and "error" in build.result()):
                 build = self._pool.submit(self._build, full_name, request)
                 self._builds[full_name] = build
-        build.add_done_callback(lambda done: answer(done.result()))
+                self._waiters[full_name] = set()
+            self._waiters[full_name].add(owner)
+        build.add_done_callback(lambda done: answer({"error": "the build was cancelled"} if done.cancelled()
+                                                    else done.result()))
+
+    def release(self, owner: object) -> None:
+        """``owner``'s group has ended: drop or kill the builds that no other group waits for."""
+        with self._lock:
+            for full_name, waiting in self._waiters.items():
+                if owner not in waiting:
+                    continue
+                waiting.discard(owner)
+                build = self._builds[full_name]
+                if waiting or build.done() or build.cancel():
+                    continue
+                running = self._running.get(full_name)
+                if running is not None:
+                    running.kill()  # its build thread reads the end of the channel: a build error
 
     def _build(self, full_name: str, request: dict) -> dict:
         library = cached_library(self.cache_root, full_name)
@@ -122,6 +154,9 @@ class BuildBroker:
         from pkb.runtime.group import RankGroup
 
         group = RankGroup.builder(self.plan_for, request)
+        full_name = extension_name(request)
+        with self._lock:
+            self._running[full_name] = group
         try:
             conn = group.ranks[0].conn
             if not conn.poll(BUILD_TIMEOUT_S):
@@ -131,6 +166,8 @@ class BuildBroker:
             except (EOFError, OSError, ChannelError):
                 raise BuildError("the build process died:\n" + group.log_tail(0)) from None
         finally:
+            with self._lock:
+                self._running.pop(full_name, None)
             group.kill()
         if reply.get("error"):
             raise BuildError(reply["error"] if isinstance(reply["error"], str) else "the build failed")

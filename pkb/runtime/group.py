@@ -257,7 +257,7 @@ class RankGroup:
         if self._num_builds > self.MAX_BUILDS:
             self._answer(member, {"error": f"more than {self.MAX_BUILDS} build requests in one evaluation"})
             return
-        self.broker.request(request, lambda answer: self._answer(member, answer))
+        self.broker.request(request, lambda answer: self._answer(member, answer), owner=self)
 
     def _answer(self, member: _Rank, answer: dict) -> None:
         try:
@@ -293,9 +293,11 @@ class RankGroup:
         self.kill()
 
     def kill(self) -> None:
-        """Kill every rank process (and anything it started) now."""
+        """Kill every rank process (and anything it started) now, and the builds only it waited for."""
         if self.jail is not None:
             self._end_jail()
+        if self.broker is not None:
+            self.broker.release(self)
         for member in self.ranks:
             for kill in (os.killpg, os.kill) if member.pid is not None else ():
                 try:  # the rank leads its own session: killpg ends what it started
