@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--out", help="write the numbers as JSON here")
     args = parser.parse_args()
     mode = Mode(args.mode)
-    print(offered("auto").describe())
+    print(f"sandbox: {offered('auto').describe()}")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores")
     report = {"sandbox": offered("auto").to_dict()}
     if args.build or args.cuda_build:

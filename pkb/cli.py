@@ -140,14 +140,14 @@ def sandbox_line(level: str, mode, on_ray: bool = False) -> str:
     from pkb.runtime.sandbox import SandboxStatus, SandboxUnavailable, check_sandbox
 
     if level == "off":
-        return SandboxStatus.off().describe().removeprefix("sandbox: ")
+        return SandboxStatus.off().describe()
     if on_ray:
         return f"{level} (checked on each node of the Ray cluster)"
     try:
         status = check_sandbox(level, mode)
     except SandboxUnavailable as exc:
         raise UsageError(str(exc)) from None
-    return status.describe().removeprefix("sandbox: ")
+    return status.describe()
 
 
 def cmd_eval(args) -> int:

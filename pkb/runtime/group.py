@@ -134,6 +134,7 @@ class RankGroup:
         self.ready = False
         self.closed = False
         self._pending_op = None
+        self._num_builds = 0  # build requests its ranks made (MAX_BUILDS at most)
         self._log_dir = Path(tempfile.mkdtemp(prefix=f"pkb-{role}-"))
 
     def spawn(self) -> "RankGroup":
@@ -205,7 +206,8 @@ class RankGroup:
         self._pending_op = jobs[0].get("op")
         for member, job in zip(self.ranks, jobs):
             try:
-                send_job(member.conn, job)
+                with member.send_lock:  # a build thread may answer the same rank (_answer)
+                    send_job(member.conn, job)
             except OSError:
                 self.kill()
                 raise RankCrashed(f"rank {member.rank} is gone", member.rank, _log_tail(member.log_path)) from None
@@ -253,7 +255,7 @@ class RankGroup:
     MAX_BUILDS = 32  # build requests one group may make
 
     def _build_requested(self, member: _Rank, request) -> None:
-        self._num_builds = getattr(self, "_num_builds", 0) + 1
+        self._num_builds += 1
         if self._num_builds > self.MAX_BUILDS:
             self._answer(member, {"error": f"more than {self.MAX_BUILDS} build requests in one evaluation"})
             return

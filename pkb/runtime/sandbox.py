@@ -127,15 +127,32 @@ class SandboxStatus:
         return cls("off", [], {name: "--sandbox off" for name in PROTECTIONS})
 
     def describe(self) -> str:
+        """One line, e.g. ``auto (full: landlock-fs, ...)`` or ``auto (partial; missing: name (why))``."""
         if self.level == "off":
-            return "sandbox: off (candidates run unconfined: for debugging only)"
+            return "off (candidates run unconfined: for debugging only)"
         if self.full:
-            return f"sandbox: {self.level} (full: {', '.join(self.enforced)})"
+            return f"{self.level} (full: {', '.join(self.enforced)})"
         missing = "; ".join(f"{name} ({why})" for name, why in self.missing.items())
-        return f"sandbox: {self.level} (partial; missing: {missing})"
+        return f"{self.level} (partial; missing: {missing})"
 
 
 # -- what the kernel offers ---------------------------------------------------------------------------
+
+
+LANDLOCK_NEEDS = {"landlock-fs": 3, "landlock-ioctl": 5, "landlock-scopes": 6}  # protection -> Landlock ABI
+NOT_ROOT = ("pkb is not root: candidates run as your user (its own sockets, e.g. a session bus, stay reachable); "
+            "run pkb as root for a uid of their own")
+
+
+def _landlock_missing(abi: int, name: str) -> str:
+    """Why the Landlock protection ``name`` cannot be had on a kernel of ABI ``abi``."""
+    if not abi:
+        return "this kernel has no Landlock"
+    return f"Landlock ABI {abi}, {name} needs {LANDLOCK_NEEDS[name]} (Linux 6.12+ with Landlock in the lsm= boot list)"
+
+
+def _seccomp_missing() -> str:
+    return f"no syscall table for {platform.machine()}"
 
 
 def landlock_abi() -> int:
@@ -189,26 +206,23 @@ def offered(level: str) -> SandboxStatus:
         return SandboxStatus.off()
     status = SandboxStatus(level)
     abi = landlock_abi()
-    needs = {"landlock-fs": 3, "landlock-ioctl": 5, "landlock-scopes": 6}
-    for name, version in needs.items():
+    for name, version in LANDLOCK_NEEDS.items():
         if abi >= version:
             status.enforced.append(name)
         else:
-            status.missing[name] = (f"Landlock ABI {abi}, {name} needs {version} (Linux 6.12+ with Landlock in "
-                                    "the lsm= boot list)" if abi else "this kernel has no Landlock")
+            status.missing[name] = _landlock_missing(abi, name)
     if sys.platform == "linux":
         status.enforced += ["no-new-privs"]
         if _seccomp_arch() is not None:
             status.enforced.append("seccomp")
         else:
-            status.missing["seccomp"] = f"no syscall table for {platform.machine()}"
+            status.missing["seccomp"] = _seccomp_missing()
     else:
         status.missing.update({"no-new-privs": "not Linux", "seccomp": "not Linux"})
     if os.geteuid() == 0:
         status.enforced.append("separate-uid")
     else:
-        status.missing["separate-uid"] = ("pkb is not root: candidates run as your user (its own sockets, e.g. a "
-                                          "session bus, stay reachable); run pkb as root for a uid of their own")
+        status.missing["separate-uid"] = NOT_ROOT
     for name, why in _namespaces_offered().items():
         if why is None:
             status.enforced.append(name)
@@ -279,9 +293,20 @@ def skipped_protections() -> tuple[str, ...]:
     return names
 
 
+_PATH_VARIABLES = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CPATH", "LIBRARY_PATH")
+
+
 def readable_paths(extra: list[str]) -> list[str]:
     """Where a candidate may read (and execute): the system, Python's and torch's directories, the
-    toolkits on PATH, CUDA_HOME, pkb's own package (not the checkout around it), and ``extra``."""
+    toolkits on PATH, CUDA_HOME, pkb's own package (not the checkout around it), and ``extra``.
+    Every group of a process asks the same: the answer is kept for as long as its inputs stay the same."""
+    return list(_readable_paths(tuple(sys.path), tuple(os.environ.get(v, "") for v in _PATH_VARIABLES),
+                                os.getcwd(), tuple(extra)))
+
+
+@functools.lru_cache(maxsize=8)
+def _readable_paths(search_path: tuple[str, ...], variables: tuple[str, ...], cwd: str,
+                    extra: tuple[str, ...]) -> tuple[str, ...]:
     import pkb
 
     package = Path(pkb.__file__).resolve().parent
@@ -290,19 +315,17 @@ def readable_paths(extra: list[str]) -> list[str]:
     paths |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
     paths |= {value for key, value in sysconfig.get_paths().items() if key in ("stdlib", "platstdlib", "purelib",
                                                                                 "platlib", "include", "scripts")}
-    for entry in sys.path:
-        if entry and Path(entry).resolve() != checkout and Path(entry).resolve() != Path.cwd().resolve():
-            paths.add(entry)
-    for variable in ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CPATH", "LIBRARY_PATH"):
-        paths |= {p for p in os.environ.get(variable, "").split(os.pathsep) if p and os.path.isabs(p)}
-    paths |= {os.path.realpath(p) for p in paths} | _link_targets(sys.path)  # Landlock sees the real paths
+    paths |= {entry for entry in search_path if entry and Path(entry).resolve() not in (checkout, Path(cwd).resolve())}
+    for value in variables:
+        paths |= {p for p in value.split(os.pathsep) if p and os.path.isabs(p)}
+    paths |= {os.path.realpath(p) for p in paths} | _link_targets(search_path)  # Landlock sees the real paths
     home = Path.home().resolve()
     paths = {p for p in paths if os.path.isabs(p) and Path(p).resolve() not in (home, checkout, Path("/"))}
     paths |= set(extra)
-    return sorted(p for p in paths if os.path.exists(p))
+    return tuple(sorted(p for p in paths if os.path.exists(p)))
 
 
-def _link_targets(folders: list[str]) -> set[str]:
+def _link_targets(folders) -> set[str]:
     """Where the symbolic links directly inside ``folders`` lead (an environment whose site-packages
     links to packages installed elsewhere)."""
     targets = set()
@@ -429,21 +452,22 @@ def enter(plan: SandboxPlan, namespaces: list[str]) -> SandboxStatus:
         _become(plan.uid)
         status.enforced.append("separate-uid")
     elif not plan.root:
-        status.missing["separate-uid"] = offered(plan.level).missing.get("separate-uid", "pkb is not root")
+        status.missing["separate-uid"] = NOT_ROOT
     if wanted("no-new-privs") or not plan.root:  # Landlock needs it without CAP_SYS_ADMIN
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
         status.enforced.append("no-new-privs")
     abi = landlock_abi()
-    landlock = {name: version for name, version in (("landlock-fs", 3), ("landlock-ioctl", 5), ("landlock-scopes", 6))
-                if wanted(name)}
+    landlock = {name: version for name, version in LANDLOCK_NEEDS.items() if wanted(name)}
     for name, version in landlock.items():
-        (status.enforced.append(name) if abi >= version
-         else status.missing.__setitem__(name, f"Landlock ABI {abi} < {version}" if abi else "no Landlock"))
+        if abi >= version:
+            status.enforced.append(name)
+        else:
+            status.missing[name] = _landlock_missing(abi, name)
     if abi >= 3 and landlock:
         restrict_files(plan, abi, files="landlock-fs" in landlock, ioctl="landlock-ioctl" in landlock,
                        scopes="landlock-scopes" in landlock)
     if _seccomp_arch() is None:
-        status.missing["seccomp"] = f"no syscall table for {platform.machine()}"
+        status.missing["seccomp"] = _seccomp_missing()
     elif wanted("seccomp"):
         _install_seccomp()
         status.enforced.append("seccomp")
