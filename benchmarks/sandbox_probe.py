@@ -8,7 +8,6 @@ what honest code needs (its scratch directory, /dev/shm, subprocesses, the GPU) 
 """
 
 import os
-import signal
 import socket
 import subprocess
 import threading

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -89,7 +88,6 @@ class BuildBroker:
         self._running: dict[str, object] = {}  # extension -> its build process's group
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.MAX_PARALLEL, thread_name_prefix="pkb-build")
-        self.seconds: dict[str, float] = {}  # extension -> seconds its build took (for reports)
 
     def request(self, raw: object, answer: Callable[[dict], None], owner: object = None) -> None:
         """Answer ``raw`` (a rank's request, for the group ``owner``) with ``{"path": library}`` or
@@ -134,9 +132,8 @@ class BuildBroker:
         library = cached_library(self.cache_root, full_name)
         if library.is_file():
             return {"path": str(library)}
-        began = time.monotonic()
         try:
-            data = self._build_sandboxed(request)
+            data = self._build_sandboxed(full_name, request)
         except BuildError as exc:
             return {"error": str(exc)}
         except Exception as exc:  # pkb's own failure: said so, as a build error the candidate's verdict names
@@ -147,15 +144,15 @@ class BuildBroker:
             staging.write(data)
         os.chmod(staging.name, 0o755)
         os.replace(staging.name, library)
-        self.seconds[full_name] = time.monotonic() - began
         return {"path": str(library)}
 
-    def _build_sandboxed(self, request: dict) -> bytes:
+    def _build_sandboxed(self, full_name: str, request: dict) -> bytes:
         from pkb.runtime.group import RankGroup
 
-        group = RankGroup.builder(self.plan_for, request)
-        full_name = extension_name(request)
-        with self._lock:
+        with self._lock:  # started and registered at once, so that ``release`` always finds it
+            if not self._waiters.get(full_name):
+                raise BuildError("the evaluations that asked for this build have ended")
+            group = RankGroup.builder(self.plan_for, request)
             self._running[full_name] = group
         try:
             conn = group.ranks[0].conn

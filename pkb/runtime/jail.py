@@ -33,7 +33,7 @@ def jail_main(control: socket.socket, rank_ends: list[socket.socket], request: d
     plan: sandbox.SandboxPlan = request["plan"]
     namespaces = sandbox.unshare_namespaces(plan)
     if "pid-namespace" not in namespaces:
-        sandbox._libc.prctl(sandbox.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        sandbox.become_subreaper()
     keeper = os.fork()
     if keeper == 0:
         control.close()
@@ -125,7 +125,7 @@ def keeper_main(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, names
     except Exception as exc:
         message = f"the sandbox could not be set up: {exc}\n{traceback.format_exc(limit=-4)}"
         for end in rank_ends:
-            send_reply(Connection(end.detach()), {"ready": False, "error": message, "sandbox_failed": True})
+            send_reply(Connection(end.detach()), {"ready": False, "error": message})
         os._exit(1)
     environment = sandbox.candidate_environment(plan, namespaces)
     os.chdir(plan.scratch)  # the working directory it inherited (perhaps the checkout) is not readable
@@ -138,7 +138,6 @@ def keeper_main(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, names
                 if other is not end:
                     other.close()
             listener.close()
-            os.set_inheritable(log_fds[index], True)
             conn = Connection(end.detach())
             kwargs = {**ranks[index], "env_updates": {**ranks[index].get("env_updates", {}), **environment}}
             try:
@@ -155,7 +154,7 @@ def keeper_main(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, names
 
         store = dist.TCPStore("127.0.0.1", port, len(ranks), True, timeout=timedelta(seconds=600),
                               wait_for_workers=False, master_listen_fd=listener.fileno())
-    while True:  # reap the ranks and whatever reaches us as pid 1 / subreaper
+    while True:  # reap the ranks (and, as pid 1 of a pid namespace, whatever is orphaned in it)
         try:
             os.wait()
         except ChildProcessError:

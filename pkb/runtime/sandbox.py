@@ -353,6 +353,11 @@ def set_dumpable(dumpable: bool) -> None:
         _libc.prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)
 
 
+def become_subreaper() -> None:
+    """Orphaned descendants of this process become its children (not init's), so it can end them all."""
+    _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "become a child subreaper")
+
+
 def die_with_parent() -> None:
     """Ask Linux to kill this process when its parent dies (no orphaned ranks spinning forever)."""
     if sys.platform == "linux":
