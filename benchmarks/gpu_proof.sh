@@ -4,7 +4,8 @@
 #                                setup corpus compat ray sandbox attacks overhead
 # (TESTS_K selects tests with -k, CORPUS the upstream reference folder (default ../shared/upstream/reference),
 #  CORPUS_MODE its mode (default cuda with 2 GPUs, else shared-gpu), TIMING_PARTS the parts of gpu_timing.py, BASELINE_PROBLEMS the problems,
-#  BASELINE_TIMEOUT the seconds one baseline case may take; the ray stage installs Ray from .whl/ where the node lacks it)
+#  BASELINE_TIMEOUT the seconds one baseline case may take, OVERHEAD_PROBLEMS/OVERHEAD_ROUNDS the overhead stage's evaluations
+#  and OVERHEAD_BUILD its build flag (default --cuda-build; empty leaves the build timing out); the ray stage installs Ray from .whl/ where the node lacks it)
 # Each stage writes $OUT/<stage>.txt (OUT defaults to .); a stage cut by its time limit keeps what it printed.
 # Multicast stays off: these variables are set for every process started here.
 set -u
@@ -71,7 +72,7 @@ for name in "$@"; do
           ${ATTACKS_K:+-k "$ATTACKS_K"} ;;
     overhead) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"
         stage overhead python3 benchmarks/sandbox_overhead.py --mode "$mode" --world-size 2 --problems "${OVERHEAD_PROBLEMS:-1-8}" \
-          --rounds "${OVERHEAD_ROUNDS:-3}" --cuda-build --out "$OUT/overhead_${mode}.json" ;;
+          --rounds "${OVERHEAD_ROUNDS:-3}" ${OVERHEAD_BUILD---cuda-build} --out "$OUT/overhead_${mode}.json" ;;
     *) echo "unknown stage $name" >&2; exit 2 ;;
   esac
 done

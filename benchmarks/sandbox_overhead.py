@@ -62,9 +62,11 @@ def side_by_side(mode: Mode, world_size: int, problems: str, rounds: int, trials
     statuses: dict[str, set] = {}
     with Session(mode, world_size, "auto") as boxed, Session(mode, world_size, "off") as unboxed:
         sessions = {"auto": boxed, "off": unboxed}
-        for job in jobs[:1]:  # start both sessions' rank processes before timing
+        began = time.monotonic()
+        for job in jobs:  # an untimed round first: rank processes started, extensions built, modules imported
             for level in sessions:
                 evaluate(job.problem, job.candidate, config[level], sessions[level])
+        print(f"  warm-up round (untimed: builds, first imports): {time.monotonic() - began:.1f} s", flush=True)
         for round_index in range(rounds):
             order = ("auto", "off") if round_index % 2 == 0 else ("off", "auto")
             for job in jobs:
@@ -102,6 +104,7 @@ def build_times(mode: Mode, world_size: int, cuda: bool) -> dict:
     else:
         sources = dict(cuda="", cpp=CPP_SOURCE.format(salt=salt), functions=["add_one"], with_cuda=False)
     measured = {}
+    before = os.environ.get("TORCH_EXTENSIONS_DIR")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["TORCH_EXTENSIONS_DIR"] = tmp  # a cold cache, shared by both arrangements (apart)
         path = Path(tmp, "overhead_probe.py")
@@ -116,6 +119,10 @@ def build_times(mode: Mode, world_size: int, cuda: bool) -> dict:
             measured[label] = {"wall_s": result.wall_s, "status": result.status.value}
             print(f"build ({'CUDA' if cuda else 'C++'}), {label}: evaluation {result.wall_s:.1f} s, {result.status.value}"
                   + (f" ({result.message[:200]})" if result.status is not Status.OK else ""), flush=True)
+    if before is None:
+        os.environ.pop("TORCH_EXTENSIONS_DIR")
+    else:
+        os.environ["TORCH_EXTENSIONS_DIR"] = before
     return measured
 
 
