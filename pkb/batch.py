@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig
+from pkb.evaluate.evaluator import EvalConfig, checked_cases
 from pkb.evaluate.result import EvalResult
 from pkb.executor import Executor, LocalExecutor, Task
 from pkb.problem import Problem
@@ -32,6 +32,11 @@ class Job:
     problem: Problem
     candidate: Candidate
     solution_set: str = ""  # the set the result is stored under
+    cases: str | None = None  # the cases its correctness trials run; None: the run's (``EvalConfig.cases``)
+    trials: int | None = None  # how many; None: the run's (``EvalConfig.num_trials``)
+
+    def config(self, run: EvalConfig) -> EvalConfig:
+        return replace(run, cases=self.cases or run.cases, num_trials=self.trials or run.num_trials)
 
 
 # Names solution files carry from earlier upstream revisions. The upstream benchmark renumbered its
@@ -130,6 +135,19 @@ def plan(problems: Iterable[Problem], solutions_dir: Path | None, include_refere
     return jobs
 
 
+def light_self_checks(jobs: list[Job], config: EvalConfig, cases: bool = True, trials: int | None = None) -> list[Job]:
+    """``jobs`` with the references' self-checks made lighter for a first look: on their upstream cases
+    (``cases``; a problem whose upstream cases this mode leaves out, too slow where the reference runs
+    on the CPU, on its tests cases instead) and with ``trials`` trials (None: the run's)."""
+    def lighter(job: Job) -> Job:
+        if job.solution_set != REFERENCE_SET:
+            return job
+        upstream = checked_cases(job.problem, replace(config, cases="upstream"))
+        return replace(job, cases=("upstream" if upstream else "tests") if cases else None, trials=trials)
+
+    return [lighter(job) for job in jobs]
+
+
 def evaluation_key(problem: Problem, candidate: Candidate, config: EvalConfig) -> str:
     """The store's key for evaluating ``candidate`` on ``problem`` with ``config`` (equal keys: same job).
 
@@ -148,8 +166,9 @@ def evaluation_key(problem: Problem, candidate: Candidate, config: EvalConfig) -
 def run_jobs(jobs: list[Job], config: EvalConfig, store: ResultStore,
              on_result: Callable[[Job, EvalResult, bool], None] = lambda job, result, resumed: None,
              executor: Executor | None = None) -> list[EvalResult]:
-    """Evaluate every job not already in ``store`` on ``executor`` (default: this machine); each result
-    is stored as it finishes, then ``on_result(job, result, resumed)``. Results come back in job order.
+    """Evaluate every job not already in ``store`` on ``executor`` (default: this machine) with ``config``
+    (a job may name its own cases: ``Job.config``); each result is stored as it finishes, then
+    ``on_result(job, result, resumed)``. Results come back in job order.
 
     A job whose file was judged before with the same settings is not judged again; when that verdict was
     stored under another set or name (the same file in two folders, in this run or an earlier one), it
@@ -172,7 +191,7 @@ def run_jobs(jobs: list[Job], config: EvalConfig, store: ResultStore,
 
     try:
         for index, job in enumerate(jobs):
-            key = evaluation_key(job.problem, job.candidate, config)
+            key = evaluation_key(job.problem, job.candidate, job.config(config))
             if key in twins:
                 twins[key].append((index, job))
                 continue
@@ -184,7 +203,7 @@ def run_jobs(jobs: list[Job], config: EvalConfig, store: ResultStore,
                     finish(index, job, previous, True)
                 continue
             twins[key] = []
-            executor.submit(Task(job.problem, job.candidate, config, tag=(index, job, key)))
+            executor.submit(Task(job.problem, job.candidate, job.config(config), tag=(index, job, key)))
         for task, result in executor.finished():
             index, job, key = task.tag
             result.solution_set = job.solution_set
@@ -193,7 +212,7 @@ def run_jobs(jobs: list[Job], config: EvalConfig, store: ResultStore,
             waiting = twins.pop(key, [])
             if waiting and not result.status.is_verdict:  # no verdict to repeat: the next twin gets its own attempt
                 (twin_index, twin), twins[key] = waiting[0], waiting[1:]
-                executor.submit(Task(twin.problem, twin.candidate, config, tag=(twin_index, twin, key)))
+                executor.submit(Task(twin.problem, twin.candidate, twin.config(config), tag=(twin_index, twin, key)))
                 continue
             for twin_index, twin in waiting:
                 repeat(twin_index, twin, key)

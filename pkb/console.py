@@ -6,19 +6,39 @@ while ``pkb.cli`` imports those subsystems: the layers stay acyclic (tests/test_
 
 from __future__ import annotations
 
+import sys
+
 
 class UsageError(Exception):
     """A command was called wrongly; the message says what to do instead (exit status 2)."""
 
 
 def print_table(rows: list[dict], columns: list[str], headers: list[str] | None = None) -> None:
+    """``rows`` under ``headers``: drawn by rich on a terminal, plain aligned text anywhere else (a file,
+    a pipe, CI: the same bytes whichever rich version is installed)."""
     headers = headers or columns
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    if sys.stdout.isatty() and _print_rich_table(cells, headers):
+        return
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
     print("  ".join("-" * w for w in widths))
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def _print_rich_table(cells: list[list[str]], headers: list[str]) -> bool:
+    try:
+        from rich import box
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        return False
+    table = Table(*headers, box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
+    for row in cells:
+        table.add_row(*row)
+    Console(highlight=False, markup=False).print(table)
+    return True
 
 
 def _cell(value) -> str:

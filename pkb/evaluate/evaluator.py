@@ -108,13 +108,14 @@ class Session:
 
     MAX_TIMING_COPIES = 64
 
-    def __init__(self, mode: Mode, world_size: int, sandbox: str = "auto"):
+    def __init__(self, mode: Mode, world_size: int, sandbox: str = "auto", broker: BuildBroker | None = None):
         self.mode = mode
         self.world_size = world_size
         self.sandbox = sandbox
         self.sandbox_offered = check_sandbox(sandbox, mode)
-        self._broker = None if sandbox == "off" else BuildBroker(
-            lambda scratch: new_plan(sandbox, scratch, 1, cpu_mode=False, cache_roots=[]))
+        # ``broker``: one shared with other sessions of this sandbox level (a source is then built once
+        # for all of them, however many evaluate it at once); default: a broker of its own
+        self._broker = None if sandbox == "off" else broker or new_broker(sandbox)
         self._salt = secrets.token_bytes(32)
         self._reference: RankGroup | None = None
         self._reference_problem: str | None = None
@@ -175,6 +176,12 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def new_broker(sandbox: str, max_parallel: int = BuildBroker.MAX_PARALLEL) -> BuildBroker:
+    """A build broker whose builds run in the sandbox of ``sandbox`` (a level other than ``off``)."""
+    return BuildBroker(lambda scratch: new_plan(sandbox, scratch, 1, cpu_mode=False, cache_roots=[]),
+                       max_parallel=max_parallel)
 
 
 def new_result(problem: Problem, candidate: Candidate, config: EvalConfig, status: Status) -> EvalResult:

@@ -7,8 +7,8 @@ executor ran the evaluation. Every executor runs pkb's own evaluator (``pkb.eval
 pkb process that decides the verdict, with the candidate in rank processes below it: the executor only
 chooses the machine.
 
-- ``LocalExecutor``: here, one evaluation at a time, rank groups kept warm per (mode, world size,
-  sandbox level).
+- ``LocalExecutor`` (pkb.executor.local): here, one evaluation at a time or several side by side
+  (``--parallel``; timed ones always alone), rank groups kept warm per (mode, world size, sandbox level).
 - ``pkb.executor.ray_cluster.RayExecutor``: one warm evaluator per slot of a Ray cluster (a slot holds
   what one evaluation needs on one node); a lost node or a killed worker is retried, and after the
   last attempt recorded as ``infra_error``, never as a verdict on the candidate.
@@ -16,53 +16,20 @@ chooses the machine.
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Iterator
+from pkb.executor.base import Executor, InFlight, Task, session_key
+from pkb.executor.local import LocalExecutor, default_parallel
 
-from pkb.evaluate.evaluator import Session, evaluate
-from pkb.evaluate.result import EvalResult
-from pkb.executor.base import Executor, Task, session_key
-
-__all__ = ["EXECUTORS", "Executor", "LocalExecutor", "Task", "make_executor"]
+__all__ = ["EXECUTORS", "Executor", "InFlight", "LocalExecutor", "Task", "default_parallel", "make_executor",
+           "session_key"]
 
 EXECUTORS = ("local", "ray")
 
 
-class LocalExecutor(Executor):
-    """Evaluations on this machine, one at a time, in the order submitted; the rank groups of each
-    (mode, world size, sandbox level) stay warm for the executor's life (``session_key``)."""
-
-    name = "local"
-
-    def __init__(self):
-        self._sessions: dict[tuple, Session] = {}
-        self._queue: deque[Task] = deque()
-
-    def submit(self, task: Task) -> None:
-        self._queue.append(task)
-
-    @property
-    def pending(self) -> int:
-        return len(self._queue)
-
-    def finished(self, wait: bool = True) -> Iterator[tuple[Task, EvalResult]]:
-        while self._queue:
-            task = self._queue.popleft()
-            key = session_key(task.config)
-            if key not in self._sessions:
-                self._sessions[key] = Session(*key)
-            yield task, evaluate(task.problem, task.candidate, task.config, self._sessions[key])
-
-    def close(self) -> None:
-        for session in self._sessions.values():
-            session.close()
-        self._sessions.clear()
-
-
 def make_executor(name: str = "local", address: str | None = None, parallel: int | None = None) -> Executor:
-    """The executor ``--executor NAME`` asks for (``address`` and ``parallel`` concern Ray only)."""
+    """The executor ``--executor NAME`` asks for (``address`` concerns Ray only; ``parallel`` None: as many
+    evaluations at once as this machine or the cluster holds)."""
     if name == "local":
-        return LocalExecutor()
+        return LocalExecutor(parallel)
     if name == "ray":
         from pkb.executor.ray_cluster import RayExecutor
 

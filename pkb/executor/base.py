@@ -21,6 +21,14 @@ class Task:
     tag: Any = None
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """A task an executor is running, and since when (``time.monotonic()`` of this process)."""
+
+    task: Task
+    started: float
+
+
 def session_key(config: EvalConfig) -> tuple:
     """What a warm ``Session`` is built for, ``Session(*key)``: evaluations share one only when they agree
     on all of it (rank processes confined at one sandbox level never serve another)."""
@@ -43,6 +51,14 @@ class Executor:
     @property
     def pending(self) -> int:
         raise NotImplementedError
+
+    def capacity(self, config: EvalConfig) -> int:
+        """Evaluations of ``config`` this executor runs at once."""
+        return 1
+
+    def in_flight(self) -> list[InFlight]:
+        """The tasks running now (for progress displays; empty where the executor cannot tell)."""
+        return []
 
     def gpus_per_node(self) -> int | None:
         """The most GPUs one machine of this executor has (what ``--mode auto`` decides by); None: this

@@ -79,7 +79,8 @@ class BuildBroker:
     MAX_PARALLEL = 4
     MAX_PER_GROUP = 2
 
-    def __init__(self, plan_for: Callable[[str], object], cache_root: Path | None = None):
+    def __init__(self, plan_for: Callable[[str], object], cache_root: Path | None = None,
+                 max_parallel: int = MAX_PARALLEL):
         self.plan_for = plan_for  # scratch directory -> a SandboxPlan for one build process
         self.cache_root = Path(cache_root or broker_cache_root())
         self.cache_root.mkdir(parents=True, exist_ok=True)  # it must exist when a sandbox's rules are made
@@ -87,7 +88,7 @@ class BuildBroker:
         self._waiters: dict[str, set] = {}  # extension -> the groups waiting for its build
         self._running: dict[str, object] = {}  # extension -> its build process's group
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(self.MAX_PARALLEL, thread_name_prefix="pkb-build")
+        self._pool = ThreadPoolExecutor(max_parallel, thread_name_prefix="pkb-build")
 
     def request(self, raw: object, answer: Callable[[dict], None], owner: object = None) -> None:
         """Answer ``raw`` (a rank's request, for the group ``owner``) with ``{"path": library}`` or

@@ -1,0 +1,178 @@
+"""Evaluations on this machine: one at a time, or several side by side (``pkb run --parallel N``).
+
+Side by side, each evaluation runs in a thread of this process with warm rank groups of its own (a
+``Session`` per slot), so the verdicts are decided here exactly as one at a time; only their order of
+arrival changes. The slots share one build broker per sandbox level: a source that two evaluations
+build at once is built once. A timed evaluation (``perf``) never runs beside another: timings need an
+otherwise idle machine. The executor runs the untimed ones first, side by side, then each timed one
+alone, with nothing else in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Iterator
+
+from pkb.evaluate.evaluator import EvalConfig, Session, evaluate, new_broker
+from pkb.evaluate.result import EvalResult
+from pkb.executor.base import Executor, InFlight, Task, session_key
+from pkb.runtime.modes import Mode
+
+MAX_AUTO_PARALLEL = 16
+RANK_RAM_GIB = 0.75  # one rank process: torch imported, a case's inputs and outputs
+RANK_GPU_GIB = 2.0  # one rank's CUDA context and a correctness case's tensors
+GROUPS_PER_SLOT = 3  # the reference group, the candidate's, and the spare started beside it
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How many evaluations run at once, and why (said to the user)."""
+
+    slots: int
+    reason: str
+
+
+def default_parallel(mode: Mode, world_size: int) -> Parallelism:
+    """Evaluations side by side that this machine holds in ``mode`` at ``world_size``: by its cores (in
+    cpu mode every rank computes, so W cores per evaluation; on GPUs the ranks mostly wait and a build
+    takes a core or two), its memory (three rank groups per slot) and its GPUs' memory."""
+    cores = os.cpu_count() or 1
+    ram_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    limits = {"cores": max(1, cores // (world_size if mode is Mode.CPU else 2)),
+              "memory": max(1, int(ram_gib // (GROUPS_PER_SLOT * world_size * RANK_RAM_GIB)))}
+    if mode is not Mode.CPU:
+        import torch
+
+        gpu_gib = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())) / 2**30
+        ranks_per_gpu = world_size if mode is Mode.SHARED_GPU else 1
+        limits["GPU memory"] = max(1, int(gpu_gib // (GROUPS_PER_SLOT * ranks_per_gpu * RANK_GPU_GIB)))
+    binding = min(limits, key=limits.get)
+    slots = min(limits[binding], MAX_AUTO_PARALLEL)
+    machine = f"{cores} cores, {ram_gib:.0f} GiB memory" + (f", {gpu_gib:.0f} GiB per GPU" if mode is not Mode.CPU else "")
+    reason = f"{machine}; {mode} mode, W = {world_size}: " + (
+        f"as many as its {binding} holds" if slots < MAX_AUTO_PARALLEL else f"at most {MAX_AUTO_PARALLEL} by default")
+    return Parallelism(slots, reason)
+
+
+class LocalExecutor(Executor):
+    """Evaluations on this machine. ``parallel``: at most this many at once (1, the default: one after
+    another in the calling thread, in the order submitted; None: as many as ``default_parallel`` says
+    for the first task's mode and world size). Rank groups stay warm for the executor's life, per slot
+    and (mode, world size, sandbox level) (``session_key``)."""
+
+    name = "local"
+
+    def __init__(self, parallel: int | None = 1):
+        if parallel is not None and parallel < 1:
+            raise ValueError("parallel must be at least 1")
+        self.parallel = parallel
+        self.parallel_reason = "asked for" if parallel is not None else ""
+        self._queue: deque[Task] = deque()
+        self._slots: list[dict[tuple, Session]] = []  # each slot's sessions; a slot runs one evaluation at a time
+        self._free: list[int] = []
+        self._brokers: dict[str, object] = {}  # sandbox level -> the build broker every slot shares
+        self._running: dict[Future, tuple[Task, int]] = {}
+        self._in_flight: dict[int, InFlight] = {}  # id(task) -> what it is and since when
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def capacity(self, config: EvalConfig) -> int:
+        if self.parallel is None:  # decided once, by the first configuration asked about
+            chosen = default_parallel(config.mode, config.world_size)
+            self.parallel, self.parallel_reason = chosen.slots, chosen.reason
+        return self.parallel
+
+    def submit(self, task: Task) -> None:
+        self.capacity(task.config)
+        self._queue.append(task)
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue) + len(self._running)
+
+    def in_flight(self) -> list[InFlight]:
+        with self._lock:
+            return list(self._in_flight.values())
+
+    def describe(self) -> str:
+        slots = self.parallel or "auto"
+        return f"local, {slots} evaluation{'s' if slots != 1 else ''} at once" + (
+            f" ({self.parallel_reason})" if self.parallel_reason else "")
+
+    def finished(self, wait: bool = True) -> Iterator[tuple[Task, EvalResult]]:
+        if (self.parallel or 1) == 1:
+            while self._queue:
+                task = self._queue.popleft()
+                yield task, self._evaluate(task, 0)
+            return
+        yield from self._side_by_side(wait)
+
+    def _side_by_side(self, block: bool) -> Iterator[tuple[Task, EvalResult]]:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="pkb-eval")
+        self._queue = deque(sorted(self._queue, key=lambda task: task.config.perf))  # untimed first (a stable sort)
+        while self._queue or self._running:
+            self._dispatch()
+            done, _ = wait(self._running, timeout=None if block else 0, return_when=FIRST_COMPLETED)
+            if not done:
+                return
+            for future in done:
+                task, slot = self._running.pop(future)
+                self._free.append(slot)
+                yield task, future.result()
+
+    def _dispatch(self) -> None:
+        """Start queued tasks in free slots; a timed one only when nothing runs, and nothing beside it."""
+        while self._queue:
+            if any(task.config.perf for task, _ in self._running.values()):
+                return
+            if self._queue[0].config.perf and self._running:
+                return
+            if not self._free:
+                if len(self._slots) >= self.parallel:
+                    return
+                self._slots.append({})
+                self._free.append(len(self._slots) - 1)
+            task, slot = self._queue.popleft(), self._free.pop()
+            self._running[self._pool.submit(self._evaluate, task, slot)] = (task, slot)
+
+    def _evaluate(self, task: Task, slot: int) -> EvalResult:
+        if not self._slots:
+            self._slots.append({})
+        sessions = self._slots[slot]
+        key = session_key(task.config)
+        if key not in sessions:
+            sessions[key] = self._session(task.config)
+        with self._lock:
+            self._in_flight[id(task)] = InFlight(task, time.monotonic())
+        try:
+            return evaluate(task.problem, task.candidate, task.config, sessions[key])
+        finally:
+            with self._lock:
+                self._in_flight.pop(id(task), None)
+
+    def _session(self, config: EvalConfig) -> Session:
+        if config.sandbox == "off":
+            return Session(config.mode, config.world_size, "off")
+        with self._lock:
+            if config.sandbox not in self._brokers:
+                self._brokers[config.sandbox] = new_broker(config.sandbox, max_parallel=max(4, self.parallel or 1))
+        return Session(config.mode, config.world_size, config.sandbox, self._brokers[config.sandbox])
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        for sessions in self._slots:
+            for session in sessions.values():
+                session.close()
+        self._slots.clear()
+        self._free.clear()
+        for broker in self._brokers.values():
+            broker.close()
+        self._brokers.clear()

@@ -1,0 +1,174 @@
+"""Evaluations side by side on one machine (``pkb run --parallel N``) and what a run shows while it runs."""
+
+from __future__ import annotations
+
+import io
+import os
+import pty
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pkb.batch import Job, run_jobs
+from pkb.evaluate.candidate import Candidate
+from pkb.evaluate.evaluator import EvalConfig, new_result
+from pkb.executor import LocalExecutor, Task, default_parallel
+from pkb.problem import Status
+from pkb.registry import get_problem
+from pkb.runtime.modes import Mode
+from pkb.store.db import ResultStore
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="upstream")
+
+
+def zeros_candidate(tmp_path: Path, problem) -> Candidate:
+    template = (REPO / "tests" / "candidates" / "zeros.py.tmpl").read_text()
+    path = tmp_path / f"{problem.name}_zeros.py"
+    path.write_text(template.replace("{module}", problem.module))
+    return Candidate.from_file(path)
+
+
+def test_side_by_side_gives_the_verdicts_of_one_at_a_time_and_shares_one_build_broker(tmp_path):
+    jobs = []
+    for name in ("allreduce", "allgather", "broadcast", "reducescatter"):
+        problem = get_problem(name)
+        jobs += [Job(problem, Candidate.reference_of(problem), "reference"),
+                 Job(problem, zeros_candidate(tmp_path, problem), "wrong")]
+    verdicts, most_at_once = {}, 0
+    for slots in (1, 3):
+        executor = LocalExecutor(slots)
+        seen = []
+
+        def on_result(job, result, resumed, executor=executor, seen=seen):
+            seen.append(len(executor.in_flight()))
+
+        with executor, ResultStore(tmp_path / f"{slots}.sqlite") as store:
+            results = run_jobs(jobs, CONFIG, store, on_result, executor)
+            brokers = {id(session._broker) for sessions in executor._slots for session in sessions.values()}
+            if slots > 1:
+                assert len(executor._slots) == slots and len(brokers) == 1  # a source is built once for all slots
+        verdicts[slots] = [(r.problem, r.solution, r.status) for r in results]
+        most_at_once = max(seen) if slots > 1 else most_at_once
+    assert verdicts[1] == verdicts[3]
+    assert [status for _, _, status in verdicts[3]] == [Status.OK, Status.MISMATCH] * 4
+    assert most_at_once >= 1  # another evaluation was still running when a result came back
+
+
+def test_timed_evaluations_run_alone_after_the_untimed_ones(monkeypatch):
+    active, log, lock = set(), [], threading.Lock()
+
+    def fake_evaluate(problem, candidate, config, session):
+        with lock:
+            active.add(candidate.name)
+            log.append((candidate.name, config.perf, frozenset(active)))
+        time.sleep(0.05)
+        with lock:
+            active.discard(candidate.name)
+        return new_result(problem, candidate, config, Status.OK)
+
+    monkeypatch.setattr("pkb.executor.local.evaluate", fake_evaluate)
+    class NoSession:
+        def __init__(self, *args):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr("pkb.executor.local.Session", NoSession)
+    problem = get_problem("allreduce")
+    reference = Candidate.reference_of(problem)
+    tasks = [Task(problem, replace(reference, name=f"{kind}{i}"), replace(CONFIG, perf=kind == "timed"))
+             for i in range(6) for kind in ("timed", "untimed")]
+    with LocalExecutor(4) as executor:
+        for task in tasks:
+            executor.submit(task)
+        finished = [task.candidate.name for task, _ in executor.finished()]
+    assert sorted(finished) == sorted(task.candidate.name for task in tasks)
+    started = [name for name, _, _ in log]
+    assert all(name.startswith("untimed") for name in started[:6])  # the untimed ones first
+    assert max(len(beside) for _, perf, beside in log if not perf) > 1  # side by side
+    assert all(beside == {name} for name, perf, beside in log if perf)  # a timed one never beside another
+    # and nothing started while a timed one ran: each timed start saw the set empty, and no later start saw it
+    for index, (name, perf, _) in enumerate(log):
+        if perf and index + 1 < len(log):
+            assert name not in log[index + 1][2]
+
+
+def test_the_default_is_bound_by_cores_and_memory(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert default_parallel(Mode.CPU, 2).slots == 1  # this 2-core machine: the two ranks fill it
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    chosen = default_parallel(Mode.CPU, 2)
+    ram_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    assert chosen.slots == min(8, max(1, int(ram_gib // (3 * 2 * 0.75))))
+    assert "16 cores" in chosen.reason
+    monkeypatch.setattr(os, "cpu_count", lambda: 512)
+    assert default_parallel(Mode.CPU, 2).slots <= 16
+
+
+def test_a_bad_parallel_is_a_usage_error():
+    out = subprocess.run([sys.executable, "-m", "pkb.cli", "run", "--problems", "1", "--parallel", "0"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--parallel must be at least 1" in out.stderr
+
+
+# -- what a run shows --------------------------------------------------------------------------------
+
+
+def in_a_terminal(*args: str, timeout: float = 240) -> str:
+    """``pkb`` with stdout and stderr on a pseudo-terminal; everything it wrote there."""
+    leader, follower = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "pkb.cli", *args], cwd=REPO, stdin=subprocess.DEVNULL,
+                               stdout=follower, stderr=follower, env={**os.environ, "COLUMNS": "120"})
+    os.close(follower)
+    chunks, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the process has ended
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    process.wait(timeout=30)
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_a_terminal_gets_the_live_display_and_a_log_gets_a_line_per_result(tmp_path):
+    pytest.importorskip("rich")
+    live = in_a_terminal("run", "--problems", "1-2", "--trials", "1", "--db", str(tmp_path / "a.sqlite"))
+    assert "elapsed" in live and "left" in live and re.search(r"\d+/5", live)  # the bar, its times and count
+    assert re.search(r"\d+ ok", live) and "[1/5]" not in live
+    quiet = in_a_terminal("run", "--problems", "1-2", "--trials", "1", "--db", str(tmp_path / "b.sqlite"), "--quiet")
+    assert "[1/5] allreduce/reference: ok" in quiet and "elapsed" not in quiet
+    logged = subprocess.run([sys.executable, "-m", "pkb.cli", "run", "--problems", "1-2", "--trials", "1", "--db",
+                             str(tmp_path / "c.sqlite")], cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert logged.returncode == 0, logged.stderr
+    lines = [line for line in logged.stderr.splitlines() if line.startswith("[")]
+    assert lines[0] == "[1/5] allreduce/reference: ok" and len(lines) == 5 and "elapsed" not in logged.stderr
+    assert "executor: local, 1 evaluation at once" in logged.stderr
+
+
+def test_the_live_display_prints_each_result_that_needs_a_look_and_counts_the_rest():
+    pytest.importorskip("rich")
+    from pkb.progress import Progress
+
+    problem = get_problem("allreduce")
+    stream = io.StringIO()
+    with Progress(3, live=True, stream=stream, in_flight=lambda: [("allgather/slow.py", 12.0)]) as progress:
+        for name, status in (("a", Status.OK), ("b", Status.MISMATCH), ("c", Status.OK)):
+            result = new_result(problem, replace(Candidate.reference_of(problem), name=name), CONFIG, status)
+            result.message = "output 0 differs" if status is Status.MISMATCH else ""
+            progress.update(None, result, resumed=False)
+    shown = stream.getvalue()
+    assert "mismatch  allreduce/b  output 0 differs" in shown and "allreduce/a" not in shown
+    assert "2 ok" in shown and "1 mismatch" in shown and "3/3" in shown
+    assert progress.counts == {"ok": 2, "mismatch": 1}
