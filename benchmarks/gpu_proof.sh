@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # What the GPU, roofline and multi-GPU issues ask to prove, on a device machine, by stage:
 #   bash benchmarks/gpu_proof.sh env tests timing calibrate fidelity solutions shipped baseline1 baseline2
-#                                setup corpus compat ray sandbox attacks overhead
+#                                setup corpus compat ray sandbox attacks overhead parallel_solutions parallel_corpus
 # (TESTS_K selects tests with -k, CORPUS the upstream reference folder (default ../shared/upstream/reference),
 #  CORPUS_MODE its mode (default cuda with 2 GPUs, else shared-gpu), TIMING_PARTS the parts of gpu_timing.py, BASELINE_PROBLEMS the problems,
 #  BASELINE_TIMEOUT the seconds one baseline case may take, OVERHEAD_PROBLEMS/OVERHEAD_ROUNDS the overhead stage's evaluations
-#  and OVERHEAD_BUILD its build flag (default --cuda-build; empty leaves the build timing out); the ray stage installs Ray from .whl/ where the node lacks it)
+#  and OVERHEAD_BUILD its build flag (default --cuda-build; empty leaves the build timing out), PARALLEL the
+#  side-by-side arm's --parallel in the parallel_* stages (default: the machine's); the ray stage installs Ray from .whl/ where the node lacks it)
 # Each stage writes $OUT/<stage>.txt (OUT defaults to .); a stage cut by its time limit keeps what it printed.
 # Multicast stays off: these variables are set for every process started here.
 set -u
@@ -70,6 +71,12 @@ for name in "$@"; do
     attacks) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"  # the CI attacks, in a GPU mode
         stage attacks env PKB_CONTAINMENT_MODE="$mode" python3 -m pytest -q -p no:cacheprovider tests/test_containment.py \
           ${ATTACKS_K:+-k "$ATTACKS_K"} ;;
+    parallel_solutions) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"  # compile-bound: 7 CUDA extensions
+        stage parallel_solutions python3 benchmarks/parallel_run.py pkb/solutions --mode "$mode" --world-size 2 \
+          ${PARALLEL:+--parallel "$PARALLEL"} --timeout-s 500 --out "$OUT/parallel_solutions_${mode}.json" ;;
+    parallel_corpus) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"
+        stage parallel_corpus python3 benchmarks/parallel_run.py "${CORPUS:-../shared/upstream/reference}" --mode "$mode" \
+          --world-size 2 ${PARALLEL:+--parallel "$PARALLEL"} --timeout-s 280 --out "$OUT/parallel_corpus_${mode}.json" ;;
     overhead) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"
         stage overhead python3 benchmarks/sandbox_overhead.py --mode "$mode" --world-size 2 --problems "${OVERHEAD_PROBLEMS:-1-8}" \
           --rounds "${OVERHEAD_ROUNDS:-3}" ${OVERHEAD_BUILD---cuda-build} --out "$OUT/overhead_${mode}.json" ;;

@@ -22,6 +22,8 @@ from pkb.problem import Status
 USAGE_ERROR = 2
 HARNESS_FAILURE = 3  # pkb itself failed: no verdict on the candidate
 QUIET_STATUSES = (Status.OK, Status.SKIPPED)
+DEFAULT_TRIALS = 3
+SELF_CHECK_TRIALS = 1  # `pkb run`'s self-check of each reference, unless --trials says otherwise
 
 
 # -- list / show -----------------------------------------------------------------------------------
@@ -128,8 +130,9 @@ def make_config(args, world_size: int, executor=None):
     if not args.json:
         print(f"mode: {choice.mode} ({choice.reason})", file=sys.stderr)
         print(f"sandbox: {sandbox}", file=sys.stderr)
-    return EvalConfig(world_size=world_size, mode=choice.mode, num_trials=args.trials, timeout_s=args.timeout,
-                      perf=args.perf, cuda_graph=args.cuda_graph, policy=args.policy, cases=args.cases,
+    trials = DEFAULT_TRIALS if args.trials is None else args.trials
+    return EvalConfig(world_size=world_size, mode=choice.mode, num_trials=trials, timeout_s=args.timeout,
+                      perf=args.perf, cuda_graph=args.cuda_graph, policy=args.policy, cases=args.cases or "all",
                       sandbox=args.sandbox)
 
 
@@ -192,7 +195,8 @@ def print_verdict(result) -> None:
 
 
 def cmd_run(args) -> int:
-    from pkb.batch import plan, run_jobs, solution_files
+    from pkb.batch import light_self_checks, plan, run_jobs, solution_files
+    from pkb.progress import Progress
     from pkb.registry import select
     from pkb.store.db import DEFAULT_DB, ResultStore
 
@@ -208,48 +212,75 @@ def cmd_run(args) -> int:
                 print(f"solutions: {note}", file=sys.stderr)
     if args.set is not None and not args.set.strip():
         raise UsageError("--set needs a name, e.g. --set gpt5-oneshot")
-    jobs = plan(problems, solutions_dir, include_reference=solutions_dir is None or args.self_check,
-                solution_set=args.set)
+    self_check = solutions_dir is None or args.self_check
+    jobs = plan(problems, solutions_dir, include_reference=self_check, solution_set=args.set)
     if not jobs:
         raise UsageError("nothing to run: no solution file matches the selected problems")
     with make_executor(args) as executor:
         config = make_config(args, args.world_size, executor)
-        progress = Progress(len(jobs), enabled=not args.json)
-        with ResultStore(args.db or DEFAULT_DB) as store:
+        jobs = light_self_checks(jobs, config, cases=args.cases is None,
+                                 trials=SELF_CHECK_TRIALS if args.trials is None else None)
+        executor.capacity(config)  # decided now (a local executor's default is by the run's mode and world size)
+        if not args.json and args.executor == "local":
+            print(f"executor: {executor.describe()}", file=sys.stderr)
+        with Progress(len(jobs), enabled=not args.json, live=False if args.quiet else None,
+                      in_flight=lambda: running_labels(executor)) as progress, \
+                ResultStore(args.db or DEFAULT_DB) as store:
             results = run_jobs(jobs, config, store, progress.update, executor)
-        progress.close()
     if args.json:
         print(json.dumps([r.to_dict() for r in results], default=str))
     else:
-        print_run_summary(results, problems, args.db or DEFAULT_DB,
-                          examples_only=solutions_dir is None and not args.set)
+        print_run_summary(results, problems, args.db or DEFAULT_DB, checked_line(args, config, self_check, solutions_dir))
     return 0 if all(r.status in QUIET_STATUSES for r in results) else 1
+
+
+def checked_line(args, config, self_check: bool, solutions_dir: Path | None) -> str:
+    """What a run checked, in a sentence, and how to check the references as deeply as the solutions."""
+    def depth(trials: int, cases: str) -> str:
+        return f"{trials} trial{'s' if trials != 1 else ''} on " + ("every case" if cases == "all" else f"the {cases} cases")
+
+    files = f"the files of {solutions_dir}" if solutions_dir else "pkb's shipped solutions"
+    checked = f"{files}, {depth(config.num_trials, config.cases)}"
+    if self_check:
+        light = args.cases is None or args.trials is None
+        references = (depth(SELF_CHECK_TRIALS if args.trials is None else config.num_trials, "upstream")
+                      + " (the tests cases where this mode leaves those out)" if args.cases is None
+                      else depth(SELF_CHECK_TRIALS, config.cases) if args.trials is None else "as deep")
+        checked = f"each reference against itself, {references}; {checked}" + (
+            f"; the references as deep: `pkb run --cases {config.cases} --trials {config.num_trials}`" if light else "")
+    return f"checked ({config.mode} mode, W = {config.world_size}): {checked}"
 
 
 def make_executor(args):
     """The executor ``--executor`` names (Ray: connected, or a local cluster started), said on stderr."""
     from pkb.executor import make_executor as make
 
-    if args.executor == "local" and (args.address is not None or args.parallel is not None):
-        raise UsageError("--address and --parallel are for --executor ray")
+    if args.executor == "local" and args.address is not None:
+        raise UsageError("--address is for --executor ray")
+    if args.parallel is not None and args.parallel < 1:
+        raise UsageError("--parallel must be at least 1")
     executor = make(args.executor, args.address, args.parallel)
     if not args.json and args.executor != "local":
         print(f"executor: {executor.describe()}", file=sys.stderr)
     return executor
 
 
-def print_run_summary(results, problems, db: str, examples_only: bool = False) -> None:
-    """What ``pkb run`` ends with: the results that need a look, the counts, then the headline.
+def running_labels(executor) -> list[tuple[str, float]]:
+    """The evaluations ``executor`` runs now, as ``(problem/solution, seconds running)``."""
+    now = time.monotonic()
+    return [(f"{item.task.problem.name}/{item.task.candidate.name}", now - item.started) for item in executor.in_flight()]
 
-    ``examples_only``: the run's candidates are pkb's shipped solutions, worked examples for a few
-    problems, so their row counts the problems they cover (a model's folder is judged on the whole
-    selection: a missing file counts as failed); the references' self-check still covers every problem.
+
+def print_run_summary(results, problems, db: str, checked: str = "") -> None:
+    """What ``pkb run`` ends with: the results that need a look, the counts, what was ``checked`` (a
+    sentence), then the headline over the run's selection. A set with results for only part of it (pkb's
+    shipped worked examples, a folder missing files) gets two rows, one on the problems it covers and one
+    on the whole selection (the paper's denominator: a problem without a result counts as failed), and a
+    note saying which is which.
     """
-    from dataclasses import replace
-
     from pkb.report import metrics, records
     from pkb.report.cli import headline_lines
-    from pkb.store.db import DEFAULT_DB, REFERENCE_SET
+    from pkb.store.db import DEFAULT_DB
 
     failed = [r for r in results if r.status not in QUIET_STATUSES]
     if failed:
@@ -261,45 +292,11 @@ def print_run_summary(results, problems, db: str, examples_only: bool = False) -
         counts[r.status.value] = counts.get(r.status.value, 0) + 1
     report_command = "pkb report" + ("" if db == DEFAULT_DB else f" --db {db}")
     print(f"{len(results)} results in {db}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-          + f"\n(`{report_command}` for every set in the database, `--html FILE` for plots)\n")
-    categories = {p.name: p.category for p in problems}
-    rows = records.from_results(results)
-    covered = {r.problem for r in results if r.solution_set != REFERENCE_SET}
-    if examples_only and covered and covered != set(categories):
-        note = (f"pkb shipped holds worked examples for {len(covered)} of the {len(categories)} problems: its row "
-                f"counts those (`pkb report --problems` judges any set on any part of the suite)")
-        report = metrics.build_report(rows, {n: c for n, c in categories.items() if n in covered}, "set", ks=(1,),
-                                      notes=[note])
-        report = replace(report, self_check=metrics.self_check(rows, categories))  # the references: all of them
-    else:
-        report = metrics.build_report(rows, categories, "set", ks=(1,))
+          + f"\n(`{report_command}` for every set in the database, `--html FILE` for plots)")
+    print((checked + "\n") if checked else "")
+    report = metrics.build_report(records.from_results(results), {p.name: p.category for p in problems}, "set",
+                                  ks=(1,))
     headline_lines(report, "no candidate results: only the references' self-checks ran")
-
-
-class Progress:
-    """A one-line progress bar on stderr (a line per result when stderr is not a terminal)."""
-
-    def __init__(self, total: int, enabled: bool = True):
-        self.total, self.done, self.enabled = total, 0, enabled
-        self.started = time.monotonic()
-        self.tty = sys.stderr.isatty()
-
-    def update(self, job, result, resumed: bool) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        label = f"{result.problem}/{result.solution}: {result.status.value}" + (" (stored earlier)" if resumed else "")
-        if self.tty:
-            filled = int(30 * self.done / self.total)
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} "
-                             f"{time.monotonic() - self.started:.0f}s {label[:60]:<60}")
-        else:
-            sys.stderr.write(f"[{self.done}/{self.total}] {label}\n")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled and self.tty:
-            sys.stderr.write("\n")
 
 
 # -- parser ------------------------------------------------------------------------------------------
@@ -310,7 +307,9 @@ def add_eval_options(p, world_size_default, executor: bool = False):
 
     p.add_argument("--world-size", type=int, default=world_size_default)
     p.add_argument("--mode", default="auto", choices=["auto", "cpu", "cuda", "shared-gpu"])
-    p.add_argument("--trials", type=int, default=3, help="correctness trials, each with fresh secret seeds")
+    p.add_argument("--trials", type=int, help=f"correctness trials, each with fresh secret seeds (default {DEFAULT_TRIALS}; "
+                                              f"in `pkb run` the references' self-checks run {SELF_CHECK_TRIALS} unless "
+                                              "--trials is given)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds one job may take before its ranks are killed")
     p.add_argument("--perf", action="store_true", help="also time reference and candidate (speedup)")
     p.add_argument("--cuda-graph", action="store_true",
@@ -318,8 +317,9 @@ def add_eval_options(p, world_size_default, executor: bool = False):
     p.add_argument("--policy", default="report", choices=["report", "forbid-collectives"],
                    help="forbid-collectives: a solution that calls torch.distributed, functional collectives, "
                         "symm_mem fused ops or the reference on the hot path is `forbidden`")
-    p.add_argument("--cases", default="all", choices=["all", "upstream", "tests", "benchmarks"],
-                   help="which cases the correctness trials run: all (upstream + tests, the default), upstream "
+    p.add_argument("--cases", choices=["all", "upstream", "tests", "benchmarks"],
+                   help="which cases the correctness trials run: all (upstream + tests, the default; in `pkb run` the "
+                        "references' self-checks run their upstream cases unless --cases is given), upstream "
                         "(the upstream benchmark's inputs: the paper's protocol), tests, or benchmarks")
     p.add_argument("--sandbox", default="auto", choices=SANDBOX_LEVELS,
                    help="how candidate processes are confined (Landlock, namespaces, uid drop): auto (the default) "
@@ -333,8 +333,10 @@ def add_eval_options(p, world_size_default, executor: bool = False):
                             "node slot, results stored here as they finish (pip install 'pkb[ray]'; docs/cluster.md)")
         p.add_argument("--address", help="with --executor ray: auto (the cluster this machine is in), ray://HOST:PORT, "
                                          "or local (a new cluster on this machine; the default unless RAY_ADDRESS is set)")
-        p.add_argument("--parallel", type=int, help="with --executor ray: at most this many evaluations at once "
-                                                    "(default: as many as the cluster's nodes hold)")
+        p.add_argument("--parallel", type=int,
+                       help="at most this many evaluations at once (default: as many as this machine holds, by its cores, "
+                            "memory and GPU memory at the run's world size; on Ray, as many as the cluster's nodes hold). "
+                            "Timed evaluations (--perf) always run alone, after the untimed ones")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -367,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  "(default: the folder's name; pkb's own solutions are `pkb shipped`)")
     p.add_argument("--problems", help="e.g. 1-8,12,allgather_gemm or a category; default: all")
     p.add_argument("--db", help="SQLite file (default: ./pkb-results.sqlite)")
+    p.add_argument("--quiet", action="store_true", help="a plain line per result instead of the live progress display "
+                                                        "(what a log file or CI gets anyway)")
     add_eval_options(p, 2, executor=True)
     p.set_defaults(func=cmd_run)
 

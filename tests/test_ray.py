@@ -98,7 +98,7 @@ class FakeSession:
 
     built: list = []
 
-    def __init__(self, mode, world_size, sandbox="auto"):
+    def __init__(self, mode, world_size, sandbox="auto", broker=None, cpu_threads=None):
         from pkb.runtime.sandbox import SandboxUnavailable
 
         if sandbox == "required":
@@ -117,16 +117,16 @@ def fake_evaluate(problem, candidate, config, session=None):
 
 
 def test_evaluations_at_different_sandbox_levels_never_share_rank_processes(monkeypatch):
-    import pkb.executor
     import pkb.evaluate.evaluator
+    import pkb.executor.local
     from pkb.executor.ray_cluster import NodeEvaluator, _slot_key
     from pkb import __version__
 
     problem = get_problem("allreduce")
     levels = ["auto", "off", "auto", "off"]
     monkeypatch.setattr(FakeSession, "built", [])
-    monkeypatch.setattr(pkb.executor, "Session", FakeSession)
-    monkeypatch.setattr(pkb.executor, "evaluate", fake_evaluate)
+    monkeypatch.setattr(pkb.executor.local, "Session", FakeSession)
+    monkeypatch.setattr(pkb.executor.local, "evaluate", fake_evaluate)
     with LocalExecutor() as executor:
         for level in levels:
             executor.submit(Task(problem, Candidate.reference_of(problem), replace(CONFIG, sandbox=level)))

@@ -433,8 +433,12 @@ def test_report_table_is_the_headline_self_check_first_then_a_row_per_set(tmp_pa
     assert header.split()[:2] == ["set", "problems"] and "pass@1 paper / pkb" in header
     alpha = next(line for line in lines if line.startswith("alpha"))
     assert "4 of 4" in alpha and "100.0% / 75.0%" in alpha and "50.0% / 50.0%" in alpha  # pass@1, fast_1
+    # beta has results for 3 of the 5 problems: a row on those, then one on the whole selection (the paper's)
     beta = next(line for line in lines if line.startswith("beta"))
-    assert "3 of 5" in beta and "20.0% / 20.0%" in beta and "1 compile_error, 1 timeout" in beta
+    assert "3 of 3 covered" in beta and "33.3% / 33.3%" in beta and "1 compile_error, 1 timeout" in beta
+    beta_suite = lines[lines.index(beta) + 1]
+    assert beta_suite.split("  ")[0] == "" and "3 of 5 in the suite" in beta_suite and "20.0% / 20.0%" in beta_suite
+    assert any(line.startswith("note: beta has results for 3 of the 5 selected problems") for line in lines)
     assert lines.index(alpha) < lines.index(beta)  # best first
     assert any(line.startswith("paper: correct on the upstream cases") for line in lines)
 
@@ -518,14 +522,19 @@ def test_report_table_csv_and_parquet(tmp_path):
 
 
 def test_pkb_shipped_examples_are_counted_on_the_problems_they_cover(tmp_path):
-    """pkb's shipped solutions are worked examples for a few problems: the run's headline counts those
-    (and says so), while the references' self-check covers the whole selection."""
+    """pkb's shipped solutions are worked examples for a few problems: the run's headline counts those on
+    a row of their own, then the whole selection (the paper's denominator) on the next, and a note says
+    which is which; the references' self-check covers the whole selection."""
     done = pkb("run", "--problems", "1,9", "--mode", "cpu", "--trials", "1", "--db", str(tmp_path / "r.sqlite"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "references: 2 of 2 ok" in done.stdout  # 9 (layernorm_backward) has no shipped file
-    (shipped,) = [line for line in done.stdout.splitlines() if line.startswith("pkb shipped")]
-    assert shipped.split("  ")[1].strip() == "1 of 1" and "100.0% / 100.0%" in shipped  # not "1 of 2", 50 %
-    assert "note: pkb shipped holds worked examples for 1 of the 2 problems" in done.stdout
+    lines = done.stdout.splitlines()
+    (shipped,) = [line for line in lines if line.startswith("pkb shipped")]
+    assert shipped.split("  ")[1].strip() == "1 of 1 covered" and "100.0% / 100.0%" in shipped  # not 50 %
+    suite = lines[lines.index(shipped) + 1]
+    assert suite.startswith(" ") and suite.strip().startswith("1 of 2 in the suite  ") and "50.0% / 50.0%" in suite
+    assert ("note: pkb shipped has results for 1 of the 2 selected problems: its `covered` row counts those, its "
+            "`in the suite` row every selected problem (the 1 without a result as failed)") in lines
 
 
 def test_pkb_run_ends_with_the_headline_and_stores_each_result_under_its_set(tmp_path):

@@ -108,10 +108,12 @@ class Session:
 
     MAX_TIMING_COPIES = 64
 
-    def __init__(self, mode: Mode, world_size: int, sandbox: str = "auto", broker: BuildBroker | None = None):
+    def __init__(self, mode: Mode, world_size: int, sandbox: str = "auto", broker: BuildBroker | None = None,
+                 cpu_threads: int | None = None):
         self.mode = mode
         self.world_size = world_size
         self.sandbox = sandbox
+        self.cpu_threads = cpu_threads  # each rank's CPU threads when sessions run side by side (None: torch's default)
         self.sandbox_offered = check_sandbox(sandbox, mode)
         # ``broker``: one shared with other sessions of this sandbox level (a source is then built once
         # for all of them, however many evaluate it at once); default: a broker of its own
@@ -132,7 +134,7 @@ class Session:
 
     def reference_group(self, problem: Problem, timeout: float) -> RankGroup:
         if self._reference is None or self._reference.closed:
-            self._reference = RankGroup(self.mode, self.world_size, "reference").spawn()
+            self._reference = RankGroup(self.mode, self.world_size, "reference", cpu_threads=self.cpu_threads).spawn()
             self._reference_problem = None
         if self._reference_problem != problem.module:
             replies = self._reference.request([{"op": "load", "problem": problem.module}] * self.world_size, timeout)
@@ -162,8 +164,9 @@ class Session:
 
     def _new_candidate_group(self) -> RankGroup:
         if self.sandbox == "off":
-            return RankGroup(self.mode, self.world_size, "candidate").spawn()
-        return RankGroup(self.mode, self.world_size, "candidate", self._plan_for, self._broker).spawn()
+            return RankGroup(self.mode, self.world_size, "candidate", cpu_threads=self.cpu_threads).spawn()
+        return RankGroup(self.mode, self.world_size, "candidate", self._plan_for, self._broker,
+                         cpu_threads=self.cpu_threads).spawn()
 
     def close(self) -> None:
         for group in (self._reference, self._spare):
@@ -176,6 +179,16 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _phase(phases: dict[str, float], name: str):
+    """Adds the seconds the block takes to ``phases[name]`` (also when it ends with a verdict)."""
+    began = time.monotonic()
+    try:
+        yield
+    finally:
+        phases[name] = round(phases.get(name, 0.0) + time.monotonic() - began, 4)
 
 
 def new_broker(sandbox: str, max_parallel: int = BuildBroker.MAX_PARALLEL) -> BuildBroker:
@@ -209,20 +222,25 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
         if left_out:
             result.details["cases_left_out"] = {c.name: f"minutes on the CPU in {config.mode} mode; checked in cuda mode"
                                                 for c in left_out}
-        reference = session.reference_group(problem, config.load_timeout_s)
-        group = session.candidate_group()
+        phases = result.details["phase_s"] = {}  # where the wall time went: load (import, builds), check, time
+        with _phase(phases, "start"):
+            reference = session.reference_group(problem, config.load_timeout_s)
+            group = session.candidate_group()
         try:
-            _load(group, problem, candidate, config)
+            with _phase(phases, "load"):
+                _load(group, problem, candidate, config)
             result.details["sandbox"] = _sandbox_of(group, session)
-            first = _check_trials(session, reference, group, problem, cases, config, result)
-            last = _check_case(session, reference, group, problem, cases[0], 0, config)
-            _check_repeatable(first, last, problem, cases[0], config)
+            with _phase(phases, "check"):
+                first = _check_trials(session, reference, group, problem, cases, config, result)
+                last = _check_case(session, reference, group, problem, cases[0], 0, config)
+                _check_repeatable(first, last, problem, cases[0], config)
             result.collectives_used = _used(last)  # each reply carries everything recorded so far
             if config.perf:
                 timed = perf_cases(problem, config)
-                result.timings = [_time_case(session, reference, group, problem, case, config) for case in timed]
-                for case in timed:  # fresh inputs after timing, in the same processes: no cache survives
-                    last = _check_case(session, reference, group, problem, case, "after-timing", config)
+                with _phase(phases, "time"):
+                    result.timings = [_time_case(session, reference, group, problem, case, config) for case in timed]
+                    for case in timed:  # fresh inputs after timing, in the same processes: no cache survives
+                        last = _check_case(session, reference, group, problem, case, "after-timing", config)
                 result.collectives_used = _used(last)
                 _summarise_timings(result)
             _apply_policy(result, config)

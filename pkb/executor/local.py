@@ -157,12 +157,20 @@ class LocalExecutor(Executor):
                 self._in_flight.pop(id(task), None)
 
     def _session(self, config: EvalConfig) -> Session:
+        threads = self._cpu_threads(config)
         if config.sandbox == "off":
-            return Session(config.mode, config.world_size, "off")
+            return Session(config.mode, config.world_size, "off", cpu_threads=threads)
         with self._lock:
             if config.sandbox not in self._brokers:
                 self._brokers[config.sandbox] = new_broker(config.sandbox, max_parallel=max(4, self.parallel or 1))
-        return Session(config.mode, config.world_size, config.sandbox, self._brokers[config.sandbox])
+        return Session(config.mode, config.world_size, config.sandbox, self._brokers[config.sandbox], threads)
+
+    def _cpu_threads(self, config: EvalConfig) -> int | None:
+        """Each rank's CPU threads side by side: the cores shared by the reference and candidate ranks of
+        every slot (torch would give each rank all of them: hundreds of threads fighting over the cores)."""
+        if (self.parallel or 1) == 1:
+            return None
+        return max(1, (os.cpu_count() or 1) // (self.parallel * 2 * config.world_size))
 
     def close(self) -> None:
         if self._pool is not None:

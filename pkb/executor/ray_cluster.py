@@ -36,7 +36,7 @@ from pkb.console import UsageError
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.evaluator import EvalConfig, new_result
 from pkb.evaluate.result import EvalResult
-from pkb.executor.base import Executor, Task, session_key
+from pkb.executor.base import Executor, InFlight, Task, session_key
 from pkb.problem import Problem, Status
 from pkb.runtime.modes import Mode
 
@@ -149,6 +149,7 @@ class _Attempt:
     task: Task
     number: int = 1
     errors: list[str] = field(default_factory=list)
+    started: float = 0.0  # time.monotonic() when it was sent to a slot
 
 
 class RayExecutor(Executor):
@@ -208,6 +209,9 @@ class RayExecutor(Executor):
         gpus = sum(int(n.get("Resources", {}).get("GPU", 0)) for n in nodes)
         return f"ray: {len(nodes)} node(s), {cpus} CPUs, {gpus} GPUs"
 
+    def in_flight(self) -> list[InFlight]:
+        return [InFlight(attempt.task, attempt.started) for _, attempt in list(self._running.values())]
+
     def capacity(self, config: EvalConfig) -> int:
         """Evaluations of ``config`` that can run at once (``parallel`` caps it)."""
         need = slot_resources(config)
@@ -246,6 +250,7 @@ class RayExecutor(Executor):
                 continue
             task = attempt.task
             ref = slot.evaluate.remote(task.problem.name, task.problem.version, task.candidate, task.config)
+            attempt.started = time.monotonic()
             self._running[ref] = (slot, attempt)
         self._queue = held
 

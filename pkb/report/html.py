@@ -10,7 +10,13 @@ Every number cell carries ``data-group``, ``data-metric`` and ``data-value`` (th
 every plotted mark is an SVG element of class ``mark``, so a test (or a script) can read the page back.
 The headline's note on a set whose results ran without the full sandbox is a ``p.note.sandbox`` with
 ``data-group``, ``data-without-full``, ``data-results`` and a count per gap (``data-off``, ``data-partial``,
-``data-unrecorded``).
+``data-unrecorded``). A set with results for part of the selection has two headline rows, the ``covered``
+view (cells ``headline.covered.*``) and the ``suite`` view (``headline.*``, the paper's denominator), and
+a ``p.note.coverage`` with ``data-group``, ``data-covered`` and ``data-selected``.
+
+A plot with nothing to draw is a sentence (``p.note.no-plot`` with ``data-plot``), not an empty frame.
+Category and set names on an x axis are drawn whole, turned 40 degrees when they would not fit side by
+side.
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ import html
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pkb.problem import Status
 from pkb.report.metrics import FAST_P_THRESHOLDS, Report
 from pkb.report.records import Record
-from pkb.report.tables import (HEADLINE_FOOTNOTE, fast_1, headline_notes, percent, problems_text, sandbox_notes,
-                               times)
+from pkb.report.tables import (COVERED, HEADLINE_FOOTNOTE, IN_THE_SUITE, coverage_notes, fast_1, headline_notes,
+                               percent, problems_text, sandbox_notes, times)
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")
@@ -37,16 +44,21 @@ STATUS_COLORS = {
 }
 WIDTH, HEIGHT = 620, 300
 MARGIN = {"left": 56, "right": 150, "top": 16, "bottom": 40}
+CHAR_WIDTH = 6.2  # px of an 11 px label character, to tell whether x labels fit side by side
+LABEL_ANGLE = 40  # degrees an x axis's labels turn when they do not fit
+LABEL_CHARS = 24  # the longest x label drawn whole
 
 CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1300px; }
 h1 { margin: 0 0 4px; } h2 { margin-top: 28px; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; margin: 8px 0; } th, td { padding: 3px 8px; border-bottom: 1px solid #eee; }
-th { text-align: left; background: #f6f6f6; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.plots { display: flex; flex-wrap: wrap; gap: 16px; } figure { margin: 0; max-width: 624px; }
+th { text-align: left; background: #f6f6f6; } td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.plots { display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; } figure { margin: 0; max-width: 624px; }
 figcaption { color: #555; }
 svg.plot { background: #fff; border: 1px solid #ddd; } svg text { font: 11px system-ui, sans-serif; fill: #333; }
 .status { padding: 1px 6px; border-radius: 3px; color: #fff; } .note { color: #666; }
+p.no-plot { width: 420px; margin: 0; padding: 6px 10px; border-left: 3px solid #ddd; }
+tr.view-suite td { color: #555; }
 pre { background: #f6f8fa; padding: 8px; overflow-x: auto; max-height: 480px; font-size: 12px; }
 section.problem { margin-bottom: 24px; }
 """
@@ -58,23 +70,26 @@ def render(report: Report, title: str = "pkb report", source: str = "") -> str:
     parts = [
         _header(report, title, source),
         _section("headline", "Headline", _headline(report)),
-        _section("leaderboard", "Leaderboard (pkb's protocol)", _leaderboard_table(report) + _figure(
-            _leaderboard_bars(report, colors), "pass@1 and fast_1 (correct and faster than the reference) per group")),
+        _section("leaderboard", "Leaderboard (pkb's protocol, in the suite)", _leaderboard_table(report) + _figure(
+            _leaderboard_bars(report, colors),
+            "pass@1 and fast_1 (correct and faster than the reference) per group, in the suite")),
         _section("sets", "By set", '<div class="plots">' + "".join([
             _figure(_strip(report, colors, "speedup-by-set"),
                     "speedup over the reference of each correct, timed sample (log); the bar is the geometric mean"),
             _figure(_strip(report, colors, "roofline-by-set"),
                     "% of roofline of each correct sample; the bar is the median"),
             _figure(_protocol_bars(report, colors),
-                    "pass@1 per category: correct on the upstream cases (paper, solid) and on every case (pkb, light)"),
+                    "pass@1 per category, in the suite: correct on the upstream cases (paper, solid) and on every "
+                    "case (pkb, light)"),
         ]) + "</div>"),
         _section("plots", "Speed", '<div class="plots">' + "".join([
-            _figure(_fast_p_curves(report, colors), "fast_p@1: share of problems solved correctly with speedup > p"),
+            _figure(_fast_p_curves(report, colors),
+                    "fast_p@1 in the suite: share of problems solved correctly with speedup > p"),
             _figure(_verdict_stacks(report), "verdicts per group (latest result of each sample)"),
             _figure(_scatter(report, colors), "correct results: speedup over the reference (log) against % of roofline"),
             _figure(_roofline_histogram(report, colors), "correct results per 10 % bin of roofline"),
         ]) + "</div>"),
-        _section("categories", "Per category", _category_table(report)),
+        _section("categories", "Per category (in the suite)", _category_table(report)),
         _section("problems", "Problems", _problem_index(report) + "".join(_problem_section(report, p)
                                                                            for p in _problems_with_results(report))),
     ]
@@ -99,9 +114,12 @@ def _header(report: Report, title: str, source: str) -> str:
             f'<span data-metric="num_results" data-value="{counted}">{counted}</span> candidate results '
             f"(latest per sample) · grouped by {_e(report.group_by)} · generated "
             f"{time.strftime('%Y-%m-%d %H:%M', time.localtime())}</p>"
-            '<p class="note">pass@k and fast_p are averaged over the selected problems: a problem without a result '
-            "counts as failed; a skipped sample (it needs what the mode lacks) is neither a pass nor a failure, and "
-            f"a problem whose every sample was skipped leaves the denominator.</p>{notes}"
+            '<p class="note">pass@k and fast_p are averaged over problems, in two views: <b>in the suite</b>, '
+            "every selected problem, a problem without a result counting as failed (the paper's denominator; the "
+            "leaderboard, plots and per-category table use it), and <b>covered</b>, the problems a set has a result "
+            "for (the headline's first row of a set that covers part of the selection). A skipped sample (it needs "
+            "what the mode lacks) is neither a pass nor a failure, and a problem whose every sample was skipped "
+            f"leaves the denominator.</p>{notes}"
             '<nav><a href="#headline">headline</a> · <a href="#leaderboard">leaderboard</a> · '
             '<a href="#sets">by set</a> · <a href="#plots">plots</a> · '
             '<a href="#categories">categories</a> · <a href="#problems">problems</a></nav></header>')
@@ -124,27 +142,50 @@ def _headline(report: Report) -> str:
             "<th>pass@1 pkb</th><th>fast_1 paper</th><th>fast_1 pkb</th><th>fast_1.5 pkb</th><th>fast_2 pkb</th><th>geomean speedup</th>"
             "<th>median % roofline</th><th>failures (pkb)</th><th>failures (paper)</th></tr>")
     rows = []
-    for rank, (group, m) in enumerate(report.overall.items(), 1):
-        paper = report.paper[group]
-        fast = m.fast_p.get(1, {}) if m.timed else {}
-        rows.append(
-            f"<tr><td>{rank}</td><td>{_e(group)}</td>"
-            + _num(group, "headline.problems", m.denominator, problems_text(m))
-            + _num(group, "headline.paper.pass@1", paper.pass_at_k.get(1), percent(paper.pass_at_k.get(1)))
-            + _num(group, "headline.pkb.pass@1", m.pass_at_k.get(1), percent(m.pass_at_k.get(1)))
-            + _num(group, "headline.paper.fast_1", fast_1(paper), percent(fast_1(paper)))
-            + _num(group, "headline.pkb.fast_1", fast_1(m), percent(fast_1(m)))
-            + _num(group, "headline.pkb.fast_1.5", fast.get(1.5), percent(fast.get(1.5)))
-            + _num(group, "headline.pkb.fast_2", fast.get(2.0), percent(fast.get(2.0)))
-            + _num(group, "headline.geomean_speedup", m.geomean_speedup, times(m.geomean_speedup))
-            + _num(group, "headline.median_roofline", m.roofline.quantiles.get("median"),
-                   percent(m.roofline.quantiles.get("median")))
-            + f"<td>{_e(', '.join(f'{n} {s}' for s, n in m.failures.items()) or '-')}</td>"
-            + f"<td>{_e(', '.join(f'{n} {s}' for s, n in paper.failures.items()) or '-')}</td></tr>")
+    for rank, group in enumerate(report.groups, 1):
+        if report.coverage[group].complete:
+            rows.append(_headline_row(report, group, "suite", f"<td>{rank}</td><td>{_e(group)}</td>", ""))
+        else:  # on the problems it covers, then on the whole selection (the samples' cells are the row above's)
+            rows.append(_headline_row(report, group, "covered", f'<td rowspan="2">{rank}</td>'
+                                      f'<td rowspan="2">{_e(group)}</td>', COVERED))
+            rows.append(_headline_row(report, group, "suite", "", IN_THE_SUITE, samples=False))
     sandbox = {note: group for group, note in sandbox_notes(report).items()}
-    notes = "".join(_sandbox_note(report, sandbox[n], n) if n in sandbox else f'<p class="note">{_e(n)}</p>'
+    coverage = {note: group for group, note in coverage_notes(report).items()}
+    notes = "".join(_sandbox_note(report, sandbox[n], n) if n in sandbox else
+                    _coverage_note(report, coverage[n], n) if n in coverage else f'<p class="note">{_e(n)}</p>'
                     for n in headline_notes(report) if n not in report.notes)
     return f"{text}<table>{head}{''.join(rows)}</table><p class=\"note\">{_e(HEADLINE_FOOTNOTE)}</p>{notes}"
+
+
+def _headline_row(report: Report, group: str, view: str, lead: str, label: str, samples: bool = True) -> str:
+    """One headline row of ``group`` on ``view``: cells ``headline.<metric>`` on the suite view,
+    ``headline.covered.<metric>`` on the covered one; ``samples``: with the cells that are the same on both
+    views (speedup, roofline, failures), else those left empty."""
+    m, paper = report.on("pkb", view)[group], report.on("paper", view)[group]
+    key = "headline." if view == "suite" else "headline.covered."
+    fast = m.fast_p.get(1, {}) if m.timed else {}
+    cells = (_num(group, key + "problems", m.denominator, problems_text(m, label))
+             + _num(group, key + "paper.pass@1", paper.pass_at_k.get(1), percent(paper.pass_at_k.get(1)))
+             + _num(group, key + "pkb.pass@1", m.pass_at_k.get(1), percent(m.pass_at_k.get(1)))
+             + _num(group, key + "paper.fast_1", fast_1(paper), percent(fast_1(paper)))
+             + _num(group, key + "pkb.fast_1", fast_1(m), percent(fast_1(m)))
+             + _num(group, key + "pkb.fast_1.5", fast.get(1.5), percent(fast.get(1.5)))
+             + _num(group, key + "pkb.fast_2", fast.get(2.0), percent(fast.get(2.0))))
+    if samples:
+        cells += (_num(group, key + "geomean_speedup", m.geomean_speedup, times(m.geomean_speedup))
+                  + _num(group, key + "median_roofline", m.roofline.quantiles.get("median"),
+                         percent(m.roofline.quantiles.get("median")))
+                  + f"<td>{_e(', '.join(f'{n} {s}' for s, n in m.failures.items()) or '-')}</td>"
+                  + f"<td>{_e(', '.join(f'{n} {s}' for s, n in paper.failures.items()) or '-')}</td>")
+    else:
+        cells += "<td></td>" * 4
+    return f'<tr class="view-{view}" data-group="{_e(group)}" data-view="{view}">{lead}{cells}</tr>'
+
+
+def _coverage_note(report: Report, group: str, note: str) -> str:
+    coverage = report.coverage[group]
+    return (f'<p class="note coverage" data-group="{_e(group)}" data-covered="{coverage.num_covered}" '
+            f'data-selected="{coverage.num_selected}">{_e(note)}</p>')
 
 
 def _sandbox_note(report: Report, group: str, note: str) -> str:
@@ -159,21 +200,25 @@ def _section(anchor: str, title: str, body: str) -> str:
     return f'<section id="{anchor}"><h2>{_e(title)}</h2>{body}</section>'
 
 
-def _figure(svg: str, caption: str) -> str:
-    return f"<figure>{svg}<figcaption>{_e(caption)}</figcaption></figure>"
+def _figure(plot: str | _NoPlot, caption: str) -> str:
+    """A plot and its caption; a plot with nothing to draw is a sentence saying why, not an empty frame."""
+    if isinstance(plot, _NoPlot):
+        return f'<p class="note no-plot" data-plot="{plot.name}">{_e(caption)}: {_e(plot.why)}.</p>'
+    return f"<figure>{plot}<figcaption>{_e(caption)}</figcaption></figure>"
 
 
 def _leaderboard_table(report: Report) -> str:
     if not report.groups:
         return '<p class="note">No candidate results in this selection (reference self-checks do not count).</p>'
-    head = ("<tr><th>#</th><th>group</th><th>problems</th><th>attempted</th><th>pass@1</th><th>fast_1</th>"
-            "<th>fast_2</th><th>geomean speedup</th><th>median % roofline</th><th>moves data itself</th>"
-            "<th>failures</th></tr>")
+    head = ("<tr><th>#</th><th>group</th><th>covers</th><th>problems</th><th>attempted</th><th>pass@1</th>"
+            "<th>fast_1</th><th>fast_2</th><th>geomean speedup</th><th>median % roofline</th>"
+            "<th>moves data itself</th><th>failures</th></tr>")
     rows = []
     for rank, (group, m) in enumerate(report.overall.items(), 1):
         fast = m.fast_p.get(1, {})
         rows.append(
             f"<tr><td>{rank}</td><td>{_e(group)}</td>"
+            + _num(group, "covers", report.coverage[group].num_covered, report.coverage[group].text())
             + _num(group, "problems", m.denominator, str(m.denominator))
             + _num(group, "attempted", m.num_attempted, str(m.num_attempted))
             + _num(group, "pass@1", m.pass_at_k.get(1), percent(m.pass_at_k.get(1)))
@@ -205,7 +250,7 @@ def _pass_at_k_table(report: Report) -> str:
 def _category_table(report: Report) -> str:
     if not report.groups:
         return '<p class="note">No candidate results.</p>'
-    head = ("<tr><th>category</th><th>group</th><th>problems</th><th>attempted</th><th>pass@1 paper</th>"
+    head = ("<tr><th>category</th><th>group</th><th>covers</th><th>problems</th><th>attempted</th><th>pass@1 paper</th>"
             "<th>pass@1</th><th>fast_1</th><th>geomean speedup</th><th>median % roofline</th><th>failures</th></tr>")
     rows = []
     for category in report.categories:
@@ -213,8 +258,10 @@ def _category_table(report: Report) -> str:
             m = report.by_category[group][category]
             paper = report.paper_by_category[group][category]
             key = f"{category}."
+            coverage = report.category_coverage(group, category)
             rows.append(
                 f"<tr><td>{_e(category)}</td><td>{_e(group)}</td>"
+                + _num(group, key + "covers", coverage.num_covered, coverage.text())
                 + _num(group, key + "problems", m.denominator, str(m.denominator))
                 + _num(group, key + "attempted", m.num_attempted, str(m.num_attempted))
                 + _num(group, key + "paper.pass@1", paper.pass_at_k.get(1), percent(paper.pass_at_k.get(1)))
@@ -284,24 +331,47 @@ def _result_details(record: Record) -> str:
 # -- plots -------------------------------------------------------------------------------------------
 
 
-def _svg(name: str, body: str, title: str) -> str:
+def _svg(name: str, body: str, title: str, height: float = HEIGHT) -> str:
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" data-plot="{name}" width="{WIDTH}" '
-            f'height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img"><title>{_e(title)}</title>{body}</svg>')
+            f'height="{height:.0f}" viewBox="0 0 {WIDTH} {height:.0f}" role="img">'
+            f"<title>{_e(title)}</title>{body}</svg>")
 
 
-def _empty(name: str, why: str) -> str:
-    return _svg(name, f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle">{_e(why)}</text>', why)
+@dataclass(frozen=True)
+class _NoPlot:
+    """A plot with nothing to draw: ``_figure`` writes ``why`` as a sentence instead."""
+
+    name: str
+    why: str
+
+
+def _empty(name: str, why: str) -> _NoPlot:
+    return _NoPlot(name, why)
+
+
+def _label(name: str) -> str:
+    """A category's or set's name on an x axis: whole up to ``LABEL_CHARS``, else cut with an ellipsis."""
+    return name if len(name) <= LABEL_CHARS else name[:LABEL_CHARS - 1] + "\u2026"
 
 
 class _Frame:
     """The plotting area: maps data to pixels (y grows upward) and draws axes."""
 
-    def __init__(self, x_range: tuple[float, float], y_range: tuple[float, float], log_x: bool = False):
+    def __init__(self, x_range: tuple[float, float], y_range: tuple[float, float], log_x: bool = False,
+                 names: list[str] | None = None):
+        """``names``: an x axis of categories or sets, one per unit of ``x_range`` (``self.names`` are
+        their ticks); turned when they would run into each other, the plot growing taller to hold them."""
         self.log_x = log_x
         self.x0, self.x1 = (math.log10(v) for v in x_range) if log_x else x_range
         self.y0, self.y1 = y_range
         self.left, self.right = MARGIN["left"], WIDTH - MARGIN["right"]
         self.top, self.bottom = MARGIN["top"], HEIGHT - MARGIN["bottom"]
+        shown = [_label(name) for name in names or []]
+        band = (self.right - self.left) / max(len(shown), 1)
+        self.turn_x = any(len(name) * CHAR_WIDTH > band * 0.9 for name in shown)
+        widest = max((len(name) * CHAR_WIDTH for name in shown), default=0)
+        self.height = HEIGHT + (math.sin(math.radians(LABEL_ANGLE)) * widest if self.turn_x else 0)
+        self.names = [(i + 0.5, name) for i, name in enumerate(shown)]
 
     def x(self, value: float) -> float:
         value = math.log10(value) if self.log_x else value
@@ -316,12 +386,18 @@ class _Frame:
                f'<line x1="{self.left}" y1="{self.top}" x2="{self.left}" y2="{self.bottom}" stroke="#888"/>']
         for value, label in x_ticks:
             x = self.x(value)
-            out.append(f'<text x="{x:.1f}" y="{self.bottom + 14}" text-anchor="middle">{_e(label)}</text>')
+            if self.turn_x:  # the label's end under its tick, running down to the left
+                out.append(f'<text class="x-label" transform="translate({x + 3:.1f} {self.bottom + 12}) '
+                           f'rotate(-{LABEL_ANGLE})" text-anchor="end">{_e(label)}</text>')
+            else:
+                out.append(f'<text class="x-label" x="{x:.1f}" y="{self.bottom + 14}" text-anchor="middle">'
+                           f"{_e(label)}</text>")
         for value, label in y_ticks:
             y = self.y(value)
             out.append(f'<line x1="{self.left}" y1="{y:.1f}" x2="{self.right}" y2="{y:.1f}" stroke="#eee"/>'
                        f'<text x="{self.left - 6}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>')
-        out.append(f'<text x="{(self.left + self.right) / 2}" y="{HEIGHT - 6}" text-anchor="middle">{_e(x_label)}</text>')
+        out.append(f'<text x="{(self.left + self.right) / 2}" y="{self.height - 6:.1f}" text-anchor="middle">'
+                   f"{_e(x_label)}</text>")
         out.append(f'<text transform="translate(12 {(self.top + self.bottom) / 2}) rotate(-90)" '
                    f'text-anchor="middle">{_e(y_label)}</text>')
         return "".join(out)
@@ -340,7 +416,7 @@ _PERCENT_TICKS = [(v / 100, f"{v}%") for v in (0, 25, 50, 75, 100)]
 def _leaderboard_bars(report: Report, colors: dict[str, str]) -> str:
     if not report.groups:
         return _empty("leaderboard", "no candidate results")
-    frame = _Frame((0, len(report.groups)), (0, 1))
+    frame = _Frame((0, len(report.groups)), (0, 1), names=list(report.groups))
     band = (frame.right - frame.left) / len(report.groups)
     bars = []
     for i, (group, m) in enumerate(report.overall.items()):
@@ -351,15 +427,16 @@ def _leaderboard_bars(report: Report, colors: dict[str, str]) -> str:
                         f'x="{x:.1f}" y="{frame.y(value):.1f}" width="{band * 0.33:.1f}" '
                         f'height="{frame.bottom - frame.y(value):.1f}" fill="{colors[group]}" fill-opacity="{opacity}">'
                         f"<title>{_e(group)} {metric} {percent(value)}</title></rect>")
-    labels = [(i + 0.5, g[:14]) for i, g in enumerate(report.groups)]
     legend = _legend([("pass@1 (solid)", "#555"), ("fast_1 (light)", "#bbb")])
-    return _svg("leaderboard", frame.axes(labels, _PERCENT_TICKS, "group", "share of problems") + "".join(bars)
-                + legend, "pass@1 and fast_1 per group")
+    return _svg("leaderboard", frame.axes(frame.names, _PERCENT_TICKS, "group", "share of problems") + "".join(bars)
+                + legend, "pass@1 and fast_1 per group", frame.height)
 
 
 def _fast_p_curves(report: Report, colors: dict[str, str]) -> str:
     if not report.groups:
         return _empty("fast-p", "no candidate results")
+    if not any(m.timed for m in report.overall.values()):
+        return _empty("fast-p", "no result was timed, so fast_p for p > 0 says nothing (`pkb run --perf` times them)")
     frame = _Frame((FAST_P_THRESHOLDS[0], FAST_P_THRESHOLDS[-1]), (0, 1))
     out = []
     for group, m in report.overall.items():
@@ -382,7 +459,7 @@ def _verdict_stacks(report: Report) -> str:
         return _empty("verdicts", "no candidate results")
     statuses = [s for s in Status if any(s.value in m.verdicts for m in report.overall.values())]
     most = max(sum(m.verdicts.values()) for m in report.overall.values()) or 1
-    frame = _Frame((0, len(report.groups)), (0, most))
+    frame = _Frame((0, len(report.groups)), (0, most), names=list(report.groups))
     band = (frame.right - frame.left) / len(report.groups)
     out = []
     for i, (group, m) in enumerate(report.overall.items()):
@@ -399,9 +476,8 @@ def _verdict_stacks(report: Report) -> str:
             stacked += count
     step = max(1, math.ceil(most / 5))
     y_ticks = [(v, str(v)) for v in range(0, most + 1, step)]
-    labels = [(i + 0.5, g[:14]) for i, g in enumerate(report.groups)]
-    return _svg("verdicts", frame.axes(labels, y_ticks, "group", "results") + "".join(out)
-                + _legend([(s.value, STATUS_COLORS[s]) for s in statuses]), "verdicts by group")
+    return _svg("verdicts", frame.axes(frame.names, y_ticks, "group", "results") + "".join(out)
+                + _legend([(s.value, STATUS_COLORS[s]) for s in statuses]), "verdicts by group", frame.height)
 
 
 def _scatter(report: Report, colors: dict[str, str]) -> str:
@@ -441,11 +517,12 @@ def _strip(report: Report, colors: dict[str, str], name: str) -> str:
               for g in report.groups}
     values = [v for ps in points.values() for _, v in ps]
     if not values:
-        return _empty(name, "no correct result was timed" if speed else "no correct result has a % of roofline")
+        return _empty(name, "no correct result was timed (`pkb run --perf` times them)" if speed else
+                      "no correct result has a % of roofline (it needs a timed result)")
     if speed:
         low = 10 ** math.floor(math.log10(min(min(values), 1.0)))
         high = 10 ** math.ceil(math.log10(max(max(values), 1.0) * 1.0001))
-        frame = _Frame((0, len(report.groups)), (math.log10(low), math.log10(high)))
+        frame = _Frame((0, len(report.groups)), (math.log10(low), math.log10(high)), names=list(report.groups))
         y_of = lambda v: frame.y(math.log10(v))  # noqa: E731
         y_ticks, tick = [], low
         while tick <= high * 1.0001:
@@ -454,7 +531,7 @@ def _strip(report: Report, colors: dict[str, str], name: str) -> str:
         out = [f'<line x1="{frame.left}" y1="{y_of(1.0):.1f}" x2="{frame.right}" y2="{y_of(1.0):.1f}" '
                'stroke="#aaa" stroke-dasharray="4 3"/>']
     else:
-        frame = _Frame((0, len(report.groups)), (0, max(1.0, max(values))))
+        frame = _Frame((0, len(report.groups)), (0, max(1.0, max(values))), names=list(report.groups))
         y_of, y_ticks, out = frame.y, _PERCENT_TICKS, []
     band = (frame.right - frame.left) / len(report.groups)
     for i, group in enumerate(report.groups):
@@ -470,10 +547,9 @@ def _strip(report: Report, colors: dict[str, str], name: str) -> str:
             y, x0, x1 = y_of(summary), frame.left + band * (i + 0.1), frame.left + band * (i + 0.9)
             out.append(f'<line class="summary" data-group="{_e(group)}" data-value="{summary}" x1="{x0:.1f}" '
                        f'y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" stroke="#222" stroke-width="2"/>')
-    labels = [(i + 0.5, g[:14]) for i, g in enumerate(report.groups)]
     axis = "speedup over the reference" if speed else "% of roofline"
-    return _svg(name, frame.axes(labels, y_ticks, report.group_by, axis) + "".join(out)
-                + _legend([(g, colors[g]) for g in report.groups]), axis + " by set")
+    return _svg(name, frame.axes(frame.names, y_ticks, report.group_by, axis) + "".join(out)
+                + _legend([(g, colors[g]) for g in report.groups]), axis + " by set", frame.height)
 
 
 def _protocol_bars(report: Report, colors: dict[str, str]) -> str:
@@ -481,7 +557,7 @@ def _protocol_bars(report: Report, colors: dict[str, str]) -> str:
     if not report.groups:
         return _empty("protocols", "no candidate results")
     categories = report.categories
-    frame = _Frame((0, len(categories)), (0, 1))
+    frame = _Frame((0, len(categories)), (0, 1), names=list(categories))
     band = (frame.right - frame.left) / len(categories)
     width = band * 0.8 / (2 * len(report.groups))
     out = []
@@ -495,10 +571,9 @@ def _protocol_bars(report: Report, colors: dict[str, str]) -> str:
                            f'width="{width * 0.95:.1f}" height="{frame.bottom - frame.y(value):.1f}" '
                            f'fill="{colors[group]}" fill-opacity="{opacity}"><title>{_e(group)} {_e(category)} '
                            f"pass@1 ({protocol}) {percent(value)}</title></rect>")
-    labels = [(i + 0.5, c[:16]) for i, c in enumerate(categories)]
     legend = _legend([(g, colors[g]) for g in report.groups] + [("paper: solid", "#555"), ("pkb: light", "#bbb")])
-    return _svg("protocols", frame.axes(labels, _PERCENT_TICKS, "category", "pass@1") + "".join(out) + legend,
-                "correct on the upstream cases against correct on every case, per category")
+    return _svg("protocols", frame.axes(frame.names, _PERCENT_TICKS, "category", "pass@1") + "".join(out) + legend,
+                "correct on the upstream cases against correct on every case, per category", frame.height)
 
 
 def _roofline_histogram(report: Report, colors: dict[str, str]) -> str:

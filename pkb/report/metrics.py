@@ -24,8 +24,15 @@ verdict is ``ok`` on every case pkb checked. Every metric exists on both (``Repo
   candidates ran without the full sandbox: with ``--sandbox off``, with some protection missing on their
   machine (partial), or with no record of it (rows from a pkb before the sandbox). Protocol-independent.
 
-How results count: a problem of the selection with no result for a group counts as failed (0 in
-pass@k and fast_p). A ``skipped`` sample (it needs what the mode lacks), a ``harness_error`` (pkb's own
+Two views of the problems (``VIEWS``): ``suite``, over the whole selection, where a problem with no result
+for a group counts as failed (0 in pass@k and fast_p: the paper's denominator, and the one a model's
+folder is ranked on), and ``covered``, over the problems the group has a result for (``Coverage``): what
+a set that covers only part of the selection (pkb's shipped worked examples, a folder missing files)
+achieves on its part. The two are the same for a set that covers the whole selection. Every metric exists
+on both (``Report.on(protocol, view)``).
+
+How results count: a problem of the selection with no result for a group counts as failed on the suite
+view. A ``skipped`` sample (it needs what the mode lacks), a ``harness_error`` (pkb's own
 failure, no verdict on the candidate), an ``infra_error`` (the machine under it failed) and, on the paper's protocol, a sample whose upstream verdict is
 unknown (``num_unknown``) are neither a pass nor a failure: they are left out of ``n``, and a problem
 with no other sample leaves the denominator (``num_skipped_problems``). Reference self-checks never
@@ -44,6 +51,7 @@ from pkb.problem import Status
 from pkb.report.records import PROTOCOLS, SANDBOX_GAPS, Record, sandbox_gap
 
 FAST_P_THRESHOLDS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)
+VIEWS = ("covered", "suite")  # the problems a group has a result for; the whole selection (the paper's)
 DEFAULT_KS = (1, 5, 10, 100)
 QUANTILES = {"p10": 0.1, "p25": 0.25, "median": 0.5, "p75": 0.75, "p90": 0.9}
 ROOFLINE_BIN_EDGES = tuple(i / 10 for i in range(11))  # 0, 0.1, ..., 1.0, then one bin above 100 %
@@ -208,6 +216,29 @@ def sandbox_tally(records: Iterable[Record]) -> SandboxTally:
 
 
 @dataclass(frozen=True)
+class Coverage:
+    """How much of the selection (or of one category of it) a group has a result for, whatever the verdict:
+    e.g. pkb's 8 shipped files over the whole suite are ``Coverage(87, 8)``."""
+
+    num_selected: int
+    num_covered: int
+
+    @property
+    def complete(self) -> bool:
+        return self.num_covered == self.num_selected
+
+    def text(self) -> str:
+        """e.g. ``8 of 87``."""
+        return f"{self.num_covered} of {self.num_selected}"
+
+
+def covered_problems(records: Iterable[Record], problems: Iterable[str]) -> list[str]:
+    """The problems of ``problems`` (in its order) that ``records`` (one group's) have a row for."""
+    present = {r.problem for r in records}
+    return [p for p in dict.fromkeys(problems) if p in present]
+
+
+@dataclass(frozen=True)
 class SelfCheck:
     """The references checked against themselves: a check of the suite and of the harness, not a set."""
 
@@ -265,17 +296,34 @@ class Report:
     paper_by_category: dict[str, dict[str, Metrics]] = field(default_factory=dict)
     self_check: SelfCheck = SelfCheck(0, 0, 0, 0, {})
     ks: tuple[int, ...] = DEFAULT_KS
+    coverage: dict[str, Coverage] = field(default_factory=dict)  # group -> its share of the selection
+    covered: dict[str, dict[str, Metrics]] = field(default_factory=dict)  # protocol -> group -> covered view
+    covered_by_category: dict[str, dict[str, dict[str, Metrics]]] = field(default_factory=dict)  # protocol -> ...
 
     @property
     def categories(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(self.problems.values()))
 
-    def on(self, protocol: str) -> dict[str, Metrics]:
-        """Overall metrics per group on ``protocol``."""
+    def on(self, protocol: str, view: str = "suite") -> dict[str, Metrics]:
+        """Overall metrics per group on ``protocol``, over the whole selection (``suite``) or over the
+        problems each group covers (``covered``)."""
+        if view == "covered":
+            return self.covered[protocol]
         return self.paper if protocol == "paper" else self.overall
 
-    def on_category(self, protocol: str) -> dict[str, dict[str, Metrics]]:
+    def on_category(self, protocol: str, view: str = "suite") -> dict[str, dict[str, Metrics]]:
+        if view == "covered":
+            return self.covered_by_category[protocol]
         return self.paper_by_category if protocol == "paper" else self.by_category
+
+    def partial(self) -> list[str]:
+        """The groups that have results for only part of the selection, best first."""
+        return [g for g in self.groups if not self.coverage[g].complete]
+
+    def category_coverage(self, group: str, category: str) -> Coverage:
+        selected = [p for p, c in self.problems.items() if c == category]
+        return Coverage(len(selected), len(covered_problems(
+            (r for r in self.records if r.group == group and not r.is_reference), selected)))
 
     def sandbox(self, group: str, category: str | None = None) -> SandboxTally:
         """How the candidates of ``group``'s counted results (the selection, or one ``category`` of it;
@@ -301,6 +349,10 @@ class Report:
                            "failed": self.self_check.failed},
             **_protocol_json(self.overall, self.by_category),
             "paper": _protocol_json(self.paper, self.paper_by_category),
+            "coverage": {g: {"selected": c.num_selected, "covered": c.num_covered, "complete": c.complete}
+                         for g, c in self.coverage.items()},
+            "covered": {**_protocol_json(self.covered["pkb"], self.covered_by_category["pkb"]),
+                        "paper": _protocol_json(self.covered["paper"], self.covered_by_category["paper"])},
             "notes": list(self.notes),
         }
 
@@ -331,21 +383,34 @@ def build_report(records: Iterable[Record], problems: dict[str, str], group_by: 
     for record in records:
         if not record.is_reference and record.problem in problems:
             by_group.setdefault(record.group, []).append(record)
+    covered = {g: covered_problems(rs, problems) for g, rs in by_group.items()}
+    views = {view: {g: {p: problems[p] for p in (covered[g] if view == "covered" else problems)} for g in by_group}
+             for view in VIEWS}  # view -> group -> its problems, slug -> category
     categories = tuple(dict.fromkeys(problems.values()))
-    on_protocol = {}
-    for protocol in PROTOCOLS:
-        overall = {g: compute(rs, problems, ks, protocol) for g, rs in by_group.items()}
-        by_category = {g: {c: compute([r for r in rs if problems[r.problem] == c],
-                                      [p for p, pc in problems.items() if pc == c], ks, protocol) for c in categories}
-                       for g, rs in by_group.items()}
-        on_protocol[protocol] = (overall, by_category)
-    overall, by_category = on_protocol["pkb"]
-    paper, paper_by_category = on_protocol["paper"]
-    groups = tuple(sorted(overall, key=lambda g: _rank_key(g, overall[g])))
-    return Report(group_by, dict(problems), groups, {g: overall[g] for g in groups},
-                  {g: by_category[g] for g in groups}, records, tuple(notes),
-                  paper={g: paper[g] for g in groups}, paper_by_category={g: paper_by_category[g] for g in groups},
-                  self_check=self_check(records, problems), ks=ks)
+    on_protocol = {(view, protocol): _view_metrics(by_group, views[view], categories, ks, protocol)
+                   for view in VIEWS for protocol in PROTOCOLS}
+    overall, by_category = on_protocol[("suite", "pkb")]
+    paper, paper_by_category = on_protocol[("suite", "paper")]
+    groups = tuple(sorted(overall, key=lambda g: _rank_key(g, overall[g])))  # ranked on the suite: comparable
+    ordered = lambda by: {g: by[g] for g in groups}  # noqa: E731
+    return Report(group_by, dict(problems), groups, ordered(overall), ordered(by_category), records, tuple(notes),
+                  paper=ordered(paper), paper_by_category=ordered(paper_by_category),
+                  self_check=self_check(records, problems), ks=ks,
+                  coverage={g: Coverage(len(problems), len(covered[g])) for g in groups},
+                  covered={p: ordered(on_protocol[("covered", p)][0]) for p in PROTOCOLS},
+                  covered_by_category={p: ordered(on_protocol[("covered", p)][1]) for p in PROTOCOLS})
+
+
+def _view_metrics(by_group: dict[str, list[Record]], problems_of: dict[str, dict[str, str]],
+                  categories: tuple[str, ...], ks: tuple[int, ...],
+                  protocol: str) -> tuple[dict[str, Metrics], dict[str, dict[str, Metrics]]]:
+    """Each group's metrics over its problems (``problems_of[group]``, slug -> category), overall and per
+    category (every one of ``categories``, over no problem where the group's problems have none of it)."""
+    overall = {g: compute(rs, problems_of[g], ks, protocol) for g, rs in by_group.items()}
+    by_category = {g: {c: compute([r for r in rs if problems_of[g].get(r.problem) == c],
+                                  [p for p, pc in problems_of[g].items() if pc == c], ks, protocol)
+                       for c in categories} for g, rs in by_group.items()}
+    return overall, by_category
 
 
 def _rank_key(group: str, metrics: Metrics) -> tuple:

@@ -14,8 +14,11 @@ from pkb.report.records import PROTOCOLS, Record
 HEADLINE_COLUMNS = ("set", "problems", "pass@1 paper / pkb", "fast_1 paper / pkb", "geomean speedup",
                     "median roofline", "failures (pkb)")
 HEADLINE_FOOTNOTE = ("paper: correct on the upstream cases alone (the paper's protocol); pkb: correct on every case "
-                     "pkb checks.\nproblems: attempted of counted; a problem without a result counts as failed, one "
-                     "whose samples were all skipped (or pkb's own failures) is left out.")
+                     "pkb checks.\nproblems: attempted of counted, a problem whose samples were all skipped (or pkb's "
+                     "own failures) left out. A set with results for part of the selection has two rows: `covered` "
+                     "counts the problems it has a result for; `in the suite` counts every selected problem, one "
+                     "without a result as failed (the paper's denominator; sets are ranked on it).")
+COVERED, IN_THE_SUITE = "covered", "in the suite"  # how the headline labels the two views (metrics.VIEWS)
 ALL_CATEGORIES = "all"
 
 # The result rows' columns, in order, for csv and parquet (JSON-valued columns hold JSON text).
@@ -47,10 +50,11 @@ def pair(paper: str, pkb: str) -> str:
     return f"{paper} / {pkb}"
 
 
-def problems_text(m: Metrics) -> str:
-    """e.g. ``3 of 5`` (attempted of counted), ``1 of 1 (+1 left out)``."""
-    return f"{m.num_attempted} of {m.denominator}" + (f" (+{m.num_skipped_problems} left out)"
-                                                       if m.num_skipped_problems else "")
+def problems_text(m: Metrics, view: str = "") -> str:
+    """e.g. ``3 of 5`` (attempted of counted), ``1 of 1 (+1 left out)``, ``8 of 8 covered``, ``8 of 87 in the
+    suite`` (``view``: the headline's label of the view, for a set that covers part of the selection)."""
+    return f"{m.num_attempted} of {m.denominator}" + (f" {view}" if view else "") + (
+        f" (+{m.num_skipped_problems} left out)" if m.num_skipped_problems else "")
 
 
 def failures_text(m: Metrics) -> str:
@@ -61,22 +65,48 @@ def failures_text(m: Metrics) -> str:
 
 
 def headline_rows(report: Report) -> list[dict[str, str]]:
-    """One row per group, best first: the headline of ``pkb run`` and of ``pkb report``."""
+    """The headline of ``pkb run`` and of ``pkb report``, best first: one row per group that covers the whole
+    selection; two for one that covers part of it, on the problems it covers (``8 of 8 covered``), then on
+    the whole selection (``8 of 87 in the suite``, the paper's denominator; the samples' columns left blank,
+    they are the row above's)."""
     rows = []
-    for group, m in report.overall.items():
-        paper = report.paper[group]
-        rows.append({"set": group, "problems": problems_text(m),
-                     "pass@1 paper / pkb": pair(percent(paper.pass_at_k.get(1)), percent(m.pass_at_k.get(1))),
-                     "fast_1 paper / pkb": pair(percent(fast_1(paper)), percent(fast_1(m))),
-                     "geomean speedup": times(m.geomean_speedup),
-                     "median roofline": percent(m.roofline.quantiles.get("median")),
-                     "failures (pkb)": failures_text(m)})
+    for group in report.groups:
+        if report.coverage[group].complete:
+            rows.append(_headline_row(report, group, "suite", ""))
+            continue
+        rows.append(_headline_row(report, group, "covered", COVERED))
+        suite = _headline_row(report, group, "suite", IN_THE_SUITE)
+        rows.append({c: suite[c] if c in ("problems", "pass@1 paper / pkb", "fast_1 paper / pkb") else ""
+                     for c in HEADLINE_COLUMNS})
     return rows
+
+
+def _headline_row(report: Report, group: str, view: str, label: str) -> dict[str, str]:
+    m, paper = report.on("pkb", view)[group], report.on("paper", view)[group]
+    return {"set": group, "problems": problems_text(m, label),
+            "pass@1 paper / pkb": pair(percent(paper.pass_at_k.get(1)), percent(m.pass_at_k.get(1))),
+            "fast_1 paper / pkb": pair(percent(fast_1(paper)), percent(fast_1(m))),
+            "geomean speedup": times(m.geomean_speedup),
+            "median roofline": percent(m.roofline.quantiles.get("median")),
+            "failures (pkb)": failures_text(m)}
+
+
+def coverage_notes(report: Report) -> dict[str, str]:
+    """Per group with results for part of the selection, e.g. ``pkb shipped has results for 8 of the 87
+    selected problems: its `covered` row counts those, its `in the suite` row every selected problem (the
+    79 without a result as failed)``."""
+    notes = {}
+    for group in report.partial():
+        coverage = report.coverage[group]
+        notes[group] = (f"{group} has results for {coverage.num_covered} of the {coverage.num_selected} selected "
+                        f"problems: its `{COVERED}` row counts those, its `{IN_THE_SUITE}` row every selected "
+                        f"problem (the {coverage.num_selected - coverage.num_covered} without a result as failed)")
+    return notes
 
 
 def headline_notes(report: Report) -> list[str]:
     """What the reader of the headline should know beyond the footnote."""
-    notes = []
+    notes = list(coverage_notes(report).values())
     for group, m in report.paper.items():
         if m.num_unknown:
             notes.append(f"{group}: {m.num_unknown} sample(s) without an upstream verdict (their run left the "
@@ -113,7 +143,9 @@ def metric_columns(ks) -> tuple[str, ...]:
             + tuple(f"fast_{p:g}" for p in FAST_P_THRESHOLDS if p >= 1)
             + tuple(f"fast_1@{k}" for k in ks if k > 1)
             + ("geomean_speedup", "num_timed", "median_roofline", "moves_data_itself", "failures",
-               "results_without_full_sandbox"))
+               "results_without_full_sandbox")
+            + ("selected", "covered", "covered_problems") + tuple(f"covered_pass@{k}" for k in ks)
+            + ("covered_fast_1",))
 
 
 def metrics_table(report: Report) -> list[dict]:
@@ -121,15 +153,24 @@ def metrics_table(report: Report) -> list[dict]:
     rows = []
     for group in report.groups:
         for protocol in PROTOCOLS:
-            cells = [(ALL_CATEGORIES, report.on(protocol)[group])]
-            cells += list(report.on_category(protocol)[group].items())
-            rows += [_metric_row(group, category, protocol, m, report.ks,
-                                 report.sandbox(group, None if category == ALL_CATEGORIES else category))
-                     for category, m in cells]
+            cells = [(ALL_CATEGORIES, report.on(protocol)[group], report.on(protocol, "covered")[group],
+                      report.coverage[group])]
+            cells += [(category, m, report.on_category(protocol, "covered")[group][category],
+                       report.category_coverage(group, category))
+                      for category, m in report.on_category(protocol)[group].items()]
+            for category, m, covered, coverage in cells:
+                row = _metric_row(group, category, protocol, m, report.ks,
+                                  report.sandbox(group, None if category == ALL_CATEGORIES else category))
+                row.update(selected=coverage.num_selected, covered=coverage.num_covered,
+                           covered_problems=covered.denominator,
+                           **{f"covered_pass@{k}": covered.pass_at_k.get(k) for k in sorted(set(report.ks))},
+                           covered_fast_1=fast_1(covered))
+                rows.append(row)
     return rows
 
 
 def _metric_row(group: str, category: str, protocol: str, m: Metrics, ks, sandbox: SandboxTally) -> dict:
+    """The suite view's columns (``metric_columns`` up to ``results_without_full_sandbox``)."""
     row = {"group": group, "category": category, "protocol": protocol, "problems": m.denominator,
            "attempted": m.num_attempted, "samples": m.num_samples, "unknown": m.num_unknown}
     for k in sorted(set(ks)):
@@ -149,7 +190,7 @@ def _metric_row(group: str, category: str, protocol: str, m: Metrics, ks, sandbo
 def metric_types(ks) -> dict[str, type]:
     return {c: (str if c in ("group", "category", "protocol", "failures") else
                 int if c in ("problems", "attempted", "samples", "unknown", "num_timed",
-                             "results_without_full_sandbox") else float)
+                             "results_without_full_sandbox", "selected", "covered", "covered_problems") else float)
             for c in metric_columns(ks)}
 
 

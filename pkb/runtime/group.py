@@ -120,10 +120,12 @@ class RankGroup:
     ``broker`` (pkb.runtime.builds.BuildBroker) answers their requests for CUDA extensions.
     """
 
-    def __init__(self, mode: Mode, world_size: int, role: str, plan_for=None, broker=None):
+    def __init__(self, mode: Mode, world_size: int, role: str, plan_for=None, broker=None,
+                 cpu_threads: int | None = None):
         self.mode = mode
         self.world_size = world_size
         self.role = role
+        self.cpu_threads = cpu_threads  # each rank's share of the cores (pkb.runtime.modes.worker_environment)
         self.plan_for = plan_for
         self.broker = broker
         self.ranks: list[_Rank] = []
@@ -138,7 +140,7 @@ class RankGroup:
         self._log_dir = Path(tempfile.mkdtemp(prefix=f"pkb-{role}-"))
 
     def spawn(self) -> "RankGroup":
-        env_updates = worker_environment(self.mode, base={})
+        env_updates = worker_environment(self.mode, base={}, cpu_threads=self.cpu_threads)
         if self.plan_for is not None:
             if self.broker is not None:
                 env_updates["PKB_BUILD_CACHE"] = str(self.broker.cache_root)

@@ -84,8 +84,10 @@ def choose_mode(requested: str, world_size: int, num_gpus: int | None = None) ->
     return ModeChoice(mode, f"--mode {mode} requested")
 
 
-def worker_environment(mode: Mode, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a rank process: the parent's, plus what the mode needs.
+def worker_environment(mode: Mode, base: dict[str, str] | None = None, cpu_threads: int | None = None) -> dict[str, str]:
+    """The environment of a rank process: the parent's, plus what the mode needs; ``cpu_threads``: the
+    threads its CPU work may use (evaluations side by side share the cores; default: torch's choice,
+    one in cpu mode, where every rank computes).
 
     NVLS/multicast switches the user set (NCCL_NVLS_ENABLE, TORCH_SYMM_MEM_DISABLE_MULTICAST,
     NVSHMEM_DISABLE_NVLS) are inherited untouched: on shared hosts multicast can take GPUs out of service.
@@ -96,6 +98,8 @@ def worker_environment(mode: Mode, base: dict[str, str] | None = None) -> dict[s
         env["CUDA_VISIBLE_DEVICES"] = ""
     if mode is Mode.SHARED_GPU:
         env["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
+    if cpu_threads is not None and mode is not Mode.CPU:
+        env["OMP_NUM_THREADS"] = env["PKB_CPU_THREADS"] = str(cpu_threads)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env["PYTHONWARNINGS"] = "ignore::FutureWarning" + ("," + env["PYTHONWARNINGS"] if env.get("PYTHONWARNINGS") else "")
     return env

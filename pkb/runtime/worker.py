@@ -51,6 +51,8 @@ class Worker:
         if self.mode is Mode.CPU:
             torch.set_num_threads(1)
             return torch.device("cpu")
+        if os.environ.get("PKB_CPU_THREADS"):  # evaluations side by side: this rank's share of the cores
+            torch.set_num_threads(int(os.environ["PKB_CPU_THREADS"]))
         index = self.rank % torch.cuda.device_count() if self.mode is Mode.SHARED_GPU else self.rank
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
