@@ -39,13 +39,21 @@ class Job:
         return replace(run, cases=self.cases or run.cases, num_trials=self.trials or run.num_trials)
 
 
-# Names solution files carry from earlier upstream revisions. The upstream benchmark renumbered its
-# problems after model solutions were published (one problem was inserted and later numbers moved by
-# one, a few were renamed, one was dropped), so a file's number alone cannot be trusted: files are
-# resolved by name, and a known old name maps here (None: the problem no longer exists upstream).
-UPSTREAM_RENAMES: dict[str, str | None] = {
-    "fsdp_adamw_sharded": None,  # old 46/47, dropped upstream
+# Upstream's earlier revision, in which model solutions were published before it renumbered and renamed
+# its problems: one problem was inserted (old 33), one dropped (old 47, fsdp_adamw_sharded), one added
+# (today's 46, gemv_decode), so old 34-46 are today's 33-45 and old 48-88 today's 47-87, under the same
+# names; four were renamed in place. A renamed problem's old name can be another problem's name today
+# (old 12 gemm_allgather is today's 12 allgather_gemm, while today's 14 is gemm_allgather), so a file's
+# number and name are read together against this table: (old number, old name) -> today's slug, or None
+# where the problem no longer exists upstream.
+EARLIER_REVISION: dict[tuple[int, str], str | None] = {
+    (11, "gemm_allgather_at"): "allgather_gemm_at",
+    (12, "gemm_allgather"): "allgather_gemm",
+    (14, "gemm_allscatter"): "gemm_allgather",
+    (18, "rms_norm"): "tp_rms_norm",
+    (47, "fsdp_adamw_sharded"): None,
 }
+DROPPED = {"fsdp_adamw_sharded"}  # old names of problems upstream no longer has, numbered or not
 
 
 @dataclass(frozen=True)
@@ -59,26 +67,45 @@ class FileMatch:
 def match_file(path: Path, problems: dict[str, Problem]) -> FileMatch:
     """The problem a solution file is for: ``<slug>[_<anything>].py`` or ``<n>_<name>[_<backend>].py``.
 
-    By name first (case-insensitive, the longest slug that the name starts with), then the table of
-    old upstream names; a bare number (``12.py``, ``12_cuda.py`` only if no name matches) by number.
-    A name that matches nothing is reported, never guessed from its number.
+    Number and name together first, against upstream's earlier revision (``EARLIER_REVISION``); then by
+    name (case-insensitive, the longest name that the file's starts with: today's slugs, and the old
+    names no problem has today); a bare number (``12.py``, ``12_cuda.py``) by number. A name that matches
+    nothing is reported, never guessed from its number.
     """
     stem = path.stem
     number_match = _UPSTREAM_NAME.match(stem)
     number = int(number_match.group(1)) if number_match else None
     name = (stem[number_match.end():] if number_match else stem).lower()
-    for slug in sorted(problems, key=len, reverse=True):  # longest first: allgather_gemm_at before allgather_gemm
-        if name == slug or name.startswith(slug + "_"):
-            problem = problems[slug]
-            if number is not None and number != problem.upstream_id:
-                return FileMatch(problem, f"by name (its number {number} is from an earlier upstream revision; "
-                                          f"now {problem.upstream_id})")
-            return FileMatch(problem, "by name")
-    for old, slug in sorted(UPSTREAM_RENAMES.items(), key=lambda item: -len(item[0])):
-        if name == old or name.startswith(old + "_"):
+
+    def names(candidate: str) -> bool:
+        return name == candidate or name.startswith(candidate + "_")
+
+    for (old_number, old_name), slug in sorted(EARLIER_REVISION.items(), key=lambda item: -len(item[0][1])):
+        if number == old_number and names(old_name):
             if slug is None:
-                return FileMatch(None, f"{old} was dropped from the upstream benchmark")
-            return FileMatch(problems[slug], f"by its old upstream name {old}")
+                return FileMatch(None, f"{old_number} {old_name} was dropped from the upstream benchmark")
+            problem = problems[slug]
+            return FileMatch(problem, f"by number and name in upstream's earlier revision ({old_number} {old_name}; "
+                                      f"now {problem.upstream_id} {slug})")
+    old_only = {old_name: slug for (_, old_name), slug in EARLIER_REVISION.items() if old_name not in problems}
+    for known in sorted([*problems, *old_only], key=len, reverse=True):  # longest first: gemm_allgather_at first
+        if not names(known):
+            continue
+        if known in DROPPED:
+            return FileMatch(None, f"{known} was dropped from the upstream benchmark")
+        if known in old_only:
+            problem = problems[old_only[known]]
+            return FileMatch(problem, f"by its name in upstream's earlier revision ({known}; now "
+                                      f"{problem.upstream_id} {problem.name})")
+        problem = problems[known]
+        if number is not None and number != problem.upstream_id:
+            return FileMatch(problem, f"by name (its number {number} is from an earlier upstream revision; "
+                                      f"now {problem.upstream_id})")
+        was = [old_number for (old_number, old_name), slug in EARLIER_REVISION.items() if old_name == known and slug != known]
+        if number is None and was:  # today's name of one problem, the old name of another: the number decides
+            return FileMatch(problem, f"by name ({known} was problem {was[0]}'s name in upstream's earlier revision: "
+                                      f"name a file written for that {was[0]}_{known}...)")
+        return FileMatch(problem, "by name")
     if number is not None and name in ("", "cuda", "triton", "torch", "nccl"):
         problem = next((p for p in problems.values() if p.upstream_id == number), None)
         return FileMatch(problem, "by number" if problem else f"no problem has number {number}")

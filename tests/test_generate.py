@@ -479,3 +479,63 @@ def test_a_local_server_preset_needs_its_address(monkeypatch):
     monkeypatch.delenv("VLLM_BASE_URL", raising=False)
     with pytest.raises(SetupError, match="set VLLM_BASE_URL"):
         connect("vllm:my-model")
+
+
+# -- the upstream benchmark's prompt (--prompt upstream), on a fixture with upstream's layout -------------
+
+UPSTREAM_FIXTURE = REPO / "tests" / "fixtures" / "upstream_layout"
+EXAMPLE_IN, EXAMPLE_OUT = "def solution(x):\n    return x\n", "def solution(x):\n    return x.clone()\n"
+
+
+def test_the_upstream_prompt_is_assembled_as_upstreams_kernelgen_does(capsys):
+    # the fixture's templates, put together by hand in upstream's order (options.generate_kernel.components)
+    expected_user = "\n\n".join([
+        "STATEMENT: write CUDA-K.",
+        f"INTRO-FEW CUDA-K\n[First example] IN={EXAMPLE_IN} OUT={EXAMPLE_OUT} (CUDA-K)\n\n"
+        f"[Example 2] IN={EXAMPLE_IN} OUT={EXAMPLE_OUT} (CUDA-K)",  # two examples: few-shot, unnamed one numbered
+        "ARCH:\ndef solution(tensor):\n    return tensor  # reference 1",
+        "PRECISION: BF-16",  # meta.default_precision; the empty hardware section left out
+        "INSTRUCTION: keep solution(); answer in one python block.",
+    ]) + ("\nThe generated file will be saved as: solutions_cuda/1_allreduce_cuda.py\n"
+          "Produce the complete Python file contents for that path.")
+    code, out, err = run_cli(capsys, "prompt", "1", "--prompt", "upstream", "--upstream-dir", str(UPSTREAM_FIXTURE))
+    assert code == 0, err
+    assert out == "SYSTEM default.\n\n" + expected_user + "\n"  # the system prompt: generate_kernel.py's constant
+
+    from pkb.generate.prompt import load_profile
+    from pkb.generate.upstream_prompt import prompt_for
+    from pkb.registry import get_problem
+
+    triton = prompt_for(get_problem("allgather_gemm_at"), "triton", load_profile(), kind="upstream",
+                        upstream_dir=UPSTREAM_FIXTURE)
+    assert triton.system == "SYSTEM for triton." and triton.kind == "upstream"  # the backend's own, stripped
+    assert f"INTRO-ONE Triton-K\n[Only example] IN={EXAMPLE_IN}" in triton.user  # one example: one-shot
+    assert "# reference 11" in triton.user and "solutions_triton/11_allgather_gemm_AT_triton.py" in triton.user
+
+
+def test_the_upstream_prompt_says_what_is_missing(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "prompt", "1", "--prompt", "upstream")
+    assert code == 2 and "--prompt upstream needs --upstream-dir" in err
+    code, _, err = run_cli(capsys, "prompt", "1", "--prompt", "upstream", "--upstream-dir", str(tmp_path))
+    assert code == 2 and "kernelgen/prompts.toml not found" in err and "clone of the upstream benchmark" in err
+    code, _, err = run_cli(capsys, "prompt", "2", "--prompt", "upstream", "--upstream-dir", str(UPSTREAM_FIXTURE))
+    assert code == 2 and "has no file for problem 2 (allgather)" in err
+    code, _, err = run_cli(capsys, "prompt", "1", "--upstream-dir", str(UPSTREAM_FIXTURE))
+    assert code == 2 and "--upstream-dir goes with --prompt upstream" in err
+
+
+def test_generate_with_the_upstream_prompt_sends_it_and_records_which_prompt(capsys, keys, tmp_path):
+    db, out = tmp_path / "gen.sqlite", tmp_path / "runs"
+    with FakeModelServer({"m": [Reply(GOOD)]}) as server:
+        common = ["--problems", "1", "--db", str(db), "--out", str(out), "--base-url", server.url + "/v1", "--json"]
+        code, stdout, _ = run_cli(capsys, "generate", "--model", "vllm:m", "--no-eval", "--prompt", "upstream",
+                                  "--upstream-dir", str(UPSTREAM_FIXTURE), "--run", "paper", *common)
+        assert code == 0 and json.loads(stdout)[0]["status"] == "generated"
+        code, _, _ = run_cli(capsys, "generate", "--model", "vllm:m", "--no-eval", "--run", "own", *common)
+        assert code == 0
+        sent = [body["messages"] for body in server.requests_for("m")]
+    assert sent[0][0] == {"role": "system", "content": "SYSTEM default."}
+    assert sent[0][1]["content"].startswith("STATEMENT: write CUDA-K.")
+    rows = {row["run"]: row for row in generations(db)}
+    assert rows["paper"]["prompt_kind"] == "upstream" and rows["paper"]["system"] == "SYSTEM default."
+    assert rows["own"]["prompt_kind"] == "pkb" and not rows["own"]["prompt"].startswith("STATEMENT")

@@ -9,7 +9,7 @@ from typing import Any
 from pkb import __version__
 from pkb.problem import Status
 
-SCHEMA_VERSION = 3  # bump with a migration in pkb.store.db when the row's fields change
+SCHEMA_VERSION = 4  # bump with a migration in pkb.store.db when the row's fields change
 
 
 @dataclass

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from pkb.generate.prompt import Prompt, build_prompt, feedback
+from pkb.generate.prompt import Prompt, feedback
+from pkb.generate.upstream_prompt import prompt_for
 from pkb.generate.providers import Message, Provider, ProviderError
 from pkb.generate.sampler import Evaluator, GenStatus, RunSettings, generation_row, write_code
 from pkb.problem import Problem
@@ -85,7 +86,7 @@ def run_agent(problem: Problem, provider: Provider, settings: AgentSettings, sto
               on_step: Callable[[AgentStep], None] = lambda step: None, executor=None) -> AgentOutcome:
     """Refine ``problem``'s solution for up to ``settings.num_steps`` steps (resuming a stored run); each
     step's file is evaluated on ``executor`` (pkb.executor; default: this machine) before the next step."""
-    prompt = build_prompt(problem, settings.backend, profile, world_size=settings.world_size)
+    prompt = prompt_for(problem, settings.backend, profile, settings.world_size, settings.prompt, settings.upstream_dir)
     evaluator = Evaluator(store, eval_config, executor)
     steps: list[AgentStep] = []
     stopped_by = ""

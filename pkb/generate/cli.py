@@ -25,6 +25,7 @@ def add_commands(subparsers, add_eval_options) -> None:
     p.add_argument("--hardware", default=DEFAULT_HARDWARE, help=f"hardware profile (default {DEFAULT_HARDWARE})")
     p.add_argument("--case", help="the case whose per-rank shapes are shown (default: the first benchmark)")
     p.add_argument("--world-size", type=int, help="default: the profile's GPU count if the problem runs at it")
+    _add_prompt_options(p)
     p.set_defaults(func=cmd_prompt)
 
     p = subparsers.add_parser("generate", help="k samples per problem from a model, evaluated and stored")
@@ -46,6 +47,23 @@ def add_commands(subparsers, add_eval_options) -> None:
     p.set_defaults(func=cmd_agent, perf=True)
 
 
+def _add_prompt_options(p) -> None:
+    p.add_argument("--prompt", default="pkb", choices=("pkb", "upstream"),
+                   help="whose prompt: pkb's own (the default), or the upstream benchmark's, assembled as its kernelgen "
+                        "does from a clone given with --upstream-dir (the paper's protocol; docs/generation.md)")
+    p.add_argument("--upstream-dir", help="with --prompt upstream: a clone of the upstream benchmark's repository "
+                                          "(kernelgen/prompts.toml, its example files, reference/)")
+
+
+def _upstream_dir(args) -> Path | None:
+    """``--upstream-dir``, checked against ``--prompt``."""
+    if args.prompt == "upstream" and not args.upstream_dir:
+        raise _usage("--prompt upstream needs --upstream-dir DIR, a clone of the upstream benchmark's repository")
+    if args.prompt != "upstream" and args.upstream_dir:
+        raise _usage("--upstream-dir goes with --prompt upstream")
+    return Path(args.upstream_dir) if args.upstream_dir else None
+
+
 def _add_model_options(p, backends, default_hardware) -> None:
     p.add_argument("--model", required=True, help="provider:model, e.g. openai:gpt-5, anthropic:claude-sonnet-4-5, "
                                                    "together:Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8, vllm:my-model")
@@ -60,6 +78,7 @@ def _add_model_options(p, backends, default_hardware) -> None:
     p.add_argument("--retries", type=int, default=5, help="retries of a rate-limited, failed or timed-out request")
     p.add_argument("--base-url", help="endpoint URL, overriding the provider's default and its *_BASE_URL variable")
     p.add_argument("--price", help="USD per million tokens IN,OUT, for a model the price table lacks")
+    _add_prompt_options(p)
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -67,15 +86,20 @@ def _add_model_options(p, backends, default_hardware) -> None:
 
 def cmd_prompt(args) -> int:
     from pkb.generate.prompt import build_prompt, load_profile
+    from pkb.generate.upstream_prompt import prompt_for
     from pkb.registry import get_problem
 
     problem = get_problem(args.problem)
     if args.world_size is not None and args.world_size not in problem.world_sizes:
         raise _usage(f"{problem.name} runs at world sizes {list(problem.world_sizes)}; pick one with --world-size")
+    upstream_dir = _upstream_dir(args)
     with _usage_errors():
         profile = load_profile(args.hardware)
         case = problem.find_case(args.case) if args.case else None
-        print(build_prompt(problem, args.backend, profile, case=case, world_size=args.world_size))
+        if upstream_dir is not None:
+            print(prompt_for(problem, args.backend, profile, args.world_size, "upstream", upstream_dir))
+        else:
+            print(build_prompt(problem, args.backend, profile, case=case, world_size=args.world_size))
     return 0
 
 
@@ -94,6 +118,7 @@ def cmd_generate(args) -> int:
     with _usage_errors():
         profile = load_profile(args.hardware)
     settings = GenerateSettings(run=args.run or default_run_name(str(provider.spec), args.backend, args.temperature),
+                                prompt=args.prompt, upstream_dir=_upstream_dir(args),
                                 backend=args.backend, hardware=args.hardware, num_samples=args.samples,
                                 temperature=args.temperature, max_tokens=args.max_tokens,
                                 concurrency=args.concurrency, out_dir=Path(args.out or DEFAULT_OUT))
@@ -129,7 +154,8 @@ def cmd_agent(args) -> int:
         profile = load_profile(args.hardware)
     world_size = args.world_size if args.world_size in problem.world_sizes else min(problem.world_sizes)
     run = args.run or "agent-" + default_run_name(str(provider.spec), args.backend, args.temperature)
-    settings = AgentSettings(run=run, backend=args.backend, hardware=args.hardware, num_steps=args.steps,
+    settings = AgentSettings(run=run, prompt=args.prompt, upstream_dir=_upstream_dir(args),
+                             backend=args.backend, hardware=args.hardware, num_steps=args.steps,
                              temperature=args.temperature, max_tokens=args.max_tokens,
                              out_dir=Path(args.out or DEFAULT_OUT))
 

@@ -50,6 +50,7 @@ class Prompt:
     world_size: int
     backend: str
     hardware: str
+    kind: str = "pkb"  # pkb's own prompt, or the upstream benchmark's (pkb.generate.upstream_prompt)
 
     def __str__(self) -> str:
         return f"{self.system}\n\n{self.user}"

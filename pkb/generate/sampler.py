@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 from pkb.generate.extract import extract_solution
-from pkb.generate.prompt import DEFAULT_HARDWARE, Prompt, build_prompt
+from pkb.generate.prompt import DEFAULT_HARDWARE, Prompt
+from pkb.generate.upstream_prompt import prompt_for
 from pkb.generate.providers import Completion, Message, Provider, ProviderError
 from pkb.problem import Problem
 from pkb.store.db import generated_set
@@ -54,6 +55,8 @@ class RunSettings:
     max_tokens: int = 16384
     out_dir: Path = Path(DEFAULT_OUT)
     world_size: int | None = None  # the world size the prompt describes (default: the profile's GPUs)
+    prompt: str = "pkb"  # whose prompt: pkb's, or the upstream benchmark's (built from ``upstream_dir``)
+    upstream_dir: Path | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -113,7 +116,8 @@ def generate(problems: list[Problem], provider: Provider, settings: GenerateSett
     try:
         calls = []
         for problem in problems:
-            prompt = build_prompt(problem, settings.backend, profile, world_size=settings.world_size)
+            prompt = prompt_for(problem, settings.backend, profile, settings.world_size, settings.prompt,
+                                settings.upstream_dir)
             for sample in range(settings.num_samples):
                 row = _latest_row(store, settings.run, problem, sample)
                 if row is not None and row["status"] == GenStatus.GENERATED and evaluator is not None:
@@ -192,6 +196,7 @@ def generation_row(problem: Problem, prompt: Prompt, provider: Provider, setting
                problem=problem.name, problem_version=problem.version, sample=sample, step=step,
                backend=prompt.backend, hardware=prompt.hardware, world_size=prompt.world_size, case_name=prompt.case,
                temperature=settings.temperature, max_tokens=settings.max_tokens, system=prompt.system,
+               prompt_kind=prompt.kind,
                prompt=user_message if user_message is not None else prompt.user, code=None, code_path=None,
                code_sha256=None)
     if isinstance(answer, ProviderError):

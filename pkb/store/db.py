@@ -153,6 +153,8 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     """,
     # 2 -> 3: the solution set each result belongs to, and its verdict on the upstream cases alone
     _name_solution_sets,
+    # 3 -> 4: whose prompt a generation was asked with: pkb's own, or the upstream benchmark's
+    "ALTER TABLE generations ADD COLUMN prompt_kind TEXT NOT NULL DEFAULT 'pkb';",
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION, "every schema version needs its migration"
 
@@ -160,7 +162,7 @@ _GENERATION_COLUMNS = frozenset((
     "run", "kind", "model", "provider", "problem", "problem_version", "sample", "step", "backend", "hardware",
     "world_size", "case_name", "temperature", "max_tokens", "system", "prompt", "response", "status", "code", "code_path",
     "code_sha256", "tokens_in", "tokens_out", "cost_usd", "latency_s", "attempts", "error", "result_id", "run_key",
-    "speedup", "pkb_version", "created_at"))
+    "speedup", "pkb_version", "created_at", "prompt_kind"))
 
 _COLUMNS = ("problem", "problem_version", "solution", "solution_sha256", "status", "message", "mode",
             "world_size", "num_trials", "speedup", "roofline_fraction", "busbw_gbps",
