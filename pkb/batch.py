@@ -53,7 +53,7 @@ EARLIER_REVISION: dict[tuple[int, str], str | None] = {
     (18, "rms_norm"): "tp_rms_norm",
     (47, "fsdp_adamw_sharded"): None,
 }
-DROPPED = {"fsdp_adamw_sharded"}  # old names of problems upstream no longer has, numbered or not
+DROPPED = {old_name for (_, old_name), slug in EARLIER_REVISION.items() if slug is None}  # numbered or not
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ def print_table(rows: list[dict], columns: list[str], headers: list[str] | None 
     a pipe, CI: the same bytes whichever rich version is installed)."""
     headers = headers or columns
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
-    if sys.stdout.isatty() and _print_rich_table(cells, headers):
+    if sys.stdout.isatty() and rich_available():
+        _print_rich_table(cells, headers)
         return
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
@@ -27,18 +28,24 @@ def print_table(rows: list[dict], columns: list[str], headers: list[str] | None 
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
 
 
-def _print_rich_table(cells: list[list[str]], headers: list[str]) -> bool:
+def rich_available() -> bool:
+    """Whether rich is installed (an offline node where setup could not install it gets plain text)."""
     try:
-        from rich import box
-        from rich.console import Console
-        from rich.table import Table
+        import rich  # noqa: F401
     except ImportError:
         return False
+    return True
+
+
+def _print_rich_table(cells: list[list[str]], headers: list[str]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(*headers, box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
     for row in cells:
         table.add_row(*row)
     Console(highlight=False, markup=False).print(table)
-    return True
 
 
 def _cell(value) -> str:

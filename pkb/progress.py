@@ -12,6 +12,8 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
+from pkb.console import rich_available
+
 NEEDS_NO_LOOK = ("ok", "skipped")
 VERDICT_STYLES = {"ok": "green", "skipped": "dim", "mismatch": "red", "forbidden": "magenta",
                   "harness_error": "bold red", "infra_error": "bold red"}
@@ -34,7 +36,7 @@ class Progress:
         self.stream = stream or sys.stderr
         if live is None:  # a terminal both ways: a person watches (stdout to a file: a log is being kept)
             live = sys.stdout.isatty() and self.stream.isatty()
-        self._live = _LiveDisplay(self) if enabled and live and _rich_available() else None
+        self._live = _LiveDisplay(self) if enabled and live and rich_available() else None
 
     def update(self, job, result, resumed: bool) -> None:
         self.done += 1
@@ -49,9 +51,6 @@ class Progress:
         self.stream.write(f"[{self.done}/{self.total}] {label_of(result)}: {status}{earlier}\n")
         self.stream.flush()
 
-    def counts_text(self) -> str:
-        return ", ".join(f"{n} {status}" for status, n in sorted(self.counts.items(), key=lambda item: -item[1]))
-
     def close(self) -> None:
         if self._live is not None:
             self._live.stop()
@@ -62,14 +61,6 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _rich_available() -> bool:
-    try:
-        import rich  # noqa: F401
-    except ImportError:  # an offline node where setup could not install it: plain lines
-        return False
-    return True
 
 
 class _LiveDisplay:

@@ -73,8 +73,8 @@ class LocalExecutor(Executor):
         self.parallel = parallel
         self.parallel_reason = "asked for" if parallel is not None else ""
         self._queue: deque[Task] = deque()
-        self._slots: list[dict[tuple, Session]] = []  # each slot's sessions; a slot runs one evaluation at a time
-        self._free: list[int] = []
+        self._slots: list[dict[tuple, Session]] = [{}]  # each slot's sessions; a slot runs one evaluation at a time
+        self._free: list[int] = [0]
         self._brokers: dict[str, object] = {}  # sandbox level -> the build broker every slot shares
         self._running: dict[Future, tuple[Task, int]] = {}
         self._in_flight: dict[int, InFlight] = {}  # id(task) -> what it is and since when
@@ -142,8 +142,6 @@ class LocalExecutor(Executor):
             self._running[self._pool.submit(self._evaluate, task, slot)] = (task, slot)
 
     def _evaluate(self, task: Task, slot: int) -> EvalResult:
-        if not self._slots:
-            self._slots.append({})
         sessions = self._slots[slot]
         key = session_key(task.config)
         if key not in sessions:
@@ -179,8 +177,7 @@ class LocalExecutor(Executor):
         for sessions in self._slots:
             for session in sessions.values():
                 session.close()
-        self._slots.clear()
-        self._free.clear()
+        self._slots, self._free = [{}], [0]
         for broker in self._brokers.values():
             broker.close()
         self._brokers.clear()

@@ -48,7 +48,9 @@ def add_commands(subparsers, add_eval_options) -> None:
 
 
 def _add_prompt_options(p) -> None:
-    p.add_argument("--prompt", default="pkb", choices=("pkb", "upstream"),
+    from pkb.generate.upstream_prompt import PROMPT_KINDS  # light: no torch
+
+    p.add_argument("--prompt", default="pkb", choices=PROMPT_KINDS,
                    help="whose prompt: pkb's own (the default), or the upstream benchmark's, assembled as its kernelgen "
                         "does from a clone given with --upstream-dir (the paper's protocol; docs/generation.md)")
     p.add_argument("--upstream-dir", help="with --prompt upstream: a clone of the upstream benchmark's repository "
@@ -85,7 +87,7 @@ def _add_model_options(p, backends, default_hardware) -> None:
 
 
 def cmd_prompt(args) -> int:
-    from pkb.generate.prompt import build_prompt, load_profile
+    from pkb.generate.prompt import load_profile
     from pkb.generate.upstream_prompt import prompt_for
     from pkb.registry import get_problem
 
@@ -96,10 +98,7 @@ def cmd_prompt(args) -> int:
     with _usage_errors():
         profile = load_profile(args.hardware)
         case = problem.find_case(args.case) if args.case else None
-        if upstream_dir is not None:
-            print(prompt_for(problem, args.backend, profile, args.world_size, "upstream", upstream_dir))
-        else:
-            print(build_prompt(problem, args.backend, profile, case=case, world_size=args.world_size))
+        print(prompt_for(problem, args.backend, profile, args.world_size, args.prompt, upstream_dir, case))
     return 0
 
 

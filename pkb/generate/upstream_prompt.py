@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from pkb.generate.prompt import Prompt, PromptError, build_prompt, default_world_size
 
 if TYPE_CHECKING:
-    from pkb.problem import Problem
+    from pkb.problem import Case, Problem
 
 PROMPT_KINDS = ("pkb", "upstream")
 TEMPLATES = Path("kernelgen/prompts.toml")
@@ -59,10 +59,11 @@ def build_upstream_prompt(problem: Problem, backend: str, upstream_dir: str | Pa
 
 
 def prompt_for(problem: Problem, backend: str, profile, world_size: int | None = None, kind: str = "pkb",
-               upstream_dir: str | Path | None = None) -> Prompt:
-    """The prompt a run asks for: pkb's own (``build_prompt``), or upstream's from the clone at ``upstream_dir``."""
+               upstream_dir: str | Path | None = None, case: Case | None = None) -> Prompt:
+    """The prompt a run asks for: pkb's own (``build_prompt``, showing ``case``), or upstream's from the
+    clone at ``upstream_dir`` (which shows no case)."""
     if kind == "pkb":
-        return build_prompt(problem, backend, profile, world_size=world_size)
+        return build_prompt(problem, backend, profile, case=case, world_size=world_size)
     if kind != "upstream" or upstream_dir is None:
         raise PromptError("--prompt upstream needs --upstream-dir DIR (a clone of the upstream benchmark)"
                           if kind == "upstream" else f"unknown prompt {kind!r}; use one of {', '.join(PROMPT_KINDS)}")

@@ -345,10 +345,6 @@ class _NoPlot:
     why: str
 
 
-def _empty(name: str, why: str) -> _NoPlot:
-    return _NoPlot(name, why)
-
-
 def _label(name: str) -> str:
     """A category's or set's name on an x axis: whole up to ``LABEL_CHARS``, else cut with an ellipsis."""
     return name if len(name) <= LABEL_CHARS else name[:LABEL_CHARS - 1] + "\u2026"
@@ -415,7 +411,7 @@ _PERCENT_TICKS = [(v / 100, f"{v}%") for v in (0, 25, 50, 75, 100)]
 
 def _leaderboard_bars(report: Report, colors: dict[str, str]) -> str:
     if not report.groups:
-        return _empty("leaderboard", "no candidate results")
+        return _NoPlot("leaderboard", "no candidate results")
     frame = _Frame((0, len(report.groups)), (0, 1), names=list(report.groups))
     band = (frame.right - frame.left) / len(report.groups)
     bars = []
@@ -434,9 +430,9 @@ def _leaderboard_bars(report: Report, colors: dict[str, str]) -> str:
 
 def _fast_p_curves(report: Report, colors: dict[str, str]) -> str:
     if not report.groups:
-        return _empty("fast-p", "no candidate results")
+        return _NoPlot("fast-p", "no candidate results")
     if not any(m.timed for m in report.overall.values()):
-        return _empty("fast-p", "no result was timed, so fast_p for p > 0 says nothing (`pkb run --perf` times them)")
+        return _NoPlot("fast-p", "no result was timed, so fast_p for p > 0 says nothing (`pkb run --perf` times them)")
     frame = _Frame((FAST_P_THRESHOLDS[0], FAST_P_THRESHOLDS[-1]), (0, 1))
     out = []
     for group, m in report.overall.items():
@@ -456,7 +452,7 @@ def _fast_p_curves(report: Report, colors: dict[str, str]) -> str:
 
 def _verdict_stacks(report: Report) -> str:
     if not report.groups:
-        return _empty("verdicts", "no candidate results")
+        return _NoPlot("verdicts", "no candidate results")
     statuses = [s for s in Status if any(s.value in m.verdicts for m in report.overall.values())]
     most = max(sum(m.verdicts.values()) for m in report.overall.values()) or 1
     frame = _Frame((0, len(report.groups)), (0, most), names=list(report.groups))
@@ -484,7 +480,7 @@ def _scatter(report: Report, colors: dict[str, str]) -> str:
     points = [r for r in report.records if not r.is_reference and r.group in colors and r.status is Status.OK
               and r.result.speedup and r.result.roofline_fraction is not None]
     if not points:
-        return _empty("scatter", "no correct result has both a speedup and a % of roofline")
+        return _NoPlot("scatter", "no correct result has both a speedup and a % of roofline")
     speedups = [r.result.speedup for r in points]
     low = 10 ** math.floor(math.log10(min(min(speedups), 1.0)))
     high = 10 ** math.ceil(math.log10(max(max(speedups), 1.0) * 1.0001))
@@ -517,7 +513,7 @@ def _strip(report: Report, colors: dict[str, str], name: str) -> str:
               for g in report.groups}
     values = [v for ps in points.values() for _, v in ps]
     if not values:
-        return _empty(name, "no correct result was timed (`pkb run --perf` times them)" if speed else
+        return _NoPlot(name, "no correct result was timed (`pkb run --perf` times them)" if speed else
                       "no correct result has a % of roofline (it needs a timed result)")
     if speed:
         low = 10 ** math.floor(math.log10(min(min(values), 1.0)))
@@ -555,7 +551,7 @@ def _strip(report: Report, colors: dict[str, str], name: str) -> str:
 def _protocol_bars(report: Report, colors: dict[str, str]) -> str:
     """Per category, per set: pass@1 on the paper's protocol (solid) beside pkb's (light)."""
     if not report.groups:
-        return _empty("protocols", "no candidate results")
+        return _NoPlot("protocols", "no candidate results")
     categories = report.categories
     frame = _Frame((0, len(categories)), (0, 1), names=list(categories))
     band = (frame.right - frame.left) / len(categories)
@@ -579,7 +575,7 @@ def _protocol_bars(report: Report, colors: dict[str, str]) -> str:
 def _roofline_histogram(report: Report, colors: dict[str, str]) -> str:
     summaries = {g: m.roofline for g, m in report.overall.items() if m.roofline.count}
     if not summaries:
-        return _empty("roofline", "no correct result has a % of roofline")
+        return _NoPlot("roofline", "no correct result has a % of roofline")
     labels = [label for label, _ in next(iter(summaries.values())).histogram]
     most = max(n for s in summaries.values() for _, n in s.histogram) or 1
     frame = _Frame((0, len(labels)), (0, most))
