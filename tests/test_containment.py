@@ -248,9 +248,10 @@ class Arena:
     def pkb(self, *args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
         return self.python("-m", "pkb", *args, timeout=timeout)
 
-    def pkb_run(self, sandbox: str | None = None) -> subprocess.CompletedProcess:
+    def pkb_run(self, sandbox: str | None = None, parallel: int = 1) -> subprocess.CompletedProcess:
         return self.pkb("run", "--solutions", str(self.solutions), "--mode", RUN_MODE, "--world-size", "2",
-                        "--trials", "1", "--timeout", "60", "--db", str(self.db), *sandbox_flag(sandbox))
+                        "--trials", "1", "--timeout", "60", "--db", str(self.db), "--parallel", str(parallel),
+                        *sandbox_flag(sandbox))
 
     def rows(self) -> dict[str, dict]:
         """The results table by solution name (with ``result``: the stored result as a dict)."""
@@ -442,14 +443,16 @@ def test_every_attack_runs_and_is_checked():
 
 
 @needs_landlock
-def test_no_attack_escapes_a_pkb_run(tmp_path, listener):
-    """All attacks, then an honest and a wrong file, in one `pkb run` with the default sandbox."""
+@pytest.mark.parametrize("parallel", [1, 2], ids=["one at a time", "side by side"])
+def test_no_attack_escapes_a_pkb_run(tmp_path, listener, parallel):
+    """All attacks, then an honest and a wrong file, in one `pkb run` with the default sandbox: one
+    evaluation at a time, and two side by side in one pkb process (an attacker beside another evaluation)."""
     arena = Arena(tmp_path / "arena", listener)
     require_sandbox_cli(arena)
     files = arena.write_run_folder(ATTACK_ORDER, honest=True, wrong=True)
     source_before, caches_before = tree_digest(arena.src), tree_digest(arena.root / "caches")
     try:
-        process = arena.pkb_run()
+        process = arena.pkb_run(parallel=parallel)
         leftovers = wait_for_marked_processes_to_end(arena.marker)
 
         assert process.returncode in (0, 1), f"pkb run did not finish on its own: {tail(process)}"
