@@ -23,6 +23,7 @@ Example (the whole of a problem, in miniature)::
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import inspect
 import re
@@ -46,6 +47,29 @@ CATEGORIES = (
 CASE_KINDS = ("upstream", "tests", "benchmarks")
 
 _SLUG = re.compile(r"^[a-z][a-z0-9_]*$")
+
+# The run's precision (upstream's ``--dtype``; bf16 as in the paper). The harness sets ``case["dtype"]`` to
+# its torch name on every case; ``make_inputs`` builds in it exactly the inputs that upstream's factory
+# builds from its ``dtype`` argument. Dtypes that belong to the function (indices, fp32 master weights,
+# scales) stay as the function has them, and a case never pins the precision itself.
+PRECISIONS: Mapping[str, torch.dtype] = MappingProxyType({
+    "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32})
+DEFAULT_PRECISION = "bf16"
+
+# What makes a tests case harder than the upstream inputs (issue: "say why a paper-correct sample fails
+# strict cases"). Every tests case carries at least one; reports count failures under them.
+CASE_TAGS: Mapping[str, str] = MappingProxyType({
+    "uneven_sizes": "per-rank sizes, splits or counts differ between ranks",
+    "empty_rank": "a rank holds no rows, tokens or splits",
+    "odd_sizes": "sizes that are odd, prime or not a multiple of the vector width",
+    "tiny": "a single element or a handful",
+    "argument_value": "an argument value upstream never passes (another root, op, flag or option)",
+    "skewed": "skewed data: hot experts or keys, imbalanced load",
+    "layout": "a layout upstream never passes: non-contiguous, strided, another rank of tensor",
+    "special_values": "values upstream's random inputs never hold: zeros, infinities, large magnitudes",
+    "shape_regime": "another shape regime than upstream's (more heads, longer sequence, fewer rows than ranks)",
+    "larger_world": "runs only at a world size larger than upstream's",
+})
 
 
 class ProblemError(ValueError):
@@ -113,11 +137,16 @@ class Case:
     world_sizes: tuple[int, ...] | None = None
     note: str = ""
     slow_on_cpu: bool = False
+    tags: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not re.match(r"^[A-Za-z0-9_.\-]+$", self.name):
             raise ProblemError(f"Case name {self.name!r}: use letters, digits, '_', '-' and '.'")
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+        object.__setattr__(self, "tags", tuple(self.tags))
+        unknown = [tag for tag in self.tags if tag not in CASE_TAGS]
+        if unknown:
+            raise ProblemError(f"Case {self.name!r}: unknown tags {unknown}; use those of pkb.problem.CASE_TAGS")
         if self.world_sizes is not None:
             object.__setattr__(self, "world_sizes", tuple(self.world_sizes))
 
@@ -132,6 +161,13 @@ class Case:
 
     def runs_at(self, world_size: int) -> bool:
         return self.world_sizes is None or world_size in self.world_sizes
+
+    def at_precision(self, precision: str) -> "Case":
+        """This case with ``params["dtype"]`` set to the run's precision (a PRECISIONS key)."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
+        dtype = str(PRECISIONS[precision]).removeprefix("torch.")
+        return dataclasses.replace(self, params={**self.params, "dtype": dtype})
 
 
 @dataclass(frozen=True)
@@ -237,15 +273,16 @@ class Problem:
         """The reference's (and so the candidate's) argument list, e.g. ('tensor', 'src')."""
         return tuple(inspect.signature(self.reference).parameters)
 
-    def cases(self, kind: str, world_size: int) -> tuple[Case, ...]:
-        """The ``upstream``, ``tests`` or ``benchmarks`` cases that run at ``world_size``."""
+    def cases(self, kind: str, world_size: int, precision: str = DEFAULT_PRECISION) -> tuple[Case, ...]:
+        """The ``upstream``, ``tests`` or ``benchmarks`` cases that run at ``world_size``, in ``precision``."""
         if kind not in CASE_KINDS:
             raise ValueError(f"kind must be one of {CASE_KINDS}, got {kind!r}")
-        return tuple(c for c in getattr(self, kind) if c.runs_at(world_size))
+        return tuple(c.at_precision(precision) for c in getattr(self, kind) if c.runs_at(world_size))
 
     @property
     def all_cases(self) -> tuple[Case, ...]:
-        return self.upstream + self.tests + self.benchmarks
+        """Every case, in the default precision."""
+        return tuple(c.at_precision(DEFAULT_PRECISION) for c in self.upstream + self.tests + self.benchmarks)
 
     def case_kind(self, name: str) -> str:
         """``upstream``, ``tests`` or ``benchmarks``: the list that holds the case called ``name``."""
@@ -255,10 +292,10 @@ class Problem:
         self.find_case(name)  # raises the KeyError that lists the cases
         raise AssertionError("unreachable")
 
-    def find_case(self, name: str) -> Case:
-        for case in self.all_cases:
+    def find_case(self, name: str, precision: str = DEFAULT_PRECISION) -> Case:
+        for case in self.upstream + self.tests + self.benchmarks:
             if case.name == name:
-                return case
+                return case.at_precision(precision)
         names = [c.name for c in self.all_cases]
         raise KeyError(f"problem {self.name!r} has no case {name!r}; cases: {', '.join(names)}")
 

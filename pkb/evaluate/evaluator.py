@@ -23,7 +23,7 @@ from pkb.evaluate.compare import Mismatch, compare
 from pkb.evaluate.result import CaseTiming, EvalResult
 from pkb.evaluate.tripwire import scan
 from pkb.hardware.roofline import busbw_gbps, roofline, roofline_fraction
-from pkb.problem import Case, Problem, Status, Tolerance
+from pkb.problem import DEFAULT_PRECISION, PRECISIONS, Case, Problem, Status, Tolerance
 from pkb.runtime.builds import BuildBroker
 from pkb.runtime.group import GroupFailure, RankCrashed, RankGroup, RankTimeout, StartFailure
 from pkb.runtime.guards import SYNC_ONLY
@@ -83,8 +83,11 @@ class EvalConfig:
     policy: str = "report"  # or "forbid-collectives": stock collectives on the hot path are `forbidden`
     cases: str = "all"  # a key of CASE_SELECTIONS
     sandbox: str = "auto"  # a SANDBOX_LEVELS entry: what candidate processes run under (pkb.runtime.sandbox)
+    precision: str = DEFAULT_PRECISION  # a PRECISIONS key: the dtype of the inputs upstream's factory builds
 
     def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {self.precision!r}")
         if self.sandbox not in SANDBOX_LEVELS:
             raise ValueError(f"sandbox must be one of {SANDBOX_LEVELS}, got {self.sandbox!r}")
         if self.policy not in POLICIES:
@@ -342,7 +345,8 @@ def _left_out(case: Case, config: EvalConfig) -> bool:
 
 
 def _selected_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
-    return tuple(case for kind in CASE_SELECTIONS[config.cases] for case in problem.cases(kind, config.world_size))
+    return tuple(case for kind in CASE_SELECTIONS[config.cases]
+                 for case in problem.cases(kind, config.world_size, config.precision))
 
 
 def _load(group: RankGroup, problem: Problem, candidate: Candidate, config: EvalConfig) -> None:
@@ -366,7 +370,8 @@ def _check_case(session: Session, reference: RankGroup, group: RankGroup, proble
     W = config.world_size
     shared = session.seed(problem.name, case.name, trial, "shared")
     sample_seed = session.seed(problem.name, case.name, trial, "sample")
-    jobs = [{"op": "run", "case": case.name, "seeds": (session.seed(problem.name, case.name, trial, rank), shared),
+    jobs = [{"op": "run", "case": case.name, "precision": config.precision,
+             "seeds": (session.seed(problem.name, case.name, trial, rank), shared),
              "sample_seed": sample_seed} for rank in range(W)]
     what = f"case {case.name}, trial {trial}"
     reference.submit(jobs)
@@ -477,8 +482,8 @@ def _candidate_failures(what: str):
 def perf_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
     """Benchmarks on real GPUs; the small test cases where times are not GPU performance anyway."""
     if config.mode is Mode.CUDA and problem.cases("benchmarks", config.world_size):
-        return problem.cases("benchmarks", config.world_size)
-    return problem.cases("tests", config.world_size)
+        return problem.cases("benchmarks", config.world_size, config.precision)
+    return problem.cases("tests", config.world_size, config.precision)
 
 
 def spread(values: list[float]) -> float:
@@ -538,7 +543,8 @@ def _time_group(group: RankGroup, session: Session, problem: Problem, case: Case
     W, timeout = config.world_size, config.timeout_s + 60
     seeds = [[(session.seed(problem.name, case.name, "time", rank, k), session.seed(problem.name, case.name, "time", k))
               for k in range(Session.MAX_TIMING_COPIES)] for rank in range(W)]
-    prepared = _checked(group.request([{"op": "time_prepare", "case": case.name, "seeds": seeds[rank],
+    prepared = _checked(group.request([{"op": "time_prepare", "case": case.name, "precision": config.precision,
+                                        "seeds": seeds[rank],
                                         "protocol": config.timing.__dict__} for rank in range(W)], timeout))
     num_iters = prepared[0]["num_iters"]
     if any(reply["num_iters"] != num_iters for reply in prepared):

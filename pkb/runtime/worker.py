@@ -2,7 +2,7 @@
 
 Jobs (dicts from the parent):
   {"op": "load", "problem": module ref, "candidate": path | None}   import the problem, and the candidate
-  {"op": "run", "case": name, "seeds": (rank seed, shared seed)}   build inputs, call, return outputs
+  {"op": "run", "case": name, "precision": "bf16", "seeds": (rank, shared seed)} build inputs, call, return outputs
   {"op": "time_prepare" | "time_refresh" | "time_repeat" | "time_finish" | "time_outputs", ...}  timing
                                                               (pkb.evaluate.timing.TimedLoop)
   {"op": "exit"}
@@ -111,14 +111,15 @@ class Worker:
             return self.recorder.run(self.problem.reference, *inputs), inputs
         return self.problem.reference(*inputs), inputs
 
-    def make_inputs(self, case_name: str, seeds: tuple[int, int]) -> tuple:
-        """The case's inputs for this rank from (this rank's seed, the seed shared by all ranks)."""
-        case = self.problem.find_case(case_name)
+    def make_inputs(self, case_name: str, seeds: tuple[int, int], precision: str) -> tuple:
+        """The case's inputs in the run's precision for this rank from (this rank's seed, the seed shared
+        by all ranks)."""
+        case = self.problem.find_case(case_name, precision)
         inputs = self.problem.make_inputs(case, self.rank, self.world_size, make_generator(*seeds, self.device))
         return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
     def run(self, job: dict) -> dict:
-        outputs, inputs = self.call(self.make_inputs(job["case"], job["seeds"]))
+        outputs, inputs = self.call(self.make_inputs(job["case"], job["seeds"], job["precision"]))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dist.barrier()
@@ -127,9 +128,9 @@ class Worker:
                              "inputs_after": to_plain(list(inputs), sample_seed=sample_seed)})
 
     def time_prepare(self, job: dict) -> dict:
-        case = self.problem.find_case(job["case"])
+        case, precision = self.problem.find_case(job["case"]), job["precision"]
         fn = (lambda *inputs: self.call(inputs)[0])
-        self.timed = TimedLoop(fn, lambda seeds: self.make_inputs(case.name, seeds), job["seeds"], self.device)
+        self.timed = TimedLoop(fn, lambda seeds: self.make_inputs(case.name, seeds, precision), job["seeds"], self.device)
         return {"status": "ok", **self.timed.prepare(**job["protocol"])}
 
     def time_refresh(self, job: dict) -> dict:
