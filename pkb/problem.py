@@ -233,6 +233,10 @@ class Problem:
     deterministic: bool = False
     replicated_inputs: bool = False
     local_answer: str = ""
+    # the run precisions upstream's reference runs in (PRECISIONS keys); another one is ``skipped``, with
+    # ``precision_note`` as the reason
+    precisions: tuple[str, ...] = tuple(PRECISIONS)
+    precision_note: str = ""
     module: str = ""  # filled in by discovery: the dotted module name
 
     def __post_init__(self):
@@ -241,6 +245,7 @@ class Problem:
         object.__setattr__(self, "benchmarks", tuple(self.benchmarks))
         object.__setattr__(self, "upstream", tuple(self.upstream))
         object.__setattr__(self, "world_sizes", tuple(self.world_sizes))
+        object.__setattr__(self, "precisions", tuple(self.precisions))
         if not isinstance(self.name, str) or not _SLUG.match(self.name):
             raise ProblemError(f"{where}: name must be a lowercase slug like 'allgather_gemm'")
         if not isinstance(self.version, int) or self.version < 1:
@@ -253,6 +258,10 @@ class Problem:
             raise ProblemError(f"{where}: world_sizes must be positive ints, got {self.world_sizes!r}")
         if not self.tests:
             raise ProblemError(f"{where}: tests must hold at least one Case")
+        if DEFAULT_PRECISION not in self.precisions or not set(self.precisions) <= set(PRECISIONS):
+            raise ProblemError(f"{where}: precisions must include {DEFAULT_PRECISION!r} and name only {tuple(PRECISIONS)}")
+        if set(self.precisions) != set(PRECISIONS) and not self.precision_note:
+            raise ProblemError(f"{where}: say in precision_note why it does not run in every precision")
         for kind in CASE_KINDS:
             if any(not isinstance(c, Case) for c in getattr(self, kind)):
                 raise ProblemError(f"{where}: {kind} must hold Case objects")

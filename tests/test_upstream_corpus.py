@@ -27,19 +27,27 @@ SKIPPED: dict[int, str] = {}
 pytestmark = pytest.mark.skipif(not FILES, reason=f"no upstream corpus at {CORPUS}")
 
 
-@pytest.mark.parametrize("world_size", [2, 4, pytest.param(8, marks=pytest.mark.slow)])
+PRECISION_RUNS = [("bf16", 2), ("bf16", 4), ("fp32", 2), ("fp16", 2), pytest.param("bf16", 8, marks=pytest.mark.slow),
+                  pytest.param("fp32", 4, marks=pytest.mark.slow), pytest.param("fp16", 4, marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("precision,world_size", PRECISION_RUNS)
 @pytest.mark.parametrize("number", sorted(FILES) or [0])
-def test_the_upstream_reference_is_ok_on_every_case(number, world_size, sessions):
+def test_the_upstream_reference_is_ok_on_every_case(number, precision, world_size, sessions):
     problem = get_problem(number)
     if world_size not in problem.world_sizes:
         pytest.skip(f"{problem.name} does not run at W={world_size}")
-    config = EvalConfig(world_size=world_size, mode=Mode.CPU, num_trials=1, timeout_s=180.0, cases="all")
+    if precision not in problem.precisions:
+        pytest.skip(f"{problem.name} does not run in {precision}: {problem.precision_note}")
+    config = EvalConfig(world_size=world_size, mode=Mode.CPU, num_trials=1, timeout_s=180.0, cases="all",
+                        precision=precision)
     result = evaluate(problem, Candidate.from_file(FILES[number]), config, sessions(world_size))
     if result.status is Status.SKIPPED:
         SKIPPED[number] = result.message
-        print(f"\n{FILES[number].name} W={world_size}: skipped: {result.message}")
+        print(f"\n{FILES[number].name} W={world_size} {precision}: skipped: {result.message}")
         return
-    assert result.status is Status.OK, f"{FILES[number].name} W={world_size}: {result.status.value}: {result.message}"
+    assert result.status is Status.OK, (f"{FILES[number].name} W={world_size} {precision}: {result.status.value}: "
+                                        f"{result.message}")
     if any(not c.slow_on_cpu for c in problem.cases("upstream", world_size)):  # else checked in cuda mode only
         assert any(problem.case_kind(name) == "upstream" for name in result.cases), result.cases
 

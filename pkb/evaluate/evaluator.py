@@ -317,6 +317,9 @@ def _check_statically(problem: Problem, candidate: Candidate, config: EvalConfig
     missing = candidate.missing_in(config.mode)
     if missing:
         raise Verdict(Status.SKIPPED, missing)
+    if config.precision not in problem.precisions:
+        raise Verdict(Status.SKIPPED, f"{problem.name} runs in {', '.join(problem.precisions)}, not {config.precision}: "
+                                      f"{problem.precision_note}")
     if config.world_size not in problem.world_sizes:
         raise Verdict(Status.SKIPPED, f"{problem.name} runs at world sizes {list(problem.world_sizes)}, "
                                       f"not {config.world_size}")
