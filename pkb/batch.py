@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig, checked_cases
+from pkb.evaluate.evaluator import UPSTREAM_TRIALS, EvalConfig, checked_cases
 from pkb.evaluate.result import EvalResult
 from pkb.executor import Executor, LocalExecutor, Task
-from pkb.problem import Problem
+from pkb.problem import DEFAULT_PRECISION, Problem
 from pkb.registry import all_problems
 from pkb.store.db import REFERENCE_SET, SHIPPED_SET, SHIPPED_SOLUTIONS, ResultStore, run_key
 _UPSTREAM_NAME = re.compile(r"^(\d+)_")
@@ -36,7 +36,9 @@ class Job:
     trials: int | None = None  # how many; None: the run's (``EvalConfig.num_trials``)
 
     def config(self, run: EvalConfig) -> EvalConfig:
-        return replace(run, cases=self.cases or run.cases, num_trials=self.trials or run.num_trials)
+        if self.trials:  # a lighter self-check: the upstream cases as deep as the others
+            run = replace(run, num_trials=self.trials, upstream_trials=self.trials)
+        return replace(run, cases=self.cases or run.cases)
 
 
 # Upstream's earlier revision, in which model solutions were published before it renumbered and renamed
@@ -181,13 +183,16 @@ def evaluation_key(problem: Problem, candidate: Candidate, config: EvalConfig) -
     A setting at its default adds nothing, so databases written before it existed still resume. The
     sandbox level is part of the key: a result of ``--sandbox off`` (unconfined) is never reused by a
     sandboxed run, nor one of ``auto`` by a run that asks for ``required`` (the hashed text ends
-    ``|report|sandbox=off``, ``|report|sandbox=required``; ``|report`` with ``auto``, as before).
+    ``|report|sandbox=off``, ``|report|sandbox=required``; ``|report`` with ``auto``, as before). So
+    are the precision (``|precision=fp32``) and the upstream cases' trials where they differ from the paper's.
     """
     timing = ("perf+graph" if config.cuda_graph else "perf") if config.perf else ""
     cases = "" if config.cases == "all" else f"|cases={config.cases}"
     sandbox = "" if config.sandbox == "auto" else f"|sandbox={config.sandbox}"
+    precision = "" if config.precision == DEFAULT_PRECISION else f"|precision={config.precision}"
+    paper = "" if config.upstream_trials == UPSTREAM_TRIALS else f"|upstream_trials={config.upstream_trials}"
     return run_key(problem.name, problem.version, candidate.sha256, config.mode.value, config.world_size,
-                   config.num_trials, f"{timing}|{config.policy}{cases}{sandbox}")
+                   config.num_trials, f"{timing}|{config.policy}{cases}{sandbox}{precision}{paper}")
 
 
 def run_jobs(jobs: list[Job], config: EvalConfig, store: ResultStore,

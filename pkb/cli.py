@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from pkb import __version__
+from pkb import __version__, precision
 from pkb.console import UsageError, print_table  # noqa: F401  (subsystem commands import them from here too)
 from pkb.problem import Status
 
@@ -133,7 +133,7 @@ def make_config(args, world_size: int, executor=None):
     trials = DEFAULT_TRIALS if args.trials is None else args.trials
     return EvalConfig(world_size=world_size, mode=choice.mode, num_trials=trials, timeout_s=args.timeout,
                       perf=args.perf, cuda_graph=args.cuda_graph, policy=args.policy, cases=args.cases or "all",
-                      sandbox=args.sandbox)
+                      sandbox=args.sandbox, precision=args.dtype, upstream_trials=args.upstream_trials)
 
 
 def sandbox_line(level: str, mode, on_ray: bool = False) -> str:
@@ -302,7 +302,15 @@ def print_run_summary(results, problems, db: str, checked: str = "") -> None:
 # -- parser ------------------------------------------------------------------------------------------
 
 
+def add_precision_option(p) -> None:
+    p.add_argument("--dtype", default=precision.DEFAULT, choices=precision.NAMES,
+                   help=f"the run's precision, as upstream's --dtype (default {precision.DEFAULT}, the paper's): the "
+                        "inputs upstream builds from it follow it in every case; indices, scales and other dtypes "
+                        "of the function stay")
+
+
 def add_eval_options(p, world_size_default, executor: bool = False):
+    from pkb.evaluate.evaluator import UPSTREAM_TRIALS
     from pkb.runtime.sandbox import SANDBOX_LEVELS
 
     p.add_argument("--world-size", type=int, default=world_size_default)
@@ -321,6 +329,10 @@ def add_eval_options(p, world_size_default, executor: bool = False):
                    help="which cases the correctness trials run: all (upstream + tests, the default; in `pkb run` the "
                         "references' self-checks run their upstream cases unless --cases is given), upstream "
                         "(the upstream benchmark's inputs: the paper's protocol), tests, or benchmarks")
+    add_precision_option(p)
+    p.add_argument("--upstream-trials", type=int, default=UPSTREAM_TRIALS,
+                   help=f"trials of the upstream cases, which also decide the paper's verdict by upstream's rule "
+                        f"(default {UPSTREAM_TRIALS}, upstream's; the run's --trials where that is more)")
     p.add_argument("--sandbox", default="auto", choices=SANDBOX_LEVELS,
                    help="how candidate processes are confined (Landlock, namespaces, uid drop): auto (the default) "
                         "applies every protection this machine offers and says which are missing; required refuses "

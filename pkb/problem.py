@@ -33,6 +33,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from pkb import precision
+
 CATEGORIES = (
     "collectives",
     "tensor_parallel",
@@ -52,9 +54,9 @@ _SLUG = re.compile(r"^[a-z][a-z0-9_]*$")
 # its torch name on every case; ``make_inputs`` builds in it exactly the inputs that upstream's factory
 # builds from its ``dtype`` argument. Dtypes that belong to the function (indices, fp32 master weights,
 # scales) stay as the function has them, and a case never pins the precision itself.
-PRECISIONS: Mapping[str, torch.dtype] = MappingProxyType({
-    "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32})
-DEFAULT_PRECISION = "bf16"
+PRECISIONS: Mapping[str, torch.dtype] = MappingProxyType(dict(zip(
+    precision.NAMES, (torch.bfloat16, torch.float16, torch.float32), strict=True)))
+DEFAULT_PRECISION = precision.DEFAULT
 
 # What makes a tests case harder than the upstream inputs (issue: "say why a paper-correct sample fails
 # strict cases"). Every tests case carries at least one; reports count failures under them.

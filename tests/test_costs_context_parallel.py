@@ -21,17 +21,17 @@ def cost_of(slug: str, case_name: str, world_size: int):
 # Each row: problem, case, W, link bytes, flops (None: not checked) -- arithmetic written out by hand.
 COSTS = [
     # local [24, 40/4] bf16 = 480 B; all-to-all keeps 1/4
-    ("ulysses_all_to_all_tensor_primitive", "rows_to_cols_bf16", 4, 3 / 4 * 24 * 10 * 2, None),
+    ("ulysses_all_to_all_tensor_primitive", "rows_to_cols", 4, 3 / 4 * 24 * 10 * 2, None),
     # 5 x 33 bf16 = 330 B; receive the 3 other shards
-    ("ulysses_all_gather_into_tensor_primitive", "odd_rows_bf16", 4, 3 * 330, None),
-    # mean 6.5 rows of 4 fp16 = 52 B per shard, plus an 8-byte size from each of 3 peers
-    ("ulysses_all_gather_variable_primitive", "last_dim_fp16", 4, 3 * (52 + 8), None),
+    ("ulysses_all_gather_into_tensor_primitive", "odd_rows", 4, 3 * 330, None),
+    # mean 6.5 rows of 4 bf16 = 52 B per shard, plus an 8-byte size from each of 3 peers
+    ("ulysses_all_gather_variable_primitive", "last_dim", 4, 3 * (52 + 8), None),
     # [2, ceil(29/4)=8, 8, 5] bf16 = 1280 B
-    ("ulysses_gather_seq_scatter_heads", "padded_seq_bf16", 4, 3 / 4 * 1280, None),
+    ("ulysses_gather_seq_scatter_heads", "padded_seq", 4, 3 / 4 * 1280, None),
     # padded [2, 32, 8/4, 5] bf16 = 1280 B
-    ("ulysses_gather_heads_scatter_seq", "padded_seq_bf16", 4, 3 / 4 * 1280, None),
+    ("ulysses_gather_heads_scatter_seq", "padded_seq", 4, 3 / 4 * 1280, None),
     # [2, 8, 3*40] bf16 = 3840 B
-    ("ulysses_gather_seq_scatter_heads_qkv", "padded_seq_bf16", 4, 3 / 4 * 3840, None),
+    ("ulysses_gather_seq_scatter_heads_qkv", "padded_seq", 4, 3 / 4 * 3840, None),
     # q,k,v,out of [2, 6, 64] bf16 = 4 * 1536 B; qkv GEMM 2*12*64*192 + attention over the 2 local heads of
     # each of the 2*24 tokens, causal: 3 head pairs * 2*(8+8) + out GEMM 2*12*64*64
     ("ulysses_attention_e2e", "causal_h8", 4, 3 / 4 * 6144, 294912 + 48 * 3 * 32 + 98304),
@@ -135,7 +135,7 @@ def test_zigzag_order_puts_chunks_back_in_sequence_order():
 
 def test_variable_gather_lengths_include_an_empty_and_a_full_shard():
     problem = get_problem("ulysses_all_gather_variable_primitive")
-    case = problem.find_case("rows_with_empty_bf16")
+    case = problem.find_case("rows_with_empty")
     for seed in range(5):
         lengths = [problem.make_inputs(case, r, 4, make_generator(seed * 10 + r, seed))[0].shape[0] for r in range(4)]
         assert 0 in lengths and case["max_len"] in lengths

@@ -19,7 +19,7 @@ import traceback
 from dataclasses import dataclass
 
 from pkb.evaluate.candidate import Candidate, gpu_needed_by
-from pkb.evaluate.compare import Mismatch, compare
+from pkb.evaluate.compare import Mismatch, compare, upstream_compare
 from pkb.evaluate.result import CaseTiming, EvalResult
 from pkb.evaluate.tripwire import scan
 from pkb.hardware.roofline import busbw_gbps, roofline, roofline_fraction
@@ -71,6 +71,9 @@ class TimingProtocol:
         return cls(num_warmup=2, warmup_s=0.0, num_repeats=5, min_repeat_s=0.02, min_iters=2, max_iters=200)
 
 
+UPSTREAM_TRIALS = 5  # upstream's --trials default: the paper's verdict takes five random-input trials
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     world_size: int
@@ -84,6 +87,7 @@ class EvalConfig:
     cases: str = "all"  # a key of CASE_SELECTIONS
     sandbox: str = "auto"  # a SANDBOX_LEVELS entry: what candidate processes run under (pkb.runtime.sandbox)
     precision: str = DEFAULT_PRECISION  # a PRECISIONS key: the dtype of the inputs upstream's factory builds
+    upstream_trials: int = UPSTREAM_TRIALS  # the upstream cases run max(num_trials, this) trials (the paper's 5)
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -204,7 +208,7 @@ def new_result(problem: Problem, candidate: Candidate, config: EvalConfig, statu
     """A result row for ``candidate`` on ``problem`` under ``config``, before anything is decided."""
     return EvalResult(problem=problem.name, problem_version=problem.version, solution=candidate.name,
                       solution_sha256=candidate.sha256, status=status, mode=config.mode.value,
-                      world_size=config.world_size, num_trials=config.num_trials,
+                      world_size=config.world_size, precision=config.precision, num_trials=config.num_trials,
                       details={"solution_path": str(candidate.path) if candidate.path else None},
                       times_are_gpu_performance=config.mode.times_are_gpu_performance)
 
@@ -221,10 +225,12 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
         _check_statically(problem, candidate, config)
         cases = checked_cases(problem, config)
         result.cases = [c.name for c in cases]
+        if any(problem.case_kind(c.name) == "upstream" for c in cases):
+            result.upstream_ok = False  # until every upstream trial has passed upstream's rule
         left_out = left_out_cases(problem, config)
         if left_out:
-            result.details["cases_left_out"] = {c.name: f"minutes on the CPU in {config.mode} mode; checked in cuda mode"
-                                                for c in left_out}
+            result.details["cases_left_out"] = {c.name: f"minutes on the CPU in {config.mode} mode; checked in cuda "
+                                                        "and shared-gpu modes" for c in left_out}
         phases = result.details["phase_s"] = {}  # where the wall time went: load (import, builds), check, time
         with _phase(phases, "start"):
             reference = session.reference_group(problem, config.load_timeout_s)
@@ -234,7 +240,7 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
                 _load(group, problem, candidate, config)
             result.details["sandbox"] = _sandbox_of(group, session)
             with _phase(phases, "check"):
-                first = _check_trials(session, reference, group, problem, cases, config, result)
+                first = _check_trials(session, reference, group, problem, candidate, cases, config, result)
                 last = _check_case(session, reference, group, problem, cases[0], 0, config)
                 _check_repeatable(first, last, problem, cases[0], config)
             result.collectives_used = _used(last)  # each reply carries everything recorded so far
@@ -281,25 +287,91 @@ def _sandbox_of(group: RankGroup, session: Session) -> dict:
     return status
 
 
-def _check_trials(session: Session, reference: RankGroup, group: RankGroup, problem: Problem,
+def _check_trials(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, candidate: Candidate,
                   cases: tuple[Case, ...], config: EvalConfig, result: EvalResult) -> list[dict]:
     """Every trial of the upstream cases, then every trial of the others; the replies to the first
-    case's first trial. ``result.upstream_ok`` says whether the upstream cases (the paper's protocol)
-    all passed, even when a later, stricter case fails (None: no upstream case was checked)."""
+    case's first trial. Raises the strict verdict's first failure.
+
+    The upstream cases also decide the paper's verdict, ``result.upstream_ok``, by upstream's rule
+    (``_check_upstream``), so a stricter failure there or later leaves it as upstream would have it."""
     upstream = tuple(c for c in cases if problem.case_kind(c.name) == "upstream")
     others = tuple(c for c in cases if c not in upstream)
-    first = None
-    if upstream:
-        result.upstream_ok = False  # until every upstream trial has passed
-    for phase in (upstream, others):
-        for trial in range(config.num_trials):
-            for case in phase:
-                got = _check_case(session, reference, group, problem, case, trial, config)
-                if case is cases[0] and trial == 0:
-                    first = got
-        if phase is upstream and upstream:
-            result.upstream_ok = True
+    first = _check_upstream(session, reference, group, problem, candidate, upstream, config, result) if upstream else None
+    for trial in range(config.num_trials):
+        for case in others:
+            got = _check_case(session, reference, group, problem, case, trial, config)
+            if first is None:
+                first = got
     return first
+
+
+def _check_upstream(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, candidate: Candidate,
+                    cases: tuple[Case, ...], config: EvalConfig, result: EvalResult) -> list[dict] | None:
+    """The upstream cases, ``config.upstream_trials`` trials deep (at least the run's), each output
+    judged twice: by pkb's strict comparison, whose first failure is raised after the last trial, and
+    by upstream's rule (``compare.upstream_compare``), which sets ``result.upstream_ok``.
+
+    Upstream runs each trial in new processes. Here the trials share the candidate's processes, so a
+    trial that fails upstream's rule after the processes' first call is run again in new ones (same
+    inputs); that run decides the paper's verdict, as it would upstream. After a strict failure that
+    left the processes unusable (a crash, a timeout, an error), the remaining trials run in new ones too.
+    """
+    trials = max(config.num_trials, config.upstream_trials)
+    paper = result.details["upstream"] = {"rule": "upstream's outputs_match_rank_outputs (allclose, atol=rtol=1e-2)",
+                                          "trials": trials, "trials_in_new_processes": 0}
+    first, strict_failure, live, calls, paper_failed = None, None, group, 0, False
+    for trial in range(trials):
+        for case in cases:
+            failure, rerun = None, live is None  # no live processes (a strict failure stopped them): new ones
+            if live is not None:
+                fresh = calls == 0  # the processes' first call: as new as upstream's
+                try:
+                    expected, got = _run_case(session, reference, live, problem, case, trial, config)
+                except Verdict as verdict:
+                    strict_failure, live = strict_failure or verdict, None  # its processes may be dead or stuck
+                    failure = f"{verdict.status.value}: {verdict.message}"
+                else:
+                    calls += 1
+                    first = first or got
+                    strict_failure = strict_failure or _strict_verdict(expected, got, problem, case, trial, config)
+                    failure = None if paper_failed else _upstream_failure(expected, got, config)
+                rerun = bool(failure) and not fresh
+            if rerun and not paper_failed:
+                paper["trials_in_new_processes"] += 1
+                failure = _upstream_trial_in_new_processes(session, reference, problem, candidate, case, trial, config)
+            if failure and not paper_failed:
+                paper_failed = True  # decided; the strict trials go on while the processes answer
+                paper["failed"] = {"case": case.name, "trial": trial, "reason": failure}
+            if strict_failure and paper_failed:
+                result.upstream_ok = False
+                raise strict_failure
+    result.upstream_ok = not paper_failed
+    if strict_failure:
+        raise strict_failure
+    return first
+
+
+def _upstream_failure(expected: list[dict], got: list[dict], config: EvalConfig) -> str | None:
+    """Why the outputs fail upstream's rule (every rank's, in order), or None."""
+    for rank in range(config.world_size):
+        mismatch = upstream_compare(expected[rank]["outputs"], got[rank].get("outputs"))
+        if mismatch is not None:
+            return f"rank {rank}: {mismatch.describe()}"
+    return None
+
+
+def _upstream_trial_in_new_processes(session: Session, reference: RankGroup, problem: Problem, candidate: Candidate,
+                                     case: Case, trial, config: EvalConfig) -> str | None:
+    """One upstream trial in a new candidate group, as upstream runs every trial; why it fails, or None."""
+    group = session.candidate_group()
+    try:
+        _load(group, problem, candidate, config)
+        expected, got = _run_case(session, reference, group, problem, case, trial, config)
+        return _upstream_failure(expected, got, config)
+    except Verdict as verdict:
+        return f"{verdict.status.value}: {verdict.message}"
+    finally:
+        group.kill()
 
 
 def _apply_policy(result: EvalResult, config: EvalConfig) -> None:
@@ -328,7 +400,7 @@ def _check_statically(problem: Problem, candidate: Candidate, config: EvalConfig
         if left_out:
             raise Verdict(Status.SKIPPED, f"{problem.name}'s {config.cases} cases at world size {config.world_size} "
                                           f"({', '.join(c.name for c in left_out)}) take minutes where the reference "
-                                          f"runs on the CPU: check them with --mode cuda")
+                                          f"runs on the CPU: check them with --mode cuda or --mode shared-gpu")
         raise Verdict(Status.SKIPPED, f"{problem.name} has no {config.cases} case for world size {config.world_size}")
 
 
@@ -343,8 +415,9 @@ def left_out_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
 
 
 def _left_out(case: Case, config: EvalConfig) -> bool:
-    """Too slow to check where the reference runs on the CPU (every mode but cuda)."""
-    return case.slow_on_cpu and config.mode is not Mode.CUDA
+    """Too slow to check where the reference runs on the CPU: cpu mode (shared-gpu mode runs the
+    reference of such a case on the GPU: pkb.runtime.worker.Worker.call)."""
+    return case.slow_on_cpu and config.mode is Mode.CPU
 
 
 def _selected_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
@@ -370,6 +443,16 @@ def _load(group: RankGroup, problem: Problem, candidate: Candidate, config: Eval
 def _check_case(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, case: Case,
                 trial, config: EvalConfig) -> list[dict]:
     """Run ``case`` on both groups with this trial's seeds and compare every rank; the candidate's replies."""
+    expected, got = _run_case(session, reference, group, problem, case, trial, config)
+    failure = _strict_verdict(expected, got, problem, case, trial, config)
+    if failure:
+        raise failure
+    return got
+
+
+def _run_case(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, case: Case,
+              trial, config: EvalConfig) -> tuple[list[dict], list[dict]]:
+    """Both groups' replies to ``case`` with this trial's seeds; a Verdict if the candidate failed to answer."""
     W = config.world_size
     shared = session.seed(problem.name, case.name, trial, "shared")
     sample_seed = session.seed(problem.name, case.name, trial, "sample")
@@ -378,16 +461,22 @@ def _check_case(session: Session, reference: RankGroup, group: RankGroup, proble
              "sample_seed": sample_seed} for rank in range(W)]
     what = f"case {case.name}, trial {trial}"
     reference.submit(jobs)
-    with _candidate_failures(what):
+    with _candidate_failures(what, case=case.name, trial=trial):
         group.submit(jobs)
     expected = reference.collect(config.timeout_s)
     _raise_reference_errors(expected, problem, f"case {case.name}")
-    with _candidate_failures(what):
+    with _candidate_failures(what, case=case.name, trial=trial):
         got = group.collect(config.timeout_s)
-    where = {"case": case.name, "trial": trial}
     for rank in range(W):
         if got[rank].get("error"):
-            _raise_candidate_error(got, rank, where, config.mode)
+            _raise_candidate_error(got, rank, {"case": case.name, "trial": trial}, config.mode)
+    return expected, got
+
+
+def _strict_verdict(expected: list[dict], got: list[dict], problem: Problem, case: Case, trial,
+                    config: EvalConfig) -> Verdict | None:
+    """pkb's comparison of every rank's outputs, then of its inputs after the call; the first failure."""
+    W = config.world_size
     for rank in range(W):
         tolerance_for = functools.partial(problem.tolerance_for, case, W)
         mismatch = compare(expected[rank]["outputs"], got[rank].get("outputs"), tolerance_for, "out")
@@ -396,9 +485,9 @@ def _check_case(session: Session, reference: RankGroup, group: RankGroup, proble
             if mismatch is not None:
                 mismatch = _input_mismatch(mismatch, problem)
         if mismatch is not None:
-            raise Verdict(Status.MISMATCH, f"rank {rank}, {what}: {mismatch.describe()}",
-                          rank=rank, **where, mismatch=mismatch.to_dict())
-    return got
+            return Verdict(Status.MISMATCH, f"rank {rank}, case {case.name}, trial {trial}: {mismatch.describe()}",
+                           rank=rank, case=case.name, trial=trial, mismatch=mismatch.to_dict())
+    return None
 
 
 def _check_repeatable(first: list[dict], again: list[dict], problem: Problem, case: Case, config: EvalConfig) -> None:
@@ -465,18 +554,18 @@ def _candidate_request(group: RankGroup, jobs: list[dict], timeout: float, what:
 
 
 @contextlib.contextmanager
-def _candidate_failures(what: str):
-    """Turn a candidate group's timeout or death into the verdict it earns."""
+def _candidate_failures(what: str, **where):
+    """Turn a candidate group's timeout or death into the verdict it earns (``where``: the case and trial)."""
     try:
         yield
     except StartFailure as exc:  # before any candidate code ran
         raise HarnessError(f"{what}: {exc}\n{exc.log_tail}") from None
     except RankTimeout as exc:
-        raise Verdict(Status.TIMEOUT, f"{what}: {exc}", rank=exc.rank, log_tail=exc.log_tail) from None
+        raise Verdict(Status.TIMEOUT, f"{what}: {exc}", rank=exc.rank, log_tail=exc.log_tail, **where) from None
     except RankCrashed as exc:
-        raise Verdict(Status.CRASH, f"{what}: {exc}", rank=exc.rank, log_tail=exc.log_tail) from None
+        raise Verdict(Status.CRASH, f"{what}: {exc}", rank=exc.rank, log_tail=exc.log_tail, **where) from None
     except GroupFailure as exc:
-        raise Verdict(Status.CRASH, f"{what}: {exc}") from None
+        raise Verdict(Status.CRASH, f"{what}: {exc}", **where) from None
 
 
 # -- timing -------------------------------------------------------------------------------------------

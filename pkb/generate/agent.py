@@ -86,7 +86,8 @@ def run_agent(problem: Problem, provider: Provider, settings: AgentSettings, sto
               on_step: Callable[[AgentStep], None] = lambda step: None, executor=None) -> AgentOutcome:
     """Refine ``problem``'s solution for up to ``settings.num_steps`` steps (resuming a stored run); each
     step's file is evaluated on ``executor`` (pkb.executor; default: this machine) before the next step."""
-    prompt = prompt_for(problem, settings.backend, profile, settings.world_size, settings.prompt, settings.upstream_dir)
+    prompt = prompt_for(problem, settings.backend, profile, settings.world_size, settings.prompt, settings.upstream_dir,
+                        precision=settings.precision)
     evaluator = Evaluator(store, eval_config, executor)
     steps: list[AgentStep] = []
     stopped_by = ""

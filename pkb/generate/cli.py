@@ -17,6 +17,7 @@ SUCCESS_STATUSES = ("ok", "skipped")
 
 
 def add_commands(subparsers, add_eval_options) -> None:
+    from pkb.cli import add_precision_option
     from pkb.generate.prompt import BACKENDS, DEFAULT_HARDWARE  # light: templates and dataclasses only
 
     p = subparsers.add_parser("prompt", help="the prompt a model gets for a problem")
@@ -25,6 +26,7 @@ def add_commands(subparsers, add_eval_options) -> None:
     p.add_argument("--hardware", default=DEFAULT_HARDWARE, help=f"hardware profile (default {DEFAULT_HARDWARE})")
     p.add_argument("--case", help="the case whose per-rank shapes are shown (default: the first benchmark)")
     p.add_argument("--world-size", type=int, help="default: the profile's GPU count if the problem runs at it")
+    add_precision_option(p)
     _add_prompt_options(p)
     p.set_defaults(func=cmd_prompt)
 
@@ -98,7 +100,7 @@ def cmd_prompt(args) -> int:
     with _usage_errors():
         profile = load_profile(args.hardware)
         case = problem.find_case(args.case) if args.case else None
-        print(prompt_for(problem, args.backend, profile, args.world_size, args.prompt, upstream_dir, case))
+        print(prompt_for(problem, args.backend, profile, args.world_size, args.prompt, upstream_dir, case, args.dtype))
     return 0
 
 
@@ -117,7 +119,7 @@ def cmd_generate(args) -> int:
     with _usage_errors():
         profile = load_profile(args.hardware)
     settings = GenerateSettings(run=args.run or default_run_name(str(provider.spec), args.backend, args.temperature),
-                                prompt=args.prompt, upstream_dir=_upstream_dir(args),
+                                prompt=args.prompt, upstream_dir=_upstream_dir(args), precision=args.dtype,
                                 backend=args.backend, hardware=args.hardware, num_samples=args.samples,
                                 temperature=args.temperature, max_tokens=args.max_tokens,
                                 concurrency=args.concurrency, out_dir=Path(args.out or DEFAULT_OUT))
@@ -153,7 +155,7 @@ def cmd_agent(args) -> int:
         profile = load_profile(args.hardware)
     world_size = args.world_size if args.world_size in problem.world_sizes else min(problem.world_sizes)
     run = args.run or "agent-" + default_run_name(str(provider.spec), args.backend, args.temperature)
-    settings = AgentSettings(run=run, prompt=args.prompt, upstream_dir=_upstream_dir(args),
+    settings = AgentSettings(run=run, prompt=args.prompt, upstream_dir=_upstream_dir(args), precision=args.dtype,
                              backend=args.backend, hardware=args.hardware, num_steps=args.steps,
                              temperature=args.temperature, max_tokens=args.max_tokens,
                              out_dir=Path(args.out or DEFAULT_OUT))

@@ -51,6 +51,7 @@ class Prompt:
     backend: str
     hardware: str
     kind: str = "pkb"  # pkb's own prompt, or the upstream benchmark's (pkb.generate.upstream_prompt)
+    precision: str = "bf16"  # the run's precision (pkb.problem.PRECISIONS), which the prompt states
 
     def __str__(self) -> str:
         return f"{self.system}\n\n{self.user}"
@@ -70,18 +71,25 @@ def load_profile(name: str | None = None):
 
 
 def build_prompt(problem: Problem, backend: str, profile, case: Case | None = None,
-                 world_size: int | None = None) -> Prompt:
+                 world_size: int | None = None, precision: str | None = None) -> Prompt:
     """The prompt for ``problem`` at ``world_size`` (default: the profile's GPU count if the problem runs
-    at it, else its largest world size), showing ``case`` (default: the first benchmark at that size,
-    else the first test)."""
+    at it, else its largest world size) in ``precision``, showing ``case`` (default: the first benchmark
+    at that size, else the first test; precision: the default, bf16)."""
+    from pkb.problem import DEFAULT_PRECISION, PRECISIONS
+
+    precision = precision or DEFAULT_PRECISION
     if backend not in BACKENDS:
         raise PromptError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if precision not in problem.precisions:
+        raise PromptError(f"{problem.name} runs in {', '.join(problem.precisions)}, not {precision}: "
+                          f"{problem.precision_note}")
     world_size = world_size or default_world_size(problem, profile)
-    case = case or default_case(problem, world_size)
+    case = (case or default_case(problem, world_size)).at_precision(precision)
     sections = [
         templates.TASK.format(name=problem.name, source=problem.source, arguments=_arguments(problem),
                               world_size=world_size, world_sizes=", ".join(map(str, problem.world_sizes)),
                               backend_goal=templates.BACKEND_GOALS[backend]),
+        templates.PRECISION.format(precision=precision, dtype=PRECISIONS[precision]),
         hardware_section(profile),
         reference_section(problem),
         case_section(problem, case, world_size, profile),
@@ -90,7 +98,8 @@ def build_prompt(problem: Problem, backend: str, profile, case: Case | None = No
         example_section(problem, backend),
         templates.ANSWER_FORMAT.format(arguments=_arguments(problem)),
     ]
-    return Prompt(templates.SYSTEM, "\n".join(sections), problem.name, case.name, world_size, backend, profile.name)
+    return Prompt(templates.SYSTEM, "\n".join(sections), problem.name, case.name, world_size, backend, profile.name,
+                  precision=precision)
 
 
 def default_world_size(problem: Problem, profile) -> int:

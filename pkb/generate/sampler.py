@@ -57,6 +57,7 @@ class RunSettings:
     world_size: int | None = None  # the world size the prompt describes (default: the profile's GPUs)
     prompt: str = "pkb"  # whose prompt: pkb's, or the upstream benchmark's (built from ``upstream_dir``)
     upstream_dir: Path | None = None
+    precision: str | None = None  # the run's precision (--dtype; None: bf16): the prompt states it
 
     @property
     def run_dir(self) -> Path:
@@ -117,7 +118,7 @@ def generate(problems: list[Problem], provider: Provider, settings: GenerateSett
         calls = []
         for problem in problems:
             prompt = prompt_for(problem, settings.backend, profile, settings.world_size, settings.prompt,
-                                settings.upstream_dir)
+                                settings.upstream_dir, precision=settings.precision)
             for sample in range(settings.num_samples):
                 row = _latest_row(store, settings.run, problem, sample)
                 if row is not None and row["status"] == GenStatus.GENERATED and evaluator is not None:
@@ -196,7 +197,7 @@ def generation_row(problem: Problem, prompt: Prompt, provider: Provider, setting
                problem=problem.name, problem_version=problem.version, sample=sample, step=step,
                backend=prompt.backend, hardware=prompt.hardware, world_size=prompt.world_size, case_name=prompt.case,
                temperature=settings.temperature, max_tokens=settings.max_tokens, system=prompt.system,
-               prompt_kind=prompt.kind,
+               prompt_kind=prompt.kind, precision=prompt.precision,
                prompt=user_message if user_message is not None else prompt.user, code=None, code_path=None,
                code_sha256=None)
     if isinstance(answer, ProviderError):

@@ -21,6 +21,15 @@ Use torch.distributed only for setup (rank, world size, the group a symmetric bu
 do the communication itself in your own kernels, reading and writing peers' memory directly.
 """
 
+PRECISION = """\
+## Precision: {precision}
+
+This run's precision is {precision} ({dtype}): every case builds in it the inputs that the upstream
+benchmark builds from its precision argument; indices, scales and other dtypes that are part of the
+function stay as the reference shows them. Optimise for {precision}; a kernel that only works in
+another precision fails.
+"""
+
 BACKEND_GOALS = {
     "cuda": "Write the kernels in CUDA C++, built at import time with `pkb.kernels.load_cuda`.",
     "triton": "Write the kernels in Triton (`import triton`, `import triton.language as tl`).",

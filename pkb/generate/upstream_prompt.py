@@ -37,14 +37,18 @@ TEMPLATES = Path("kernelgen/prompts.toml")
 GENERATOR = Path("kernelgen/generate_kernel.py")
 
 
-def build_upstream_prompt(problem: Problem, backend: str, upstream_dir: str | Path, world_size: int) -> Prompt:
-    """Upstream's prompt for ``problem`` from the clone at ``upstream_dir`` (see the module's docstring)."""
+def build_upstream_prompt(problem: Problem, backend: str, upstream_dir: str | Path, world_size: int,
+                          precision: str | None = None) -> Prompt:
+    """Upstream's prompt for ``problem`` in ``precision`` (its ``--precision``) from the clone at
+    ``upstream_dir`` (see the module's docstring)."""
     root = Path(upstream_dir)
     config = _templates(root)
     backends = config.get("backends", {})
     if backend not in backends:
         raise PromptError(f"{root / TEMPLATES} has no backend {backend!r} (it has: {', '.join(backends)})")
-    precision = config.get("meta", {}).get("default_precision", "bf16")
+    precision = precision or config.get("meta", {}).get("default_precision", "bf16")
+    if precision not in config.get("precision", {}):
+        raise PromptError(f"{root / TEMPLATES} has no precision {precision!r} (it has: {', '.join(config.get('precision', {}))})")
     stem = reference_stem(root, problem)
     context = {"backend_display": backends[backend]["backend_display"],
                "precision_display": config["precision"][precision]["precision_display"],
@@ -55,19 +59,21 @@ def build_upstream_prompt(problem: Problem, backend: str, upstream_dir: str | Pa
               "Produce the complete Python file contents for that path.")
     user = "\n\n".join(part for part in rendered if part) + footer
     return Prompt(_system(config, backend, root), user, problem.name, "upstream", world_size, backend, "none",
-                  kind="upstream")
+                  kind="upstream", precision=precision)
 
 
 def prompt_for(problem: Problem, backend: str, profile, world_size: int | None = None, kind: str = "pkb",
-               upstream_dir: str | Path | None = None, case: Case | None = None) -> Prompt:
-    """The prompt a run asks for: pkb's own (``build_prompt``, showing ``case``), or upstream's from the
-    clone at ``upstream_dir`` (which shows no case)."""
+               upstream_dir: str | Path | None = None, case: Case | None = None,
+               precision: str | None = None) -> Prompt:
+    """The prompt a run in ``precision`` asks for: pkb's own (``build_prompt``, showing ``case``), or
+    upstream's from the clone at ``upstream_dir`` (which shows no case)."""
     if kind == "pkb":
-        return build_prompt(problem, backend, profile, case=case, world_size=world_size)
+        return build_prompt(problem, backend, profile, case=case, world_size=world_size, precision=precision)
     if kind != "upstream" or upstream_dir is None:
         raise PromptError("--prompt upstream needs --upstream-dir DIR (a clone of the upstream benchmark)"
                           if kind == "upstream" else f"unknown prompt {kind!r}; use one of {', '.join(PROMPT_KINDS)}")
-    return build_upstream_prompt(problem, backend, upstream_dir, world_size or default_world_size(problem, profile))
+    return build_upstream_prompt(problem, backend, upstream_dir, world_size or default_world_size(problem, profile),
+                                 precision)
 
 
 def reference_stem(root: Path, problem: Problem) -> str:

@@ -16,8 +16,10 @@ versions that reproduce NCCL's behaviour on top of gloo's own calls:
   moved as bytes (gloo: "Invalid scalar type").
 - point-to-point with the rank itself as the peer (``isend``/``irecv``/``batch_isend_irecv``), which
   NCCL allows and gloo's transport cannot do.
-- in ``shared-gpu`` mode, point-to-point on CUDA tensors, staged through host memory (gloo fails with
-  "Bad address").
+- in ``shared-gpu`` mode, CUDA tensors: point to point (gloo fails with "Bad address") and the
+  collectives below (``all_reduce``, the gathers, scatters, reductions, broadcast and all-to-alls)
+  run on host copies, the tensors the call writes copied back, so a rank's GPU code (a reference
+  included: pkb.runtime.worker) needs no CUDA path of gloo's.
 
 A bridged call that NCCL would run asynchronously completes before it returns and gives back a
 finished work object. What is not bridged (and so fails in ``cpu`` mode as gloo fails) is listed in
@@ -129,6 +131,17 @@ def _done(async_op: bool):
     return DoneWork() if async_op else None
 
 
+def _tensors(values) -> list[torch.Tensor]:
+    """The tensors among ``values``, in lists and tuples too."""
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(_tensors(value))
+    return found
+
+
 def _through_flat(name: str, out: torch.Tensor, tensor: torch.Tensor, async_op: bool, **kwargs):
     """Call ``name`` on flat views of ``out`` and ``tensor`` (what gloo accepts), then fill ``out``."""
     flat = out.view(-1) if out.is_contiguous() else torch.empty(out.numel(), dtype=out.dtype, device=out.device)
@@ -179,6 +192,12 @@ def all_gather(*args, **kwargs):
         _call("broadcast", _bytes(buffer), src=_global_rank(group, source), group=group)
         out.copy_(buffer.view(out.shape))
     return _done(a["async_op"])
+
+
+@_bridge("all_reduce")
+def all_reduce(*args, **kwargs):
+    """gloo's own: bridged only for CUDA tensors in shared-gpu mode (``_staged``)."""
+    return _call("all_reduce", *args, **kwargs)
 
 
 @_bridge("all_to_all")
@@ -268,11 +287,73 @@ def scatter(*args, **kwargs):
     return _done(a["async_op"])
 
 
+# -- CUDA tensors in shared-gpu mode: staged through host memory ------------------------------------------
+
+
+def _never(tensor: torch.Tensor) -> bool:
+    return False
+
+
+def _is_cuda(tensor: torch.Tensor) -> bool:
+    return tensor.is_cuda
+
+
+# Which tensors a call moves through host copies: CUDA ones in shared-gpu mode (install), none
+# otherwise. Tests put a predicate here that stands CPU tensors in for CUDA ones.
+_stages: Callable[[torch.Tensor], bool] = _never
+
+# The arguments each staged collective writes: copied back from the host copies after the call. Only
+# these, so an output that is a view of an input (in-place gather or reduce-scatter) keeps the result.
+_WRITES = {"all_reduce": ("tensor",), "all_gather_into_tensor": ("output_tensor",),
+           "reduce_scatter_tensor": ("output",), "all_gather": ("tensor_list",),
+           "all_to_all": ("output_tensor_list",), "all_to_all_single": ("output",), "broadcast": ("tensor",),
+           "reduce": ("tensor",), "gather": ("gather_list",), "scatter": ("tensor",)}
+
+
+def _to_host(value):
+    """``value`` with the tensors ``_stages`` picks replaced by host copies (in lists and tuples too)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True) if _stages(value) else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_host(v) for v in value)
+    return value
+
+
+def _copy_back(written, host) -> None:
+    if isinstance(written, torch.Tensor):
+        if host is not written:
+            with torch.no_grad():  # the collective writes the data, as NCCL does, outside autograd
+                written.copy_(host)
+    elif isinstance(written, (list, tuple)):
+        for tensor, copy in zip(written, host):
+            _copy_back(tensor, copy)
+
+
+def _staged(name: str, bridge: Callable) -> Callable:
+    """``bridge``, run on host copies when the call has tensors to stage (CUDA tensors in shared-gpu
+    mode): the copies are made after the device's pending work on them (a blocking copy), the call
+    runs to completion on them, and the tensors it writes get the result before it returns (the work
+    object of an asynchronous call is already finished, as for every bridged call)."""
+
+    def staged(*args, **kwargs):
+        if _stages is _never:
+            return bridge(*args, **kwargs)
+        a = _arguments(name, args, kwargs)
+        if not any(_stages(t) for t in _tensors(a.values())):
+            return bridge(*args, **kwargs)
+        host = {key: _to_host(value) for key, value in a.items()}
+        bridge(**{**host, "async_op": False})
+        for key in _WRITES[name]:
+            _copy_back(a[key], host[key])
+        return _done(a["async_op"])
+
+    return staged
+
+
 # -- point to point: the rank itself as a peer, CUDA tensors staged in shared-gpu mode -------------------
 
 _self_sent: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
 _self_waiting: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
-_stage_cuda = False  # set by install() in shared-gpu mode
 
 
 def _self_key(group, tag: int) -> tuple:
@@ -328,10 +409,10 @@ def _point_to_point(name: str, sends: bool, blocking: bool):
                 work.wait()
                 return None if sends else peer
             return work
-        staged = _stage_cuda and tensor.is_cuda
+        staged = _stages(tensor)
         if not staged and not _is_fp8(tensor):
             return _call(name, *args, **kwargs)
-        host = tensor.detach().to("cpu") if staged and sends else (
+        host = tensor.detach().to("cpu", copy=True) if staged and sends else (
             torch.empty(tensor.shape, dtype=tensor.dtype) if staged else tensor)
         result = _call(name, **{**a, "tensor": _bytes(host.contiguous() if sends else host)})
         then = (lambda: tensor.copy_(host)) if staged and not sends else None
@@ -353,9 +434,10 @@ for _name, _sends, _blocking in (("isend", True, False), ("irecv", False, False)
 
 
 def install(stage_cuda: bool = False) -> None:
-    """Bridge gloo to NCCL's behaviour in this process (a rank whose group is gloo). Idempotent."""
-    global _stage_cuda
-    _stage_cuda = stage_cuda
+    """Bridge gloo to NCCL's behaviour in this process (a rank whose group is gloo); ``stage_cuda``
+    (shared-gpu mode): CUDA tensors are moved through host memory. Idempotent."""
+    global _stages
+    _stages = _is_cuda if stage_cuda else _never
     for name, bridge in _bridges.items():
         if name in _original:
             continue

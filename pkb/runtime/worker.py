@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from pkb.evaluate.timing import TimedLoop
-from pkb.problem import make_generator
+from pkb.problem import Case, make_generator
 from pkb.runtime import gloo_bridge
 from pkb.runtime.channel import recv_job, send_reply, to_plain
 from pkb.runtime.guards import HarnessImportBlocker, StockCallRecorder, snapshot_harness, tampered
@@ -100,12 +100,14 @@ class Worker:
                                                    + ", ".join(changed)}
         return {**reply, "collectives_used": sorted(self.recorder.used)}
 
-    def call(self, inputs: tuple) -> tuple:
-        """(outputs, the inputs as called): the candidate's (recorded), or the reference's, on CPU
-        copies in shared-gpu mode, where gloo cannot send or receive CUDA tensors."""
+    def call(self, inputs: tuple, case: Case | None = None) -> tuple:
+        """(outputs, the inputs as called): the candidate's (recorded), or the reference's. In shared-gpu
+        mode the reference runs on CPU copies of the inputs (the expected values pkb trusts), except on
+        a case too slow on the CPU (``Case.slow_on_cpu``): there it runs on the GPU, as in cuda mode,
+        its collectives staged through host memory by the gloo bridge."""
         if self.solution is not None:
             return self.recorder.run(self.solution, *inputs), inputs
-        if self.mode is Mode.SHARED_GPU:
+        if self.mode is Mode.SHARED_GPU and not (case is not None and case.slow_on_cpu):
             inputs = tuple(_on_cpu(x) for x in inputs)
         if self.role == "candidate":
             return self.recorder.run(self.problem.reference, *inputs), inputs
@@ -119,7 +121,8 @@ class Worker:
         return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
     def run(self, job: dict) -> dict:
-        outputs, inputs = self.call(self.make_inputs(job["case"], job["seeds"], job["precision"]))
+        case = self.problem.find_case(job["case"], job["precision"])
+        outputs, inputs = self.call(self.make_inputs(case.name, job["seeds"], job["precision"]), case)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dist.barrier()
@@ -129,7 +132,7 @@ class Worker:
 
     def time_prepare(self, job: dict) -> dict:
         case, precision = self.problem.find_case(job["case"]), job["precision"]
-        fn = (lambda *inputs: self.call(inputs)[0])
+        fn = (lambda *inputs: self.call(inputs, case)[0])
         self.timed = TimedLoop(fn, lambda seeds: self.make_inputs(case.name, seeds, precision), job["seeds"], self.device)
         return {"status": "ok", **self.timed.prepare(**job["protocol"])}
 

@@ -155,6 +155,11 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     _name_solution_sets,
     # 3 -> 4: whose prompt a generation was asked with: pkb's own, or the upstream benchmark's
     "ALTER TABLE generations ADD COLUMN prompt_kind TEXT NOT NULL DEFAULT 'pkb';",
+    # 4 -> 5: the run's precision (--dtype); every earlier run was bf16, the paper's
+    """
+    ALTER TABLE results ADD COLUMN precision TEXT NOT NULL DEFAULT 'bf16';
+    ALTER TABLE generations ADD COLUMN precision TEXT NOT NULL DEFAULT 'bf16';
+    """,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION, "every schema version needs its migration"
 
@@ -162,12 +167,12 @@ _GENERATION_COLUMNS = frozenset((
     "run", "kind", "model", "provider", "problem", "problem_version", "sample", "step", "backend", "hardware",
     "world_size", "case_name", "temperature", "max_tokens", "system", "prompt", "response", "status", "code", "code_path",
     "code_sha256", "tokens_in", "tokens_out", "cost_usd", "latency_s", "attempts", "error", "result_id", "run_key",
-    "speedup", "pkb_version", "created_at", "prompt_kind"))
+    "speedup", "pkb_version", "created_at", "prompt_kind", "precision"))
 
 _COLUMNS = ("problem", "problem_version", "solution", "solution_sha256", "status", "message", "mode",
             "world_size", "num_trials", "speedup", "roofline_fraction", "busbw_gbps",
             "times_are_gpu_performance", "hardware", "pkb_version", "schema_version", "created_at", "wall_s",
-            "solution_set", "upstream_ok")
+            "solution_set", "upstream_ok", "precision")
 
 
 class StoreError(RuntimeError):

@@ -1,4 +1,4 @@
-"""Helpers shared by the beyond-LLM problems: dtypes, variable-size exchanges, skewed splits.
+"""Helpers shared by the beyond-LLM problems: the run's dtype, variable-size exchanges, skewed splits.
 
 The exchanges here are the plain c10d patterns the references are built from (sizes first, then the
 payload), written once so every reference reads as its workload's steps, not as bookkeeping.
@@ -9,9 +9,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from pkb.problem import DEFAULT_PRECISION, PRECISIONS
 
-def dtype_of(case, key: str = "dtype") -> torch.dtype:
-    return getattr(torch, case[key])
+
+def dtype_of(case) -> torch.dtype:
+    """The run's precision: ``case["dtype"]``, which the harness sets on every case it hands out (the
+    default precision for a case read outside a run, e.g. its cost listed)."""
+    name = case.get("dtype")
+    return getattr(torch, name) if name else PRECISIONS[DEFAULT_PRECISION]
 
 
 def all_gather_sizes(count: int, device, group=None) -> list[int]:

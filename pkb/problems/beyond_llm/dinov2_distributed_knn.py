@@ -2,18 +2,19 @@
 the ranks; every rank's test queries are scored against every shard, each shard keeps its top k, and
 the query's owner merges the W lists into the final top k.
 
-Per rank: test_features_rank [q_r, D] (bf16; q_r differs per rank and may be 0),
-train_features_rank_T [D, t_r] (bf16; this rank's train shard, transposed; t_r >= max_k, else
-ValueError, as in DINOv2), train_labels_rank [1, t_r] int64, max_k int
-  ->  (topk_sims [q_r, max_k] bf16, topk_labels [q_r, max_k] int64) for this rank's own queries,
-      largest similarity first.
+Per rank: test_features_rank [q_r, D] (q_r differs per rank and may be 0), train_features_rank_T [D, t_r]
+(this rank's train shard, transposed, contiguous; t_r >= max_k, else ValueError, as in DINOv2; both in
+the run's precision, bf16 by default), train_labels_rank [1, t_r] int64, max_k int, group=None (the
+default group)
+  ->  (topk_sims [q_r, max_k] (the features' dtype), topk_labels [q_r, max_k] int64) for this rank's own
+      queries, largest similarity first.
 
-Similarity: the dot product of a query and a train vector in bf16 (DINOv2 runs the GEMM in the
-features' dtype). DINOv2 leaves the order of equal similarities to the top-k kernel, so the inputs
+Similarity: the dot product of a query and a train vector in the features' dtype (DINOv2 runs the GEMM
+in it). DINOv2 leaves the order of equal similarities to the top-k kernel, so the inputs
 keep the top max_k + 1 similarities of every query apart: each query is one feature axis d scaled
 by c in [0.5, 1]; along every axis, max_k + 1 train vectors (at random places of the global train
 set) hold a ladder of values 1.03^m, m = 0..max_k, and all others stay below 0.9. The similarities
-c * 1.03^m are exact in fp32 and several bf16 ulps apart, so every honest kernel finds the same
+c * 1.03^m are exact in fp32 and several bf16 ulps apart (more in fp16 and fp32), so every honest kernel finds the same
 top k in the same order, and the labels must match exactly.
 
 The reference all-gathers the queries (DINOv2 broadcasts each owner's in turn: the same data), takes
@@ -21,7 +22,7 @@ each shard's top k and sends each owner its queries' lists (DINOv2 gathers them 
 they are merged into the top k.
 
 Cost: every rank receives the other ranks' queries, (W-1)*q*D*b bytes, and sends back k results
-(bf16 + int64 label) per foreign query: link = (W-1)*q*(D*b + k*(b + 8)). flops: 2*(W*q)*D*t
+(a similarity of b bytes + an int64 label) per foreign query: link = (W-1)*q*(D*b + k*(b + 8)). flops: 2*(W*q)*D*t
 for the similarities. HBM: read the train shard once, D*t*b, plus the queries.
 
 Benchmarks: DINOv2 evaluates k-NN on ImageNet-1k (1,281,167 train images) with max_k = 200 and 256
@@ -34,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem
-from pkb.problems.beyond_llm._common import all_gather_rows, all_to_all_rows, skewed_counts
+from pkb.problems.beyond_llm._common import all_gather_rows, all_to_all_rows, dtype_of, skewed_counts
 
 _RATIO = 1.03  # between neighbouring ladder values: >= 3 bf16 ulps
 _BACKGROUND = 0.9  # every value off the ladders stays within +-this, below the lowest rung (1.0)
@@ -75,7 +76,8 @@ def make_inputs(case, rank, world_size, gen):
     scales = 0.5 + 0.5 * torch.rand(num_queries, generator=gen, device=gen.device)
     test_features[torch.arange(num_queries, device=gen.device), axes] = scales
     train_labels_rank = torch.randint(0, case["num_classes"], (1, train[rank]), generator=gen, device=gen.device)
-    return test_features.to(torch.bfloat16), train_T.to(torch.bfloat16), train_labels_rank, max_k
+    dtype = dtype_of(case)
+    return test_features.to(dtype), train_T.to(dtype), train_labels_rank, max_k, None
 
 
 def _top_k(sims, labels, k):
@@ -89,7 +91,7 @@ def reference(test_features_rank, train_features_rank_T, train_labels_rank, max_
         raise ValueError(f"max_k={max_k} exceeds this rank's {train_features_rank_T.shape[1]} train vectors")
     queries, query_counts = all_gather_rows(test_features_rank, group)
     num_queries = queries.shape[0]
-    sims = (queries.float() @ train_features_rank_T.float()).to(torch.bfloat16)
+    sims = (queries.float() @ train_features_rank_T.float()).to(queries.dtype)
     top_sims, top_labels = _top_k(sims, train_labels_rank.expand(num_queries, -1), max_k)
     # Each owner gets its queries' lists from every shard, shard 0 first, and merges them.
     own = query_counts[rank]
@@ -102,7 +104,7 @@ def reference(test_features_rank, train_features_rank_T, train_labels_rank, max_
 
 
 def cost(case, world_size):
-    itemsize = 2
+    itemsize = dtype_of(case).itemsize
     q, dim, k = case["queries_per_rank"], case["dim"], case["max_k"]
     train = case["train_total"] / world_size
     link = (world_size - 1) * q * (dim * itemsize + k * (itemsize + 8))
@@ -111,7 +113,7 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="dinov2_distributed_knn", version=2, upstream_id=79, category="beyond_llm",
+    name="dinov2_distributed_knn", version=3, upstream_id=79, category="beyond_llm",
     source="DINOv2 eval/knn.py KnnModule (broadcast queries, per-shard top-k, gather and merge on the owner)",
     world_sizes=(2, 4, 8),
     upstream=[
@@ -120,10 +122,12 @@ PROBLEM = Problem(
              note="32 queries per rank, 16384/W train vectors per rank, max_k 200"),
     ],
     tests=[
-        Case("uneven_queries", {"queries_per_rank": 5, "dim": 24, "train_total": 203, "max_k": 9, "num_classes": 7}),
+        Case("uneven_queries", {"queries_per_rank": 5, "dim": 24, "train_total": 203, "max_k": 9, "num_classes": 7},
+             tags=("uneven_sizes", "odd_sizes", "argument_value")),
         Case("min_shard_empty_rank", {"queries_per_rank": 4, "dim": 40, "train_total": 160, "max_k": 20,
                                       "num_classes": 1000, "num_empty": 1, "skew_train": True},
-             note="the last shard holds exactly max_k vectors; one rank has no queries"),
+             note="the last shard holds exactly max_k vectors; one rank has no queries",
+             tags=("empty_rank", "uneven_sizes", "argument_value")),
     ],
     benchmarks=[
         Case("dinov2_vits14_imagenet1k", {"queries_per_rank": 256, "dim": 384, "train_total": 1_281_167,

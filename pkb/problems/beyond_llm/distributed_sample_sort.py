@@ -2,8 +2,9 @@
 sample-sort codes): sort every rank's keys globally and leave rank r holding the r-th contiguous
 range of the sorted sequence, of an exact size.
 
-Per rank: local_shard [n_r] (n_r differs per rank and may be 0; many duplicate keys; ranks' key ranges
-overlap but are shifted, so no rank's keys are globally in place)
+Per rank: local_shard [n_r] (the run's precision, bf16 by default; n_r differs per rank and may be 0; many
+duplicate keys; ranks' key ranges overlap but are shifted, so no rank's keys are globally in place),
+group=None (the default group)
   ->  [c_r]: the sorted keys of all ranks, positions [s_r, s_r + c_r) of the global sorted order, where
       the total T = sum n_r is split like ``torch.tensor_split``: c_r = T // W + (1 if r < T % W else 0).
       Keys are compared by value (bit-exact output; equal keys are indistinguishable, so no tie rule is
@@ -18,10 +19,11 @@ off-rank: link = (W-1)/W * n*b (the rebalancing exchange moves few keys when the
 and the samples are negligible). flops: none counted (comparisons). HBM: a radix sort reads and writes
 the keys a few times; counted as 4*n*b (read, write, exchange in, exchange out).
 
-Benchmarks: a sort of 2^26 fp32 keys per rank (256 MiB, the per-GPU share of a 2 GiB sort in the
-style of the sort benchmarks) and 2^24 bf16 keys (upstream's dtype, at GPU scale). The ``upstream``
-case is the upstream factory's: n = max(4W, min(1024 // W, 4096)) bf16 keys per rank, integers in
-[-50, 50) shifted down by rank * n (rounded to bf16: duplicates, and ranges that barely overlap).
+Benchmarks: a sort of 2^26 keys per rank (256 MiB in fp32, the per-GPU share of a 2 GiB sort in the
+style of the sort benchmarks) and 2^24 integer keys (many duplicates, at GPU scale). The ``upstream``
+case is the upstream factory's at trial 0: n = max(4W, min(1024 // W, 4096)) keys per rank, integers in
+[-50, 50) shifted down by rank * n (rounded to the precision: in bf16 duplicates, and ranges that barely
+overlap); the factory's every-4th-trial layout with empty odd ranks is the ``odd_ranks_empty`` test.
 """
 
 import torch
@@ -43,12 +45,12 @@ def make_inputs(case, rank, world_size, gen):
     if "m" in case.params:  # the upstream factory's keys: integers in [-50, 50), shifted down by rank * n
         num_keys = 0 if case.get("odd_ranks_empty", False) and rank % 2 else keys_per_rank(case, world_size)
         values = torch.randint(-50, 50, (num_keys,), generator=gen, device=gen.device).float() - rank * num_keys
-        return (values.to(dtype_of(case)),)
+        return values.to(dtype_of(case)), None
     sizes = skewed_counts(gen.shared, world_size, case["keys_per_rank"] * world_size, case.get("num_empty", 0))
     values = randn(gen, sizes[rank], scale=case["spread"]) + case["shift"] * rank
     if case.get("integer_keys", False):
         values = torch.round(values)
-    return ((values + 0.0).to(dtype_of(case)),)  # + 0.0 turns -0.0 into 0.0
+    return (values + 0.0).to(dtype_of(case)), None  # + 0.0 turns -0.0 into 0.0
 
 
 def reference(local_shard, group=None):
@@ -83,27 +85,27 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="distributed_sample_sort", version=2, upstream_id=85, category="beyond_llm",
+    name="distributed_sample_sort", version=3, upstream_id=85, category="beyond_llm",
     source="parallel sample sort (regular sampling, splitter exchange, all-to-all, exact rebalancing)",
     world_sizes=(2, 4, 8),
     upstream=[
-        Case("upstream", {"m": 1024, "dtype": "bfloat16"}, note="1024 // W integer bf16 keys per rank"),
+        Case("upstream", {"m": 1024}, note="1024 // W integer keys per rank"),
     ],
     tests=[
-        Case("bf16_duplicates", {"keys_per_rank": 37, "dtype": "bfloat16", "spread": 20.0, "shift": -7.0,
-                                 "integer_keys": True}),
-        Case("skewed_one_empty", {"keys_per_rank": 25, "dtype": "float32", "spread": 1.0, "shift": 0.5,
-                                  "num_empty": 1}),
-        Case("int_keys_fp32_two_empty", {"keys_per_rank": 16, "dtype": "float32", "spread": 3.0, "shift": 2.0,
-                                         "integer_keys": True, "num_empty": 2},
-             note="two ranks bring no keys; integer keys repeat a lot"),
-        Case("odd_ranks_empty", {"m": 256, "dtype": "bfloat16", "odd_ranks_empty": True},
-             note="the upstream factory's every-4th-trial layout, smaller: odd ranks bring no keys"),
+        Case("integer_duplicates", {"keys_per_rank": 37, "spread": 20.0, "shift": -7.0, "integer_keys": True},
+             tags=("uneven_sizes", "odd_sizes")),
+        Case("skewed_one_empty", {"keys_per_rank": 25, "spread": 1.0, "shift": 0.5, "num_empty": 1},
+             tags=("empty_rank", "uneven_sizes", "skewed")),
+        Case("int_keys_two_empty", {"keys_per_rank": 16, "spread": 3.0, "shift": 2.0, "integer_keys": True,
+                                    "num_empty": 2},
+             note="two ranks bring no keys; integer keys repeat a lot", tags=("empty_rank", "uneven_sizes")),
+        Case("odd_ranks_empty", {"m": 256, "odd_ranks_empty": True},
+             note="the upstream factory's every-4th-trial layout, smaller: odd ranks bring no keys",
+             tags=("empty_rank", "uneven_sizes")),
     ],
     benchmarks=[
-        Case("fp32_64Mi_keys", {"keys_per_rank": 1 << 26, "dtype": "float32", "spread": 1.0, "shift": 0.25}),
-        Case("bf16_16Mi_keys", {"keys_per_rank": 1 << 24, "dtype": "bfloat16", "spread": 50.0, "shift": -3.0,
-                                "integer_keys": True}),
+        Case("keys_64Mi", {"keys_per_rank": 1 << 26, "spread": 1.0, "shift": 0.25}),
+        Case("integer_keys_16Mi", {"keys_per_rank": 1 << 24, "spread": 50.0, "shift": -3.0, "integer_keys": True}),
     ],
     tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -7,7 +7,7 @@ order it received them, grouped by requesting rank) and sends group r back to ra
 
 Per rank (M[a][b] = rows rank a sends to rank b, a skewed matrix with empty entries; GraphBolt lists its
 peers rank-rotated: entry j of a per-peer list, and chunk j of the rows, belong to rank p_j = (rank + j) % W):
-  local_features [seed_size, D] (bf16), seed_inverse_ids [sum_j M[rank][p_j]] int64 in [0, seed_size),
+  local_features [seed_size, D] (the run's precision, bf16 by default), seed_inverse_ids [sum_j M[rank][p_j]] int64 in [0, seed_size),
   counts_sent = [M[p_j][rank] for j] (rows this rank gets from p_j: it sent p_j that many ids earlier),
   counts_received = [M[rank][p_j] for j] (ids this rank got from p_j, so rows it sends back),
   group=None (the default group)
@@ -17,7 +17,7 @@ Cost (nccl-tests all-to-all): with R = rows_per_rank (mean rows each rank sends)
 the (W-1)/W of them that go to other ranks cross the link: link = (W-1)/W * R*D*b. HBM: the gather
 reads and writes R rows, the exchange reads them and writes the R received: 4*R*D*b.
 
-Cases: ``upstream`` is the upstream benchmark's input (local_features [768, 128] bf16, 1024 ids, 1024/W
+Cases: ``upstream`` is the upstream benchmark's input (local_features [768, 128], 1024 ids, 1024/W
 rows to and from every peer). Benchmarks: ogbn-papers100M (128-d features) under GraphBolt cooperative
 minibatching with 1024 seeds per rank and fanouts (10, 10, 10): the first layer's exchange moves on
 the order of 10^5 rows per rank; ``papers100m_layer0`` uses 200k rows of 128 bf16 features,
@@ -65,19 +65,21 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="gnn_feature_exchange_all2all", version=2, upstream_id=65, category="beyond_llm",
+    name="gnn_feature_exchange_all2all", version=3, upstream_id=65, category="beyond_llm",
     source="DGL GraphBolt cooperative minibatching (CooperativeConvFunction.forward)", world_sizes=(2, 4, 8),
     upstream=[Case("upstream", {"rows_per_rank": 1024, "even": True, "seed_size": 768, "seed_size_step": 0,
-                                "dim": 128, "dtype": "bfloat16"})],
+                                "dim": 128})],
     tests=[
-        Case("skewed_odd_dim", {"rows_per_rank": 37, "seed_size": 11, "dim": 19, "dtype": "bfloat16"}),
-        Case("empty_pairs", {"rows_per_rank": 23, "seed_size": 5, "dim": 8, "dtype": "bfloat16", "num_empty": 1},
-             note="one peer pair per rank on average exchanges nothing"),
-        Case("fp32_rows", {"rows_per_rank": 50, "seed_size": 30, "dim": 3, "dtype": "float32"}),
+        Case("skewed_odd_dim", {"rows_per_rank": 37, "seed_size": 11, "dim": 19},
+             tags=("uneven_sizes", "skewed", "odd_sizes")),
+        Case("empty_pairs", {"rows_per_rank": 23, "seed_size": 5, "dim": 8, "num_empty": 1},
+             note="one peer pair per rank on average exchanges nothing", tags=("uneven_sizes", "empty_rank")),
+        Case("narrow_rows", {"rows_per_rank": 50, "seed_size": 30, "dim": 3},
+             note="3 features a row: 6 bytes in bf16", tags=("uneven_sizes", "odd_sizes")),
     ],
     benchmarks=[
-        Case("papers100m_layer0", {"rows_per_rank": 200_000, "seed_size": 150_000, "dim": 128, "dtype": "bfloat16"}),
-        Case("papers100m_hidden256", {"rows_per_rank": 40_000, "seed_size": 30_000, "dim": 256, "dtype": "bfloat16"}),
+        Case("papers100m_layer0", {"rows_per_rank": 200_000, "seed_size": 150_000, "dim": 128}),
+        Case("papers100m_hidden256", {"rows_per_rank": 40_000, "seed_size": 30_000, "dim": 256}),
     ],
     tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -6,8 +6,8 @@ received rows in GraphBolt; an index-add here).
 
 Per rank (M[a][b] = rows rank a sent to rank b in the forward pass, skewed, with empty entries; peers
 listed rank-rotated as in the forward problem: entry j belongs to rank p_j = (rank + j) % W):
-  grad_output [sum(counts_sent), D] fp32 (the gradients of the rows received from p_0, p_1, ..., in that
-  order), seed_inverse_ids [sum(counts_received)] int64 in [0, seed_size) (with repeats; some seeds unused),
+  grad_output [sum(counts_sent), D] fp32 (in every run precision, as upstream's factory makes it; the
+  gradients of the rows received from p_0, p_1, ..., in that order), seed_inverse_ids [sum(counts_received)] int64 in [0, seed_size) (with repeats; some seeds unused),
   seed_size int, counts_sent = [M[p_j][rank] for j], counts_received = [M[rank][p_j] for j], group=None
   ->  grad [seed_size, D] fp32: grad[i] = sum of the returned rows whose seed_inverse_id is i (zero if none).
 
@@ -57,10 +57,13 @@ PROBLEM = Problem(
     upstream=[Case("upstream", {"rows_per_rank": 1024, "even": True, "seed_size": 512, "seed_size_step": 0,
                                 "dim": 128})],
     tests=[
-        Case("skewed_odd_dim", {"rows_per_rank": 41, "seed_size": 9, "dim": 13}),
-        Case("empty_pairs", {"rows_per_rank": 19, "seed_size": 4, "dim": 6, "num_empty": 1}),
+        Case("skewed_odd_dim", {"rows_per_rank": 41, "seed_size": 9, "dim": 13},
+             tags=("uneven_sizes", "skewed", "odd_sizes")),
+        Case("empty_pairs", {"rows_per_rank": 19, "seed_size": 4, "dim": 6, "num_empty": 1},
+             tags=("uneven_sizes", "empty_rank")),
         Case("sparse_seeds", {"rows_per_rank": 12, "seed_size": 40, "dim": 5},
-             note="more seeds than returned rows: many gradient rows stay zero"),
+             note="more seeds than returned rows: many gradient rows stay zero",
+             tags=("uneven_sizes", "odd_sizes", "shape_regime")),
     ],
     benchmarks=[
         Case("papers100m_layer0", {"rows_per_rank": 200_000, "seed_size": 150_000, "dim": 128}),

@@ -1,7 +1,8 @@
 """Link-prediction ranking (GraphStorm / DGL-KE ``calc_ranking`` over every rank's scores): rank each
 positive edge's score among its negatives, for the positives of all ranks.
 
-Per rank: local_pos_scores [n] (bf16), local_neg_scores [n, K] (bf16); n differs per rank and may be 0
+Per rank: local_pos_scores [n], local_neg_scores [n, K] (the run's precision, bf16 by default; n differs
+per rank and may be 0), group=None (the default group)
   ->  ranking [sum of n over ranks] int64, rank 0's positives first, the same on every rank.
 
 ranking[i] is the 1-based position of positive i in a descending sort of ``sigmoid([pos_i, neg_i...])``
@@ -9,13 +10,14 @@ ranking[i] is the 1-based position of positive i in a descending sort of ``sigmo
 The sigmoid is strictly increasing, so pkb counts ``neg > pos`` on the scores themselves. A tie of the
 two sigmoids would make the position depend on the sort's tie order; the inputs rule ties out: scores
 lie in [-3.5, 3.5] and every negative is at least 0.5 away from its positive, which keeps their
-sigmoids at least 3 bf16 ulps apart.
+sigmoids at least 3 bf16 ulps apart (more in fp16 and fp32).
 
 Cost: pkb ranks locally and all-gathers the rankings: each rank receives the (W-1)/W of the N rankings
 it does not hold, N*8 bytes: link = (W-1)/W * N*8. (Gathering the raw scores instead, as GraphStorm
 does, moves (K+1)*2/8 times more.) flops: n*K comparisons. HBM: read the scores n*(K+1)*b, write N*8.
 
-Benchmarks: ogbl-citation2 is evaluated with 1000 negatives per positive over 86,956 test edges
+Cases: ``upstream`` has the upstream factory's shapes (max(16, min(1024 // W, 1280)) + rank % 3 positives
+per rank, 1000 negatives each). Benchmarks: ogbl-citation2 is evaluated with 1000 negatives per positive over 86,956 test edges
 (``citation2_1000neg``: the test edges split over the ranks); ``wikikg90m_1000neg`` is a larger
 batch of 200k positives per evaluation step, as in DGL-KE's WikiKG90M runs.
 """
@@ -50,7 +52,7 @@ def make_inputs(case, rank, world_size, gen):
     gap = neg - pos.view(-1, 1)
     push = torch.where(gap >= 0, _MARGIN, -_MARGIN) + pos.view(-1, 1)
     neg = torch.where(gap.abs() < _MARGIN, push, neg)
-    return pos.to(dtype), neg.to(dtype)
+    return pos.to(dtype), neg.to(dtype), None
 
 
 def reference(local_pos_scores, local_neg_scores, group=None):
@@ -69,21 +71,21 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="gnn_negative_scoring", version=2, upstream_id=69, category="beyond_llm",
+    name="gnn_negative_scoring", version=3, upstream_id=69, category="beyond_llm",
     source="GraphStorm / DGL-KE link-prediction evaluation (calc_ranking over every rank's scores)",
     world_sizes=(2, 4, 8),
     upstream=[
-        Case("upstream", {"m": 1024, "num_neg": 1000, "dtype": "bfloat16"},
+        Case("upstream", {"m": 1024, "num_neg": 1000},
              note="max(16, min(1024 // W, 1280)) + rank % 3 positives per rank, 1000 negatives each"),
     ],
     tests=[
-        Case("skewed_bf16", {"num_pos": 45, "num_neg": 33, "dtype": "bfloat16"}),
-        Case("one_rank_empty", {"num_pos": 21, "num_neg": 100, "dtype": "bfloat16", "num_empty": 1}),
-        Case("fp32_few", {"num_pos": 11, "num_neg": 7, "dtype": "float32"}),
+        Case("skewed", {"num_pos": 45, "num_neg": 33}, tags=("uneven_sizes", "odd_sizes")),
+        Case("one_rank_empty", {"num_pos": 21, "num_neg": 100, "num_empty": 1}, tags=("empty_rank", "uneven_sizes")),
+        Case("few_odd", {"num_pos": 11, "num_neg": 7}, tags=("tiny", "odd_sizes", "uneven_sizes")),
     ],
     benchmarks=[
-        Case("citation2_1000neg", {"num_pos": 86_956, "num_neg": 1000, "dtype": "bfloat16"}),
-        Case("wikikg90m_1000neg", {"num_pos": 200_000, "num_neg": 1000, "dtype": "bfloat16"}),
+        Case("citation2_1000neg", {"num_pos": 86_956, "num_neg": 1000}),
+        Case("wikikg90m_1000neg", {"num_pos": 200_000, "num_neg": 1000}),
     ],
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -19,8 +19,8 @@ Sampling is deterministic, as upstream: a node keeps its first min(k, degree) ne
 ``replace`` is accepted and, as upstream, does not change the sample.
 
 Domain: the upstream reference stops sampling on a rank whose frontier is empty, without the other
-ranks (they then wait forever), so make_inputs draws the seeds (from ``gen.shared``, every rank's set
-known to all) again until every rank has a non-empty frontier in every hop.
+ranks (they then wait forever), so on the random graphs make_inputs draws the seeds (from ``gen.shared``,
+every rank's set known to all) again until every rank has a non-empty frontier in every hop.
 
 Cost (an upper bound: no deduplication, every node has at least k neighbours): hop h has
 F_h = S * prod(fanouts[:h]) frontier nodes; each request is 8 bytes out and 8 + 16*k_h back (count,
@@ -29,7 +29,10 @@ HBM: the owner reads the two CSC offsets and k neighbour ids of each request and
 edge id) are written: sum_h F_h * (16 + 32*k_h).
 
 Cases: ``upstream`` is the upstream benchmark's input (10,000 nodes of degree 16, fanouts (10, 5), 512
-seeds per rank). Benchmarks: ogbn-products (2,449,029 nodes, 61,859,140 undirected edges = 123.7M
+seeds per rank) on a graph of upstream's kind: a ring (node i linked to i + o mod N for 16 random
+offsets; upstream's are 1..16), owners i % W, every rank's seeds a window of consecutive ids starting at
+a multiple of W, so that, as upstream, every rank's frontier has the same size in every hop and the
+same number of nodes on each owner. Benchmarks: ogbn-products (2,449,029 nodes, 61,859,140 undirected edges = 123.7M
 directed, mean degree ~50.5) with GraphSAGE's fanouts (15, 10, 5) and 1024 seeds per rank;
 ogbn-papers100M sampled down to 20M nodes with its mean degree (~14.5 directed) and fanouts (15, 10),
 1024 seeds per rank.
@@ -44,14 +47,24 @@ from pkb.problems.beyond_llm._common import all_to_all_rows, exchange_counts, sk
 _SEED_DRAWS = 50
 
 
+def _ring_graph(case, world_size, gen):
+    """The upstream graph's kind: node i links to i + o (mod N) for ``degree`` distinct offsets o in
+    [1, 2*degree] (drawn from ``gen.shared``; upstream's are 1..degree), owners round robin (i % W)."""
+    num_nodes, degree, device = case["num_nodes"], case["degree"], gen.device
+    offsets = torch.randperm(2 * degree, generator=gen.shared, device=device)[:degree] + 1
+    colptr = torch.arange(num_nodes + 1, device=device) * degree
+    row = ((torch.arange(num_nodes, device=device).view(-1, 1) + offsets.view(1, -1)) % num_nodes).reshape(-1)
+    return colptr, row, torch.arange(num_nodes, device=device) % world_size
+
+
 def _graph(case, world_size, gen):
     """(colptr [N + 1], row [E], node_to_rank [N]) of the whole graph, from ``gen.shared``."""
     num_nodes, shared = case["num_nodes"], gen.shared
-    if "degree" in case.params:  # every node the same degree (the upstream graph)
-        degree = torch.full((num_nodes,), case["degree"], dtype=torch.int64, device=gen.device)
-    else:  # exponential degrees: hubs and isolated nodes
-        uniform = torch.rand(num_nodes, generator=shared, device=gen.device).clamp_min(1e-12)
-        degree = torch.floor(-torch.log(uniform) * case["mean_degree"]).to(torch.int64)
+    if "degree" in case.params:
+        return _ring_graph(case, world_size, gen)
+    # exponential degrees: hubs and isolated nodes
+    uniform = torch.rand(num_nodes, generator=shared, device=gen.device).clamp_min(1e-12)
+    degree = torch.floor(-torch.log(uniform) * case["mean_degree"]).to(torch.int64)
     colptr = torch.zeros(num_nodes + 1, dtype=torch.int64, device=gen.device)
     colptr[1:] = degree.cumsum(0)
     row = torch.randint(0, num_nodes, (int(colptr[-1]),), generator=shared, device=gen.device)
@@ -96,23 +109,35 @@ def _every_frontier_busy(seeds_per_rank, fanouts, colptr, row):
     return True
 
 
-def make_inputs(case, rank, world_size, gen):
-    colptr, row, node_to_rank = _graph(case, world_size, gen)
-    if case.get("even_seeds", False):
-        counts = [case["seeds_per_rank"]] * world_size
-    else:
-        counts = [max(1, c) for c in skewed_counts(gen.shared, world_size, case["seeds_per_rank"] * world_size)]
+def _window_seeds(case, world_size, gen):
+    """Upstream's seeds: ``seeds_per_rank`` consecutive ids (mod N) from a start that is a multiple of W,
+    here a random one per rank. On the ring graph every rank's frontier then has the same size in every
+    hop, with the same number of nodes on each owner (as upstream's start of rank * seeds_per_rank)."""
+    start = world_size * torch.randint(0, case["num_nodes"] // world_size, (), generator=gen, device=gen.device)
+    return (start + torch.arange(case["seeds_per_rank"], device=gen.device)) % case["num_nodes"]
+
+
+def _drawn_seeds(case, rank, world_size, gen, colptr, row):
+    """Skewed seed counts; the seeds of every rank drawn from ``gen.shared`` until every frontier is busy."""
+    counts = [max(1, c) for c in skewed_counts(gen.shared, world_size, case["seeds_per_rank"] * world_size)]
     for _ in range(_SEED_DRAWS):
         seeds = [torch.randperm(case["num_nodes"], generator=gen.shared, device=gen.device)[:c] for c in counts]
         if _every_frontier_busy(seeds, case["fanouts"], colptr, row):
-            break
+            return seeds[rank]
+    raise ValueError(f"case {case.name!r}: no seed draw keeps every rank's frontier non-empty")
+
+
+def make_inputs(case, rank, world_size, gen):
+    colptr, row, node_to_rank = _graph(case, world_size, gen)
+    if "degree" in case.params:
+        seeds = _window_seeds(case, world_size, gen)
     else:
-        raise ValueError(f"case {case.name!r}: no seed draw keeps every rank's frontier non-empty")
+        seeds = _drawn_seeds(case, rank, world_size, gen, colptr, row)
     # Entries of the nodes other ranks own: this rank's own random values, not the graph.
     foreign = (node_to_rank != rank).repeat_interleave(colptr[1:] - colptr[:-1])
     others = torch.randint(0, case["num_nodes"], row.shape, generator=gen, device=gen.device)
     local_adj_col = torch.where(foreign, others, row)
-    return (seeds[rank], list(case["fanouts"]), colptr, local_adj_col, node_to_rank, None, case.get("replace", False))
+    return seeds, list(case["fanouts"]), colptr, local_adj_col, node_to_rank, None, case.get("replace", False)
 
 
 def _segment_sums(values, segment_sizes, world_size):
@@ -165,23 +190,26 @@ def cost(case, world_size):
 
 
 def _case(name, num_nodes, degree, seeds_per_rank, fanouts, **extra):
-    """``degree``: an int (every node that degree) or a float (the mean of exponential degrees)."""
-    note = extra.pop("note", "")
+    """``degree``: an int (the ring graph, every node that degree, seeds in windows) or a float (the mean of
+    exponential degrees, skewed seed counts)."""
+    note, tags = extra.pop("note", ""), extra.pop("tags", ())
     key = "degree" if isinstance(degree, int) else "mean_degree"
     return Case(name, {"num_nodes": num_nodes, key: degree, "seeds_per_rank": seeds_per_rank,
-                       "fanouts": fanouts, **extra}, note=note)
+                       "fanouts": fanouts, **extra}, note=note, tags=tags)
 
 
 PROBLEM = Problem(
-    name="gnn_neighbor_sampling", version=2, upstream_id=64, category="beyond_llm",
+    name="gnn_neighbor_sampling", version=3, upstream_id=64, category="beyond_llm",
     source="PyG torch_geometric.distributed DistNeighborSampler (multi-hop, partitioned graph)",
     world_sizes=(2, 4, 8),
-    upstream=[_case("upstream", 10_000, 16, 512, (10, 5), even_seeds=True)],
+    upstream=[_case("upstream", 10_000, 16, 512, (10, 5))],
     tests=[
-        _case("two_hops_skewed_seeds", 90, 5.0, 4, (3, 2), note="hubs, isolated nodes, uneven seed counts"),
+        _case("two_hops_skewed_seeds", 90, 5.0, 4, (3, 2), note="hubs, isolated nodes, uneven seed counts",
+              tags=("uneven_sizes", "skewed")),
         _case("three_hops_replace", 200, 4.0, 4, (2, 2, 2), replace=True,
-              note="replace=True samples the same first neighbours"),
-        _case("fanout_above_degree", 60, 2.0, 5, (6,), note="most nodes have fewer neighbours than the fanout"),
+              note="replace=True samples the same first neighbours", tags=("argument_value", "uneven_sizes", "skewed")),
+        _case("fanout_above_degree", 60, 2.0, 5, (6,), note="most nodes have fewer neighbours than the fanout",
+              tags=("argument_value", "uneven_sizes", "skewed")),
     ],
     benchmarks=[
         _case("ogbn_products_sage_15_10_5", 2_449_029, 50.5, 1024, (15, 10, 5)),

@@ -4,8 +4,8 @@ cameras are all-gathered, every rank projects its Gaussians into every camera, a
 (camera, Gaussian) records are sent to the rank that owns the camera.
 
 Per rank: means [N_r, 3], quats [N_r, 4] (w, x, y, z; not normalised), scales [N_r, 3], opacities [N_r],
-colors [N_r, 3] (one float dtype: bf16 upstream, fp32 in the tests; N_r >= 1 differs per rank),
-viewmats [C, 4, 4] (world-to-camera), Ks [C, 3, 3] (C >= 1 cameras, the same number on every rank),
+colors [N_r, 3] (bf16 in every run precision, as upstream's factory makes them; N_r >= 1 differs per rank),
+viewmats [C, 4, 4] (world-to-camera), Ks [C, 3, 3] (bf16; C >= 1 cameras, the same number on every rank),
 image_width, image_height, eps2d, near_plane, far_plane, camera_model='pinhole'
   ->  (camera_ids [n] int64 (index among this rank's cameras), gaussian_ids [n] int64, radii [n, 2] int32,
        means2d [n, 2], depths [n], conics [n, 3], opacities [n], colors [n, 3] (the input dtype)) for every
@@ -22,46 +22,49 @@ Projection (gsplat's torch ``fully_fused_projection``; computed here in fp32, ou
   A pair is visible when near_plane < z < far_plane and the box mean2d +- radii meets the image
   (mean2d + radius > 0 and mean2d - radius < size on both axes).
 
-No knife edges: the integer radii and the visibility test are discrete decisions, and the upstream
-inputs are bf16 (its reference computes in bf16: up to 3 % off in 3.33*sqrt(a)). make_inputs draws a
-pool of Gaussians and keeps those whose every decision, in every camera, sits a safe relative distance
-(in bf16 6 % for 3.33*sqrt(a), 1 % for positions; 1e-4 in fp32) from its threshold, computed in fp64
-from the values as stored. Upstream's bf16 splats are therefore sub-pixel (radius 2 everywhere): bf16
-cannot place larger radii reproducibly; and a visible bf16 splat's centre stays 20 % of the image size
+No knife edges: the integer radii and the visibility test are discrete decisions, and the inputs are
+bf16 (upstream's reference computes in bf16: up to 3 % off in 3.33*sqrt(a)). make_inputs draws a pool of
+Gaussians and keeps those whose every decision, in every camera, sits a safe relative distance (6 % for
+3.33*sqrt(a), 1 % for positions) from its threshold, computed in fp64 from the values as stored. The
+splats are therefore sub-pixel in every case (radius 2 everywhere: bf16 cannot place larger radii
+reproducibly, in every camera of a case); and a visible splat's centre stays 20 % of the image size
 away from 0 (bf16 means2d are ~2 px off anywhere, so near 0 no relative tolerance could judge them).
-Tolerance: fp32 outputs the default; bf16 float outputs atol = rtol = 0.05 (the upstream reference's bf16
-projection against this fp32 one, cast: conics up to 0.03 off, means2d up to 1.3 %, depths 0.7 %).
+The tests vary what bf16 leaves free: per-rank counts (down to one Gaussian), cameras per rank, image
+sizes and fields of view, Gaussians outside some views, behind some cameras and before the near plane.
+Tolerance: bf16 float outputs atol = rtol = 0.05 (the upstream reference's bf16 projection against this
+fp32 one, cast: conics up to 0.03 off, means2d up to 1.3 %, depths 0.7 %).
 
 Cost: the visible records (camera id, Gaussian id: 2 int64; 2 int32 radii; 10 floats) go to the camera's
 owner; counted as if every Gaussian were visible in every camera (an upper bound: the visible fraction
-depends on the scene): link = (W-1)/W * N_r * C*W * (24 + 10*b) bytes, plus the cameras' all-gather
+depends on the scene): link = (W-1)/W * N_r * C*W * (24 + 10*2) bytes, plus the cameras' all-gather
 (25 floats a camera). flops: ~200 per (Gaussian, camera) pair for the covariance, projection and conic.
 HBM: read the Gaussians (14 floats) once per camera and write the records.
 
 Cases: ``upstream`` is the upstream benchmark's input (1024 bf16 Gaussians and one camera per rank,
 512x512, eps2d 0.3, near 0.01, far 1e10, 'pinhole'). Benchmarks: gsplat's distributed training
 splits scenes of ~1M Gaussians (Mip-NeRF 360 scenes reach 3-6M) over the GPUs, one camera per GPU per
-step, at 1297x840 (Mip-NeRF 360 garden at 1/4 resolution) and at the catalog's 512x512.
+step, at 1297x840 (Mip-NeRF 360 garden at 1/4 resolution) and at the catalog's 512x512 (sub-pixel
+splats, as bf16 requires: the projection and exchange cost the same whatever the splats' size).
 """
 
 import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, Tolerance, default_tolerance, randn
-from pkb.problems.beyond_llm._common import (all_gather_rows, all_gather_sizes, all_to_all_rows, dtype_of,
-                                             exchange_counts)
+from pkb.problems.beyond_llm._common import all_gather_rows, all_gather_sizes, all_to_all_rows, exchange_counts
 
 _RADIUS_EXTENT = 3.33
 _FLOATS_PER_RECORD = 10  # means2d 2, depth 1, conic 3, opacity 1, color 3
 _FLOPS_PER_PAIR = 200
-# How far (relative) every discrete decision must sit from its threshold, by input dtype: about twice
-# the largest error seen in the upstream reference's bf16 projection (3.33*sqrt(a): 2.7 %; means2d: 0.3 %
-# of |mean2d| + the image size, since it divides fx*x + cx*z by z).
-_SAFE_RADIUS = {torch.bfloat16: 0.06, torch.float32: 1e-4}
-_SAFE_POSITION = {torch.bfloat16: 0.01, torch.float32: 1e-4}
+_DTYPE = torch.bfloat16  # the inputs' dtype in every run precision: upstream's factory makes them bf16
+# How far (relative) every discrete decision must sit from its threshold: about twice the largest error
+# seen in the upstream reference's bf16 projection (3.33*sqrt(a): 2.7 %; means2d: 0.3 % of |mean2d| + the
+# image size, since it divides fx*x + cx*z by z).
+_SAFE_RADIUS = 0.06
+_SAFE_POSITION = 0.01
 # bf16 means2d are off by up to ~2 px anywhere: a visible splat's centre keeps this fraction of the image
 # size away from 0 on each axis, so that a relative tolerance can judge it.
-_CENTRE_CLEARANCE = {torch.bfloat16: 0.2, torch.float32: 0.0}
+_CENTRE_CLEARANCE = 0.2
 
 
 def _look_at(positions: torch.Tensor) -> torch.Tensor:
@@ -102,10 +105,10 @@ def _cameras(case, world_size, gen):
     return viewmats, Ks
 
 
-def _safe(means, quats, scales, viewmats, Ks, case, dtype):
+def _safe(means, quats, scales, viewmats, Ks, case):
     """(safe [P], visible somewhere [P]): Gaussians whose decisions in every camera are far from a tie."""
     width, height = case["image_size"]
-    near, margin, position_margin = case.get("near_plane", 0.01), _SAFE_RADIUS[dtype], _SAFE_POSITION[dtype]
+    near, margin, position_margin = case.get("near_plane", 0.01), _SAFE_RADIUS, _SAFE_POSITION
     radius_arg, means2d, depths, _ = _project(*(t.double() for t in (means, quats, scales, viewmats, Ks)),
                                               width, height, case.get("eps2d", 0.3))
     radii, visible = _decide(radius_arg, means2d, depths, width, height, near, 1e10)
@@ -118,7 +121,7 @@ def _safe(means, quats, scales, viewmats, Ks, case, dtype):
     size = torch.tensor([width, height], dtype=means2d.dtype, device=means2d.device)
     scale = (means2d.abs() + radii + size).repeat_interleave(2, dim=-1)  # x, x, y, y
     safe_box = (edges.abs() > position_margin * scale).all(-1)
-    safe_centre = ~visible | (means2d.abs() >= _CENTRE_CLEARANCE[dtype] * size).all(-1)
+    safe_centre = ~visible | (means2d.abs() >= _CENTRE_CLEARANCE * size).all(-1)
     safe = safe_depth & (~in_depth | (safe_radius & safe_box & safe_centre))
     return safe.all(0), visible.any(0)
 
@@ -126,7 +129,7 @@ def _safe(means, quats, scales, viewmats, Ks, case, dtype):
 def make_inputs(case, rank, world_size, gen):
     """This rank's Gaussians, kept from a larger pool: the first safe one visible somewhere, then the next
     safe ones in pool order (every rank then sends at least one record, as upstream needs)."""
-    dtype = dtype_of(case)
+    dtype = _DTYPE
     num = gaussian_counts(case, world_size)[rank]
     cameras = case["cameras_per_rank"]
     all_viewmats, all_Ks = (t.to(dtype) for t in _cameras(case, world_size, gen))
@@ -136,7 +139,7 @@ def make_inputs(case, rank, world_size, gen):
     scales = (torch.exp(randn(gen, pool, 3, scale=case.get("scale_spread", 0.5))) * case["scale"]).to(dtype)
     opacities = torch.sigmoid(randn(gen, pool)).to(dtype)
     colors = torch.rand(pool, 3, generator=gen, device=gen.device).to(dtype)
-    safe, visible = _safe(means, quats, scales, all_viewmats, all_Ks, case, dtype)
+    safe, visible = _safe(means, quats, scales, all_viewmats, all_Ks, case)
     first = (safe & visible).nonzero().flatten()
     rest = safe.nonzero().flatten()
     if first.numel() == 0 or rest.numel() < num:
@@ -223,9 +226,9 @@ def reference(means, quats, scales, opacities, colors, viewmats, Ks, image_width
 
 
 def tolerance(case, world_size, dtype):
-    """fp32: the default. bf16: the upstream reference computes the whole projection in bf16 (a dozen
-    roundings); measured against this fp32 reference its conics and means2d differ by up to ~3 %."""
-    if dtype == torch.bfloat16 and dtype_of(case) == torch.bfloat16:
+    """bf16 float outputs: the upstream reference computes the whole projection in bf16 (a dozen roundings);
+    measured against this fp32 reference its conics and means2d differ by up to ~3 %. Integers: exact."""
+    if dtype == torch.bfloat16:
         return Tolerance(atol=0.05, rtol=0.05)
     return default_tolerance(dtype)
 
@@ -235,38 +238,46 @@ def cost(case, world_size):
     per_rank_gaussians = gaussian_counts(case, world_size)
     total_cameras = cameras * world_size
     num = max(per_rank_gaussians)
-    record_bytes = 2 * 8 + 2 * 4 + _FLOATS_PER_RECORD * dtype_of(case).itemsize
+    record_bytes = 2 * 8 + 2 * 4 + _FLOATS_PER_RECORD * _DTYPE.itemsize
     link = (world_size - 1) / world_size * num * total_cameras * record_bytes + total_cameras * 25 * 4
     return Cost(link_bytes=link, flops=_FLOPS_PER_PAIR * num * total_cameras,
                 hbm_bytes=num * total_cameras * (14 * 4 + record_bytes), pattern="all_gather+all_to_all")
 
 
-def _case(name, gaussians, cameras_per_rank, image_size=(64, 48), scale=0.05, focal=1.0, dtype="float32",
-          **extra):
+def _case(name, gaussians, cameras_per_rank, image_size=(64, 48), scale=2e-3, focal=1.0, **extra):
     """``gaussians``: an int (the scene's total, split evenly) or a tuple (a per-rank pattern)."""
-    note = extra.pop("note", "")
+    note, tags = extra.pop("note", ""), extra.pop("tags", ())
     key = "gaussians_total" if isinstance(gaussians, int) else "gaussians_per_rank"
     return Case(name, {key: gaussians, "cameras_per_rank": cameras_per_rank, "image_size": image_size,
-                       "scale": scale, "focal": focal, "dtype": dtype, **extra}, note=note)
+                       "scale": scale, "focal": focal, **extra}, note=note, tags=tags)
 
 
 PROBLEM = Problem(
-    name="gsplat_3d_gaussian_splatting", version=2, upstream_id=61, category="beyond_llm",
+    name="gsplat_3d_gaussian_splatting", version=3, upstream_id=61, category="beyond_llm",
     source="gsplat (nerfstudio) rasterization(packed=True, distributed=True): projection + camera-owner exchange",
     world_sizes=(2, 4, 8),
     upstream=[
-        _case("upstream", (1024,), 1, image_size=(512, 512), scale=2e-4, focal=0.8, dtype="bfloat16",
-              spread=0.5, scale_spread=0.3, pool=1.5, note="sub-pixel splats: bf16 decides only radius 2 reproducibly"),
+        _case("upstream", (1024,), 1, image_size=(512, 512), scale=2e-4, focal=0.8, spread=0.5, scale_spread=0.3,
+              pool=1.5, note="sub-pixel splats: bf16 decides only radius 2 reproducibly"),
     ],
     tests=[
-        _case("skewed_gaussians_two_cameras", (37, 5, 60, 21), 2,
-              note="uneven Gaussian shards; some Gaussians fall outside some views"),
-        _case("one_gaussian_wide_fov", (1, 44, 13), 1, image_size=(31, 57), scale=0.2, focal=0.6,
-              note="a rank with a single Gaussian; large, anisotropic splats"),
+        _case("skewed_gaussians_two_cameras", (37, 5, 60, 21), 2, scale_spread=0.3, pool=8.0,
+              note="uneven Gaussian shards, two cameras a rank; some Gaussians fall outside some views",
+              tags=("uneven_sizes", "odd_sizes", "shape_regime")),
+        _case("one_gaussian_wide_fov", (1, 44, 13), 1, image_size=(31, 57), focal=0.6, scale_spread=0.3, pool=3.0,
+              note="a rank with a single Gaussian; a wide field of view on an odd, tall image",
+              tags=("tiny", "uneven_sizes", "odd_sizes")),
+        _case("radius3_splats", (29, 64, 7), 1, spread=0.7, scale=0.025, scale_spread=0.1, pool=6.0,
+              note="splats of radius 3 (upstream's are all radius 2)",
+              tags=("special_values", "uneven_sizes", "odd_sizes")),
+        _case("behind_cameras_near_plane", (9, 23, 4), 1, spread=2.5, near_plane=1.0, scale_spread=0.3, pool=3.0,
+              note="Gaussians behind some cameras, before the near plane (1.0) and outside most views",
+              tags=("argument_value", "uneven_sizes", "odd_sizes")),
     ],
     benchmarks=[
-        _case("mipnerf360_garden_1m", 1_000_000, 1, image_size=(1297, 840), scale=0.01, focal=1.1),
-        _case("catalog_512x512_1m", 1_000_000, 1, image_size=(512, 512), scale=0.01),
+        _case("mipnerf360_garden_1m", 1_000_000, 1, image_size=(1297, 840), scale=2e-4, focal=1.1, scale_spread=0.3,
+              pool=1.5),
+        _case("catalog_512x512_1m", 1_000_000, 1, image_size=(512, 512), scale=2e-4, scale_spread=0.3, pool=1.5),
     ],
     tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
 )

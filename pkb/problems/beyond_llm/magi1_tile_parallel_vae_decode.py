@@ -3,9 +3,10 @@ overlapping 3-D tiles, the tiles are shared out among the ranks, each rank decod
 decoded tiles are exchanged, and the overlaps are blended and the full video stitched on every rank.
 
 Per rank (the latent is the same on every rank, as in MAGI-1):
-  z [B, C, T, H, W] (bf16), tile_latent_min_length / _height / _width (latent tile size),
-  spatial_tile_overlap_factor, temporal_tile_overlap_factor, spatial_upsample, temporal_upsample,
-  sr_ratio=1 (an extra spatial factor), first_frame_as_image=False (True: tiles one latent frame longer)
+  z [B, C, T, H, W] (bf16 in every precision, as upstream's factory makes it), tile_latent_min_length /
+  _height / _width (latent tile size), spatial_tile_overlap_factor, temporal_tile_overlap_factor,
+  spatial_upsample, temporal_upsample, sr_ratio=1 (an extra spatial factor), first_frame_as_image=False
+  (True: tiles one latent frame longer), group=None (the default group)
   ->  video [B, 3, T', H', W'] (bf16), the same on every rank.
 
 The algorithm (MAGI-1's tiled decode, in 3-D):
@@ -122,7 +123,7 @@ def reference(z, tile_latent_min_length, tile_latent_min_height, tile_latent_min
 def _args(case):
     return (case["tile"][0], case["tile"][1], case["tile"][2], case["spatial_overlap"], case["temporal_overlap"],
             case["spatial_upsample"], case["temporal_upsample"], case.get("sr_ratio", 1),
-            case.get("first_frame_as_image", False))
+            case.get("first_frame_as_image", False), None)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -149,14 +150,14 @@ def cost(case, world_size):
 
 
 def _case(name, latent, tile, spatial_overlap, temporal_overlap, spatial_upsample, temporal_upsample, **extra):
-    note = extra.pop("note", "")
+    note, tags = extra.pop("note", ""), extra.pop("tags", ())
     return Case(name, {"latent": latent, "tile": tile, "spatial_overlap": spatial_overlap,
                        "temporal_overlap": temporal_overlap, "spatial_upsample": spatial_upsample,
-                       "temporal_upsample": temporal_upsample, **extra}, note=note)
+                       "temporal_upsample": temporal_upsample, **extra}, note=note, tags=tags)
 
 
 PROBLEM = Problem(
-    name="magi1_tile_parallel_vae_decode", version=2, upstream_id=78, category="beyond_llm",
+    name="magi1_tile_parallel_vae_decode", version=3, upstream_id=78, category="beyond_llm",
     source="MAGI-1 (Sand AI) VAE tiled_decode with tile parallelism (decoder replaced by trilinear upsampling)",
     world_sizes=(2, 4, 8),
     upstream=[
@@ -165,11 +166,14 @@ PROBLEM = Problem(
     ],
     tests=[
         _case("odd_grid_24_tiles", (1, 4, 3, 10, 7), (2, 4, 4), 0.25, 0.0, 2, 2,
-              note="4x3 spatial tiles with a short last row/column, 2 temporal tiles (one partial)"),
+              note="4x3 spatial tiles with a short last row/column, 2 temporal tiles (one partial)",
+              tags=("odd_sizes", "argument_value")),
         _case("temporal_blend_sr2", (2, 3, 3, 7, 5), (2, 6, 6), 0.5, 0.5, 1, 2, sr_ratio=2,
-              note="temporal overlap blends frames; 18 tiles do not divide by 4 or 8"),
+              note="temporal overlap blends frames; 18 tiles do not divide by 4 or 8",
+              tags=("argument_value", "odd_sizes")),
         _case("first_frame_two_channels", (1, 2, 5, 9, 8), (2, 5, 5), 0.4, 0.25, 2, 2, first_frame_as_image=True,
-              note="3-frame tiles (2 + the first frame); 2 latent channels cycled to 3"),
+              note="3-frame tiles (2 + the first frame); 2 latent channels cycled to 3",
+              tags=("argument_value", "odd_sizes")),
     ],
     benchmarks=[
         _case("magi1_720p_chunk", (1, 16, 6, 90, 160), (3, 32, 32), 0.25, 0.0, 8, 4),

@@ -3,8 +3,9 @@ parallelism): each rank holds a slice of the input channels and the matching sli
 partial convolutions are summed across ranks and the bias is added once.
 
 Per rank: input [B, C_in/W, T, H, Wd] (this rank's input channels), weight [C_out, C_in/W, kT, kH, kW]
-(the matching slice), bias [C_out] or None (the same on every rank), stride, padding, dilation
-(ints or 3-tuples), groups=1
+(the matching slice), bias [C_out] or None (the same on every rank; input, weight and bias in the run's
+precision, bf16 by default), stride, padding, dilation (ints or 3-tuples), groups=1, group=None (the
+default group)
   ->  [B, C_out, T', H', W'] on every rank = conv3d(full input, full weight, bias, ...), fp32
       accumulation, one rounding to the input's dtype.
 
@@ -51,7 +52,7 @@ def make_inputs(case, rank, world_size, gen):
     x = randn(gen, case["batch"], local_in, *case["frames_hw"], dtype=dtype)
     weight = randn(gen, case["channels_out"], local_in, *kernel, dtype=dtype, scale=fan_in ** -0.5)
     bias = randn(gen.shared, case["channels_out"], dtype=dtype) if case.get("bias", True) else None
-    return x, weight, bias, case["stride"], case["padding"], case["dilation"], 1
+    return x, weight, bias, case["stride"], case["padding"], case["dilation"], 1, None
 
 
 def reference(input, weight, bias, stride, padding, dilation, groups=1, group=None):
@@ -83,15 +84,15 @@ def tolerance(case, world_size):
     return Tolerance(max(summed.atol, default.atol), max(summed.rtol, default.rtol))
 
 
-def _case(name, channels_in, channels_out, frames_hw, kernel=3, stride=1, padding=0, dilation=1,
-          dtype="bfloat16", batch=1, note="", slow_on_cpu=False, **extra):
+def _case(name, channels_in, channels_out, frames_hw, kernel=3, stride=1, padding=0, dilation=1, batch=1,
+          note="", slow_on_cpu=False, tags=(), **extra):
     return Case(name, {"batch": batch, "channels_in": channels_in, "channels_out": channels_out,
                        "frames_hw": frames_hw, "kernel": kernel, "stride": stride, "padding": padding,
-                       "dilation": dilation, "dtype": dtype, **extra}, note=note, slow_on_cpu=slow_on_cpu)
+                       "dilation": dilation, **extra}, note=note, slow_on_cpu=slow_on_cpu, tags=tags)
 
 
 PROBLEM = Problem(
-    name="opensora_conv3d_allreduce", version=2, upstream_id=76, category="beyond_llm",
+    name="opensora_conv3d_allreduce", version=3, upstream_id=76, category="beyond_llm",
     source="Open-Sora VAE channel-chunked Conv3d with a tensor-parallel all-reduce", world_sizes=(2, 4, 8),
     upstream=[
         _case("upstream", 512, 512, (19, 66, 66), slow_on_cpu=True,
@@ -99,10 +100,11 @@ PROBLEM = Problem(
     ],
     tests=[
         _case("odd_volume_mixed_stride", 24, 5, (4, 7, 6), stride=(1, 2, 1), padding=(1, 0, 1),
-              note="24 input channels split 12/6/3 per rank"),
-        _case("dilated_fp32", 16, 3, (5, 6, 5), kernel=(1, 3, 3), padding=1, dilation=(1, 2, 1), dtype="float32",
-              batch=2),
-        _case("no_bias_tuple_args", 8, 6, (3, 5, 4), kernel=(3, 1, 3), padding=(1, 0, 0), bias=False),
+              note="24 input channels split 12/6/3 per rank", tags=("odd_sizes", "argument_value")),
+        _case("dilated_batch2", 16, 3, (5, 6, 5), kernel=(1, 3, 3), padding=1, dilation=(1, 2, 1), batch=2,
+              tags=("argument_value", "odd_sizes", "shape_regime")),
+        _case("no_bias_tuple_args", 8, 6, (3, 5, 4), kernel=(3, 1, 3), padding=(1, 0, 0), bias=False,
+              tags=("argument_value", "odd_sizes")),
     ],
     benchmarks=[
         _case("opensora_vae_512ch_17x64x64", 512, 512, (19, 66, 66)),

@@ -2,9 +2,9 @@
 spectrum is split over the ranks along the first FFT axis; the output field comes back split along
 the second.
 
-Per rank: x complex64 [..., s0/W, F] (rows [r*s0/W, (r+1)*s0/W) along d0 of the half spectrum; F =
-s1//2 + 1 frequencies along d1), s = (s0, s1) (output sizes; both divisible by W), dim = (d0, d1), norm,
-group=None (the default group)
+Per rank: x complex64 [..., s0/W, F] (in every run precision, as upstream's factory makes it; rows
+[r*s0/W, (r+1)*s0/W) along d0 of the half spectrum; F = s1//2 + 1 frequencies along d1), s = (s0, s1)
+(output sizes; both divisible by W), dim = (d0, d1), norm, group=None (the default group)
   ->  fp32 [..., s0, s1/W]: columns [r*s1/W, (r+1)*s1/W) along d1 of
       torch.fft.irfftn(global x, s=s, dim=dim, norm=norm).
 
@@ -80,8 +80,8 @@ def cost(case, world_size):
                 hbm_bytes=in_bytes + points / world_size * 4, pattern="all_to_all")
 
 
-def _case(name, global_shape, dim=(-2, -1), **extra):
-    return Case(name, {"global_shape": global_shape, "dim": dim, **extra})
+def _case(name, global_shape, dim=(-2, -1), note="", tags=(), **extra):
+    return Case(name, {"global_shape": global_shape, "dim": dim, **extra}, note=note, tags=tags)
 
 
 PROBLEM = Problem(
@@ -90,8 +90,9 @@ PROBLEM = Problem(
     world_sizes=(2, 4, 8),
     upstream=[_case("upstream", (2, 10, 720, 1440))],
     tests=[
-        _case("odd_freqs_4d", (2, 3, 16, 24), note="13 frequencies: column chunks are padded"),
-        _case("dims12_backward", (3, 8, 40), dim=(1, 2), norm="backward"),
+        _case("odd_freqs_4d", (2, 3, 16, 24), note="13 frequencies: column chunks are padded",
+              tags=("odd_sizes", "layout")),
+        _case("dims12_backward", (3, 8, 40), dim=(1, 2), norm="backward", tags=("argument_value",)),
     ],
     benchmarks=[
         _case("fourcastnet_era5_20x720x1440", (20, 720, 1440)),

@@ -2,8 +2,9 @@
 over the ranks along the second FFT axis; an FFT along the first (whole) axis, a pencil transpose (an
 all-to-all), and an FFT along the second axis leave each rank a slab of the half spectrum.
 
-Per rank: x [..., n0, n1/W] fp32 (dims ``dim`` = (d0, d1), x split along d1 in rank order), s = (s0, s1)
-(output sizes along d0 and d1; s0 divisible by W), dim, norm, group=None (the default group)
+Per rank: x [..., n0, n1/W] fp32 (in every run precision, as upstream's factory makes it; dims ``dim`` =
+(d0, d1), x split along d1 in rank order), s = (s0, s1) (output sizes along d0 and d1; s0 divisible by
+W), dim, norm, group=None (the default group)
   ->  complex64 [..., s0/W, s1//2 + 1]: rows [r*s0/W, (r+1)*s0/W) along d0 of
       torch.fft.rfftn(global x, s=s, dim=dim, norm=norm). Both real and imaginary parts are checked.
 
@@ -52,8 +53,8 @@ def cost(case, world_size):
                 hbm_bytes=points / world_size * 4 + out_bytes, pattern="all_to_all")
 
 
-def _case(name, global_shape, s, dim=(-2, -1), **extra):
-    return Case(name, {"global_shape": global_shape, "s": s, "dim": dim, **extra})
+def _case(name, global_shape, s, dim=(-2, -1), note="", tags=(), **extra):
+    return Case(name, {"global_shape": global_shape, "s": s, "dim": dim, **extra}, note=note, tags=tags)
 
 
 PROBLEM = Problem(
@@ -62,9 +63,10 @@ PROBLEM = Problem(
     world_sizes=(2, 4, 8),
     upstream=[_case("upstream", (16, 1024, 1024), (1024, 1024), dim=(1, 2))],
     tests=[
-        _case("odd_rows_dims12", (3, 24, 40), (24, 40), dim=(1, 2)),
-        _case("padded_s_4d", (2, 3, 16, 24), (24, 30), note="s pads d0 (16 -> 24) and crops d1 (24 -> 30 pads too)"),
-        _case("norm_backward", (5, 8, 16), (8, 16), norm="backward"),
+        _case("odd_rows_dims12", (3, 24, 40), (24, 40), dim=(1, 2), tags=("odd_sizes",)),
+        _case("padded_s_4d", (2, 3, 16, 24), (24, 30), note="s pads d0 (16 -> 24) and crops d1 (24 -> 30 pads too)",
+              tags=("argument_value", "layout")),
+        _case("norm_backward", (5, 8, 16), (8, 16), norm="backward", tags=("argument_value",)),
     ],
     benchmarks=[
         _case("fourcastnet_era5_20x720x1440", (20, 720, 1440), (720, 1440)),

@@ -2,10 +2,10 @@
 recent occlusion): tracked objects are sharded over the GPUs; every GPU gathers all objects' low-res
 masks and scores, computes the pairwise IoU of the binary masks and marks which objects to suppress.
 
-Per rank: low_res_masks_local [n_r, H, W] (bf16 mask logits; n_r = num_obj_per_gpu[rank], may be 0),
-obj_scores_local [n_r] (bf16), num_obj_per_gpu (list of W ints, the same on every rank),
-last_occluded [N] int64 (N = sum of the counts; the frame each object was last occluded, -1 = never;
-the same on every rank), iou_threshold, reverse
+Per rank: low_res_masks_local [n_r, H, W] (mask logits; n_r = num_obj_per_gpu[rank], may be 0),
+obj_scores_local [n_r] (both in the run's precision, bf16 by default), num_obj_per_gpu (list of W ints,
+the same on every rank), last_occluded [N] int64 (N = sum of the counts; the frame each object was last
+occluded, -1 = never; the same on every rank), iou_threshold, reverse, group=None (the default group)
   ->  (masks_global [N, H, W] fp32, scores_global [N] fp32, to_suppress [N] bool), the same on every rank,
       objects in rank order; a suppressed object's mask logits are all set to -10 (SAM 3's "no object").
 
@@ -17,20 +17,20 @@ been occluded at some point (last_occluded > -1); equal values suppress neither.
 threshold is no knife edge: IoUs are ratios of counts below 2^17, so one that is not exactly the
 threshold is at least 1/(10 * 2^17) away from it, far more than an fp32 rounding.
 
-Cost: the masks (bf16) and scores are all-gathered: link = (W-1)/W * N*(H*W + 1)*2. flops: the IoU
-Gram matrix of the flattened binary masks, 2*N*N*H*W. HBM: read the gathered masks (bf16), write them
-in fp32: N*H*W*(2 + 4).
+Cost: the masks and scores (b bytes an element) are all-gathered: link = (W-1)/W * N*(H*W + 1)*b. flops:
+the IoU Gram matrix of the flattened binary masks, 2*N*N*H*W. HBM: read the gathered masks, write them in
+fp32: N*H*W*(b + 4).
 
 Benchmarks: SAM 3 tracks up to hundreds of objects per video with 256x256 low-res masks;
 ``sam3_64_objects`` and ``sam3_256_objects`` spread them evenly over the GPUs. The ``upstream`` case
-has the upstream factory's shapes: 1 + rank % 3 objects per rank, 256x256 masks, threshold 0.7.
+has the upstream factory's shapes at trial 0: 1 + rank % 3 objects per rank, 256x256 masks, threshold 0.7.
 """
 
 import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
-from pkb.problems.beyond_llm._common import skewed_counts
+from pkb.problems.beyond_llm._common import dtype_of, skewed_counts
 
 
 _NO_OBJECT_LOGIT = -10.0
@@ -62,11 +62,11 @@ def make_inputs(case, rank, world_size, gen):
     dist_sq = (grid.view(1, -1, 1) - centre[:, 0].view(-1, 1, 1)) ** 2 + \
               (grid.view(1, 1, -1) - centre[:, 1].view(-1, 1, 1)) ** 2
     logits = (radius.view(-1, 1, 1) ** 2 - dist_sq) / radius.view(-1, 1, 1) + randn(gen, counts[rank], size, size)
-    low_res_masks_local = logits.to(torch.bfloat16)
-    obj_scores_local = randn(gen, counts[rank], dtype=torch.bfloat16)
+    low_res_masks_local = logits.to(dtype_of(case))
+    obj_scores_local = randn(gen, counts[rank], dtype=dtype_of(case))
     last_occluded = torch.randint(-1, 6, (sum(counts),), generator=gen.shared, device=gen.device)
     return (low_res_masks_local, obj_scores_local, counts, last_occluded, case.get("iou_threshold", 0.7),
-            case.get("reverse", False))
+            case.get("reverse", False), None)
 
 
 def _gather_objects(local, counts, group):
@@ -105,21 +105,23 @@ def total_objects(case, world_size):
 
 def cost(case, world_size):
     total, pixels = total_objects(case, world_size), case["mask_size"] ** 2
-    return Cost(link_bytes=(world_size - 1) / world_size * total * (pixels + 1) * 2,
-                flops=2 * total * total * pixels, hbm_bytes=total * pixels * (2 + 4), pattern="all_gather")
+    itemsize = dtype_of(case).itemsize
+    return Cost(link_bytes=(world_size - 1) / world_size * total * (pixels + 1) * itemsize,
+                flops=2 * total * total * pixels, hbm_bytes=total * pixels * (itemsize + 4), pattern="all_gather")
 
 
 PROBLEM = Problem(
-    name="sam3_allgather_iou_suppression", version=2, upstream_id=81, category="beyond_llm",
+    name="sam3_allgather_iou_suppression", version=3, upstream_id=81, category="beyond_llm",
     source="SAM 3 (Meta) video tracker: suppress overlapping objects based on recent occlusion (multi-GPU)",
     world_sizes=(2, 4, 8),
     upstream=[
         Case("upstream", {"counts": "mod3", "mask_size": 256}, note="1 + rank % 3 objects per rank, 256x256 masks"),
     ],
     tests=[
-        Case("skewed_counts", {"objects": 13, "mask_size": 24}),
+        Case("skewed_counts", {"objects": 13, "mask_size": 24}, tags=("uneven_sizes", "skewed")),
         Case("empty_rank_reverse", {"objects": 10, "mask_size": 17, "num_empty": 1, "reverse": True,
-                                    "iou_threshold": 0.5}),
+                                    "iou_threshold": 0.5},
+             tags=("empty_rank", "uneven_sizes", "argument_value", "odd_sizes")),
     ],
     benchmarks=[
         Case("sam3_64_objects", {"objects": 64, "mask_size": 256, "even": True}),

@@ -26,10 +26,13 @@ for the contraction (nnz of the whole basis), plus 2*B*C_out*(C/groups)*K*(nlat_
 weights. HBM: read x and the basis, write the output and the contracted tensor twice.
 
 The basis used here is a stand-in with torch-harmonics' structure: K basis functions, each output
-latitude supported on the 2r+1 input latitudes around it and 2L+1 longitudes around 0.
+latitude supported on the 2r+1 input latitudes around it and 2L+1 longitudes around 0; the ``upstream``
+case has upstream's pattern instead (on every rank, for each basis function k and output latitude h, 4
+nonzeros at one local latitude and longitudes h + e*(k + 1), e = 0..3: 3 x 128 x 4 = 1,536).
 
-Cases: ``upstream`` is the upstream benchmark's input (x [32, 8, 128/P, 128], psi [3, 128, (128/P)*256],
-weight [8, 8, 3], groups 1, nlon 256 -> 256, bias [8]). Benchmarks: a DISCO encoder that downsamples
+Cases: ``upstream`` is the upstream benchmark's input (x [32, 8, 128/P, 128], psi [3, 128, (128/P)*256]
+with 1,536 nonzeros, weight [8, 8, 3], groups 1, nlon 256 -> 256, bias [8]; all fp32 in every run
+precision, as upstream's factory makes them). Benchmarks: a DISCO encoder that downsamples
 ERA5 at 0.25 degrees (720x1440, the 721st row dropped so the polar split is even) to 360x720 with 64
 channels (``era5_720x1440_to_360x720_c64``), and the upstream catalog's 128x256 grid, batch 32, 8
 channels (``catalog_128x256_b32_c8``).
@@ -60,8 +63,22 @@ def mesh_groups():
     return _GROUPS[rows[rank // AZIMUTH_RANKS]], _GROUPS[columns[rank % AZIMUTH_RANKS]]
 
 
-def basis_support(case):
+def _upstream_support(case, num_polar):
+    """Upstream's basis pattern: each polar band holds, for every (kernel k, output latitude h), ``entries``
+    nonzeros at its local latitude (h - band start) mod band and longitudes (h + e*(k + 1)) mod nlon_in."""
+    nlat_in, nlat_out = case["nlat"]
+    band = nlat_in // num_polar
+    kernel, rows, polar, entry = torch.meshgrid(torch.arange(case["kernel_size"]), torch.arange(nlat_out),
+                                                torch.arange(num_polar), torch.arange(case["entries"]), indexing="ij")
+    lat_in = polar * band + (rows - polar * band) % band
+    lon = (rows + entry * (kernel + 1)) % case["nlon"][0]
+    return kernel.flatten(), rows.flatten(), lat_in.flatten(), lon.flatten()
+
+
+def basis_support(case, world_size):
     """(kernel, lat_out, lat_in, lon_offset) of every nonzero of the whole basis, as int64 columns."""
+    if case.get("support") == "upstream":
+        return _upstream_support(case, world_size // AZIMUTH_RANKS)
     nlat_in, nlat_out = case["nlat"]
     radius, lon_radius = case["lat_radius"], case["lon_radius"]
     lat_out = torch.arange(nlat_out)
@@ -87,8 +104,8 @@ def make_inputs(case, rank, world_size, gen):
     channels, channels_out, groups, num_k = case["channels"], case["channels_out"], case["groups"], case["kernel_size"]
     lat_band = nlat_in // num_polar
     x = randn(gen, case["batch"], channels, lat_band, nlon_in // AZIMUTH_RANKS)
-    kernel, rows, lat_in, lon = (t.to(gen.device) for t in basis_support(case))
-    per_row = (2 * case["lat_radius"] + 1) * (2 * case["lon_radius"] + 1)
+    kernel, rows, lat_in, lon = (t.to(gen.device) for t in basis_support(case, world_size))
+    per_row = kernel.numel() / (num_k * nlat_out)  # nonzeros of one basis function at one output latitude
     values = randn(gen.shared, kernel.numel(), scale=per_row ** -0.5)
     mine = (lat_in >= polar * lat_band) & (lat_in < (polar + 1) * lat_band)
     psi_idx = torch.stack([kernel[mine], rows[mine], (lat_in[mine] - polar * lat_band) * nlon_in + lon[mine]])
@@ -109,7 +126,15 @@ def _contract(x, psi_idx, psi_vals, size, nlon_out):
     lat_in, lon_offset = column // nlon_in, column % nlon_in
     rings = x.reshape(batch * channels, lat_band, nlon_in).permute(1, 2, 0)  # [lat_band, nlon_in, B*C]
     out = x.new_zeros(num_k * nlat_out, nlon_out * batch * channels)
-    for offset in torch.unique(lon_offset).tolist():  # one sparse matmul per longitude offset of the basis
+    offsets = torch.unique(lon_offset).tolist()
+    if len(offsets) * lat_band > lon_offset.numel():  # few nonzeros per offset: gather per nonzero instead
+        longitudes = (lon_offset.view(-1, 1) + stride * torch.arange(nlon_out, device=x.device)) % nlon_in
+        for part in torch.arange(lon_offset.numel(), device=x.device).split(256):
+            gathered = rings[lat_in[part].view(-1, 1), longitudes[part]]  # [part, nlon_out, B*C]
+            out.index_add_(0, kernel[part] * nlat_out + lat_out[part],
+                           (gathered * psi_vals[part].view(-1, 1, 1)).reshape(part.numel(), -1))
+        return out.view(num_k, nlat_out, nlon_out, batch, channels).permute(3, 4, 0, 1, 2)
+    for offset in offsets:  # one sparse matmul per longitude offset of the basis
         sel = lon_offset == offset
         basis = torch.sparse_coo_tensor(torch.stack([kernel[sel] * nlat_out + lat_out[sel], lat_in[sel]]),
                                         psi_vals[sel], (num_k * nlat_out, lat_band), check_invariants=False)
@@ -144,7 +169,7 @@ def cost(case, world_size):
     (nlat_in, nlat_out), (nlon_in, nlon_out) = case["nlat"], case["nlon"]
     batch, channels, channels_out = case["batch"], case["channels"], case["channels_out"]
     num_k = case["kernel_size"]
-    nnz = basis_support(case)[0].numel()
+    nnz = basis_support(case, world_size)[0].numel()
     x_local = batch * channels * (nlat_in // num_polar) * (nlon_in // num_azimuth) * 4
     partial = batch * (channels // num_azimuth) * num_k * nlat_out * nlon_out * 4
     swapped_back = partial / num_polar
@@ -159,21 +184,24 @@ def cost(case, world_size):
 
 
 def _case(name, batch, channels, channels_out, nlat, nlon, groups=1, kernel_size=3, lat_radius=1, lon_radius=2,
-          note=""):
+          note="", tags=(), **extra):
     return Case(name, {"batch": batch, "channels": channels, "channels_out": channels_out, "nlat": nlat,
                        "nlon": nlon, "groups": groups, "kernel_size": kernel_size, "lat_radius": lat_radius,
-                       "lon_radius": lon_radius}, note=note)
+                       "lon_radius": lon_radius, **extra}, note=note, tags=tags)
 
 
 PROBLEM = Problem(
-    name="torchharmonics_spherical_convolution", version=2, upstream_id=62, category="beyond_llm",
+    name="torchharmonics_spherical_convolution", version=3, upstream_id=62, category="beyond_llm",
     source="torch-harmonics DistributedDiscreteContinuousConvS2 (azimuth all-to-all, polar all-reduce)",
     world_sizes=(2, 4, 8),
-    upstream=[_case("upstream", 32, 8, 8, (128, 128), (256, 256))],
+    upstream=[_case("upstream", 32, 8, 8, (128, 128), (256, 256), support="upstream", entries=4,
+                    note="upstream's basis pattern: 3 x 128 x 4 nonzeros on every rank")],
     tests=[
-        _case("same_grid_odd_out", 2, 4, 3, (8, 8), (10, 10), note="3 output channels; lon offsets wrap"),
+        _case("same_grid_odd_out", 2, 4, 3, (8, 8), (10, 10), note="3 output channels; lon offsets wrap",
+              tags=("odd_sizes", "shape_regime")),
         _case("downsample_grouped", 1, 4, 6, (8, 4), (20, 10), groups=2, kernel_size=2, lat_radius=2,
-              lon_radius=1, note="nlon 20 -> 10 (the basis rolls by 2); two channel groups"),
+              lon_radius=1, note="nlon 20 -> 10 (the basis rolls by 2); two channel groups",
+              tags=("argument_value", "shape_regime")),
     ],
     benchmarks=[
         _case("era5_720x1440_to_360x720_c64", 1, 64, 64, (720, 360), (1440, 720), lat_radius=2),

@@ -8,7 +8,8 @@ rank, may be 0; a rank may own no keys):
   lengths [sum_f stride_f] int64, key-major (key 0's B_r lengths, then key 1's, ...),
   values [sum(lengths)] int64, key_splits (list of W ints), batch_size = B_r, pg=None,
   weights [sum(lengths)] fp32 or None, stride_per_key (per-key batch sizes, variable-batch KJTs; None
-  means B_r for every key), stagger=1
+  means B_r for every key), stagger=1. Like upstream's factory, make_inputs passes the first five; the
+  cases that use weights, variable batches or a stagger pass all eight.
   ->  dict (k = key_splits[rank]), bit-exact:
       "lengths" [sum over sources of k*B_s] int64, "values" int64, "weights" fp32 (only when weights
       are given), and
@@ -78,8 +79,10 @@ def make_inputs(case, rank, world_size, gen):
     num_values = int(lengths.sum())
     values = torch.randint(0, 1 << 40, (num_values,), generator=gen, device=gen.device)
     weights = randn(gen, num_values) if case.get("weighted", False) else None
-    return (lengths, values, key_splits_for(case, world_size), batch_size, None, weights, stride_per_key,
-            case.get("stagger", 1))
+    args = (lengths, values, key_splits_for(case, world_size), batch_size, None)
+    if weights is None and stride_per_key is None and case.get("stagger", 1) == 1:
+        return args  # upstream's argument list
+    return (*args, weights, stride_per_key, case.get("stagger", 1))
 
 
 def reference(lengths, values, key_splits, batch_size, pg=None, weights=None, stride_per_key=None, stagger=1):
@@ -142,12 +145,12 @@ def cost(case, world_size):
 
 
 def _case(name, pooling, batch_sizes, **extra):
-    note = extra.pop("note", "")
-    return Case(name, {"pooling": pooling, "batch_sizes": batch_sizes, **extra}, note=note)
+    note, tags = extra.pop("note", ""), extra.pop("tags", ())
+    return Case(name, {"pooling": pooling, "batch_sizes": batch_sizes, **extra}, note=note, tags=tags)
 
 
 PROBLEM = Problem(
-    name="torchrec_kjt_all2all", version=2, upstream_id=70, category="beyond_llm",
+    name="torchrec_kjt_all2all", version=3, upstream_id=70, category="beyond_llm",
     source="torchrec KJTAllToAll (KeyedJaggedTensor input dist for table-wise sharding, with recat)",
     world_sizes=(2, 4, 8),
     upstream=[
@@ -155,13 +158,18 @@ PROBLEM = Problem(
              note="key_splits[d] = 1 + d % 3, 512 samples per rank, 5 to 20 values per entry"),
     ],
     tests=[
+        _case("uneven_batches", (1, 3, 2, 5, 1, 2, 4, 1, 2, 3, 1), (3, 0, 5, 2),
+              note="11 keys; one rank's batch is empty; upstream's five arguments",
+              tags=("uneven_sizes", "empty_rank", "odd_sizes", "skewed")),
         _case("weighted_uneven_batches", (1, 3, 2, 5, 1, 2, 4, 1, 2, 3, 1), (3, 0, 5, 2), weighted=True,
-              note="11 keys; one rank's batch is empty"),
+              note="11 keys; one rank's batch is empty", tags=("argument_value", "uneven_sizes", "empty_rank")),
         _case("skewed_keys_stagger2", (2, 1, 4, 1, 3, 2, 2, 1, 1), (4, 1), skew_keys=True, stagger=2, weighted=True,
-              note="rank 0 owns no keys, rank 1 most of them"),
-        _case("variable_batch_unweighted", (2, 2, 1, 3, 1, 2, 1, 1, 3, 2), (3, 4, 2), variable_batch=True),
+              note="rank 0 owns no keys, rank 1 most of them", tags=("argument_value", "skewed", "empty_rank")),
+        _case("variable_batch_unweighted", (2, 2, 1, 3, 1, 2, 1, 1, 3, 2), (3, 4, 2), variable_batch=True,
+              tags=("argument_value", "uneven_sizes")),
         _case("variable_batch_stagger2_weighted", (1, 2, 3, 1, 2, 1, 2, 3, 1, 1, 2), (5, 2, 3), variable_batch=True,
-              stagger=2, weighted=True, note="stride_per_key_per_rank columns in feature_order"),
+              stagger=2, weighted=True, note="stride_per_key_per_rank columns in feature_order",
+              tags=("argument_value", "uneven_sizes")),
     ],
     benchmarks=[
         _case("dlrm_v2_criteo", DLRM_V2_POOLING, (8192,)),

@@ -1,9 +1,11 @@
 """Cases and helpers shared by the eight collective problems.
 
-Every collective takes a per-rank tensor whose shape and dtype a case names. ``upstream`` is the
-upstream benchmark's input: a [1024, 1024] bf16 buffer per rank (2 MiB); ``tests`` are small and
-awkward (odd sizes, a single element, three dtypes); ``benchmarks`` sweep the per-rank message from
-4 KiB to 1 GiB in bf16 as rows of 1024 elements, the sizes nccl-tests reports.
+Every collective takes a per-rank tensor whose shape a case names, in the run's precision
+(``case["dtype"]``, bf16 by default, as upstream's ``--dtype``). ``upstream`` is the upstream
+benchmark's input: a [1024, 1024] buffer per rank (2 MiB in bf16); ``tests`` are small and awkward
+(odd sizes, a single element, a 3-D buffer, a root on the last rank); ``benchmarks`` sweep the per-rank
+message from 4 KiB to 1 GiB as rows of 1024 elements, the sizes nccl-tests reports (their names give
+the bf16 size; fp32 doubles it).
 """
 
 from __future__ import annotations
@@ -12,14 +14,14 @@ import math
 
 import torch
 
-from pkb.problem import Case, randn
+from pkb.problem import DEFAULT_PRECISION, PRECISIONS, Case, randn
 
-# Small and awkward: an odd 2-D bf16 buffer, a single fp32 element, an odd 3-D fp32 buffer, fp16 rows.
+# Small and awkward: an odd 2-D buffer, a single element, an odd 3-D buffer, many short rows.
 TEST_CASES = (
-    Case("odd_bf16", {"shape": (3, 683), "dtype": "bfloat16"}),
-    Case("single_fp32", {"shape": (1,), "dtype": "float32"}),
-    Case("odd3d_fp32", {"shape": (5, 7, 11), "dtype": "float32"}),
-    Case("rows_fp16", {"shape": (129, 8), "dtype": "float16"}),
+    Case("odd", {"shape": (3, 683)}, tags=("odd_sizes",)),
+    Case("single", {"shape": (1,)}, tags=("tiny",)),
+    Case("odd3d", {"shape": (5, 7, 11)}, tags=("odd_sizes", "layout")),
+    Case("rows", {"shape": (129, 8)}, tags=("odd_sizes",)),
 )
 
 _SIZES = (("4KiB", 4 << 10), ("64KiB", 64 << 10), ("1MiB", 1 << 20), ("16MiB", 16 << 20),
@@ -27,30 +29,33 @@ _SIZES = (("4KiB", 4 << 10), ("64KiB", 64 << 10), ("1MiB", 1 << 20), ("16MiB", 1
 _ROW = 1024  # elements per row of a benchmark buffer
 
 BENCHMARK_CASES = tuple(
-    Case(f"bf16_{label}", {"shape": (size // (2 * _ROW), _ROW), "dtype": "bfloat16"},
-         note=f"{label} per rank, bf16")
+    Case(f"bf16_{label}", {"shape": (size // (2 * _ROW), _ROW)}, note=f"{label} per rank in bf16")
     for label, size in _SIZES
 )
 
 
 def upstream_cases(**params) -> tuple[Case, ...]:
-    """The upstream factory's input at its defaults: shape [1024, 1024] bf16 (with pkb's random values).
+    """The upstream factory's input at its defaults: shape [1024, 1024] in the run's dtype (with pkb's
+    random values).
 
     ``params`` name the root argument as upstream passes it: ``dst=0`` for an explicit int, or
     ``src="omitted"`` where upstream leaves the argument to the function's default (0).
     """
-    return (Case("upstream", {"shape": (1024, 1024), "dtype": "bfloat16", **params},
-                 note="upstream create_input_tensor at M = N = 1024, bf16"),)
+    return (Case("upstream", {"shape": (1024, 1024), **params},
+                 note="upstream create_input_tensor at M = N = 1024"),)
 
 
 def rooted_cases(root_param: str) -> tuple[Case, ...]:
     """The test cases plus one whose root is the last rank (``root_param`` is ``src`` or ``dst``)."""
-    last = Case("odd_bf16_root_last", {"shape": (3, 683), "dtype": "bfloat16", root_param: "last"})
+    last = Case("odd_root_last", {"shape": (3, 683), root_param: "last"}, tags=("odd_sizes", "argument_value"))
     return TEST_CASES + (last,)
 
 
 def dtype_of(case: Case) -> torch.dtype:
-    return getattr(torch, case["dtype"])
+    """The run's precision (``case["dtype"]``, which the harness sets on every case; the default
+    precision for a case read outside a run)."""
+    name = case.get("dtype")
+    return getattr(torch, name) if name else PRECISIONS[DEFAULT_PRECISION]
 
 
 def message_bytes(case: Case) -> int:

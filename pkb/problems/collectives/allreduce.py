@@ -32,7 +32,7 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="allreduce", version=2, upstream_id=1, category="collectives", source="NCCL all_reduce (SUM)",
+    name="allreduce", version=3, upstream_id=1, category="collectives", source="NCCL all_reduce (SUM)",
     world_sizes=(2, 4, 8), upstream=upstream_cases(),
     tests=TEST_CASES, benchmarks=BENCHMARK_CASES, tolerance=sum_tolerance,
     reference=reference, make_inputs=make_inputs, cost=cost,

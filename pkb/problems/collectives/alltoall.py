@@ -32,7 +32,7 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="alltoall", version=2, upstream_id=8, category="collectives", source="NCCL all_to_all_single",
+    name="alltoall", version=3, upstream_id=8, category="collectives", source="NCCL all_to_all_single",
     world_sizes=(2, 4, 8), upstream=upstream_cases(),
     tests=TEST_CASES, benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
     reference=reference, make_inputs=make_inputs, cost=cost,

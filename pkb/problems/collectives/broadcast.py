@@ -31,7 +31,7 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="broadcast", version=2, upstream_id=3, category="collectives", source="NCCL broadcast",
+    name="broadcast", version=3, upstream_id=3, category="collectives", source="NCCL broadcast",
     world_sizes=(2, 4, 8), upstream=upstream_cases(src="omitted"),
     tests=rooted_cases("src"), benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
     reference=reference, make_inputs=make_inputs, cost=cost,

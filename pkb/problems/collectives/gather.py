@@ -38,7 +38,7 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="gather", version=2, upstream_id=6, category="collectives", source="NCCL gather",
+    name="gather", version=3, upstream_id=6, category="collectives", source="NCCL gather",
     world_sizes=(2, 4, 8), upstream=upstream_cases(dst="omitted"),
     tests=rooted_cases("dst"), benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
     reference=reference, make_inputs=make_inputs, cost=cost,

@@ -32,7 +32,7 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="reduce", version=2, upstream_id=4, category="collectives", source="NCCL reduce (SUM)",
+    name="reduce", version=3, upstream_id=4, category="collectives", source="NCCL reduce (SUM)",
     world_sizes=(2, 4, 8), upstream=upstream_cases(dst=0),
     tests=rooted_cases("dst"), benchmarks=BENCHMARK_CASES, tolerance=sum_tolerance,
     reference=reference, make_inputs=make_inputs, cost=cost,

@@ -35,7 +35,7 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="reducescatter", version=2, upstream_id=7, category="collectives", source="NCCL reduce_scatter (SUM)",
+    name="reducescatter", version=3, upstream_id=7, category="collectives", source="NCCL reduce_scatter (SUM)",
     world_sizes=(2, 4, 8), upstream=upstream_cases(),
     tests=TEST_CASES, benchmarks=BENCHMARK_CASES, tolerance=sum_tolerance,
     reference=reference, make_inputs=make_inputs, cost=cost,

@@ -41,7 +41,7 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="scatter", version=2, upstream_id=5, category="collectives", source="NCCL scatter",
+    name="scatter", version=3, upstream_id=5, category="collectives", source="NCCL scatter",
     world_sizes=(2, 4, 8), upstream=upstream_cases(src="omitted"),
     tests=rooted_cases("src"), benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
     reference=reference, make_inputs=make_inputs, cost=cost,

@@ -14,13 +14,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pkb.problem import Case, Cost
+from pkb.problem import DEFAULT_PRECISION, PRECISIONS, Case, Cost
 
 # The sequence-gather / head-scatter re-shard of Ulysses attention, and its inverse, at long context.
 ULYSSES_RESHARD_BENCHMARKS = (
-    Case("llama3_8b_128k", {"batch": 1, "seq": 131072, "heads": 32, "head_dim": 128, "dtype": "bfloat16"},
+    Case("llama3_8b_128k", {"batch": 1, "seq": 131072, "heads": 32, "head_dim": 128},
          note="Llama-3-8B, 32 heads, 128k tokens"),
-    Case("llama3_70b_64k", {"batch": 1, "seq": 65536, "heads": 64, "head_dim": 128, "dtype": "bfloat16"},
+    Case("llama3_70b_64k", {"batch": 1, "seq": 65536, "heads": 64, "head_dim": 128},
          note="Llama-3-70B, 64 heads, 64k tokens"),
 )
 
@@ -30,7 +30,8 @@ ATTENTION_SCORE_ELEMENTS = 1 << 28
 
 
 def dtype_of(case: Case) -> torch.dtype:
-    return getattr(torch, case["dtype"])
+    """The run's precision, which the harness sets on every case (``case["dtype"]``); bf16 on a bare case."""
+    return getattr(torch, case["dtype"]) if "dtype" in case.params else PRECISIONS[DEFAULT_PRECISION]
 
 
 # -- process-group meshes ---------------------------------------------------------------------------
@@ -146,10 +147,10 @@ def ring_shift(x: torch.Tensor, group=None) -> torch.Tensor:
 
 # Whole attention layers (projections + attention) at long context, shared by the layer problems.
 ATTENTION_LAYER_BENCHMARKS = (
-    Case("llama2_7b_32k_causal", {"batch": 1, "seq": 32768, "hidden": 4096, "heads": 32, "causal": True,
-                                  "dtype": "bfloat16"}, note="Llama-2-7B layer, 32k tokens"),
-    Case("h64_e8192_16k_causal", {"batch": 1, "seq": 16384, "hidden": 8192, "heads": 64, "causal": True,
-                                  "dtype": "bfloat16"}, note="64 heads x 128, 16k tokens"),
+    Case("llama2_7b_32k_causal", {"batch": 1, "seq": 32768, "hidden": 4096, "heads": 32, "causal": True},
+         note="Llama-2-7B layer, 32k tokens"),
+    Case("h64_e8192_16k_causal", {"batch": 1, "seq": 16384, "hidden": 8192, "heads": 64, "causal": True},
+         note="64 heads x 128, 16k tokens"),
 )
 
 

@@ -4,8 +4,10 @@
 The sequence is split contiguously over the W ranks; Hq query/key heads and Hv = Hq * value_ratio
 value heads (Hq a multiple of W; each query/key head serves value_ratio consecutive value heads, GVA).
 Per rank: q, k [B, S_local, Hq, K]; v [B, S_local, Hv, V]; gate, beta [B, S_local, Hv] (beta in (0, 1),
-the layer's sigmoid already applied; gate is the raw a_proj output); a_log, dt_bias [Hv/W] in the
-input dtype: the parameters of the value heads this rank owns after the all-to-all, [r*Hv/W, (r+1)*Hv/W).
+the layer's sigmoid already applied; gate is the raw a_proj output), in the run's precision (bf16 by
+default); a_log, dt_bias [Hv/W] bf16 in every precision (as upstream's factory makes them): the
+parameters of the value heads this rank owns after the all-to-all, [r*Hv/W, (r+1)*Hv/W), sliced from
+the layer's [Hv] vectors (views at offset r*Hv/W, as upstream passes them).
   1. all-to-all q, k, v, gate, beta: scatter heads, gather sequence -> [B, S, H/W, *].
   2. log_decay = -exp(a_log[h]) * softplus(gate + dt_bias[h]) (a scalar per value head and token).
   3. q, k l2-normalised over K (x / max(|x|, 1e-6)), repeated to the value heads; scale K^-1/2; gated
@@ -51,9 +53,11 @@ def make_inputs(case, rank, world_size, gen):
     v = rand_normal(gen, B, s_local, Hv, V, dtype=dtype)
     gate = rand_normal(gen, B, s_local, Hv, dtype=dtype)
     beta = torch.sigmoid(rand_normal(gen, B, s_local, Hv)).to(dtype)
-    a_log = (torch.rand(Hv // world_size, generator=gen, device=gen.device) * -2.77).to(dtype)
-    dt_bias = (rand_normal(gen, Hv // world_size, scale=0.5) - 2.0).to(dtype)
-    return q, k, v, gate, beta, a_log, dt_bias, None
+    # the layer's per-head parameters, bf16 in every precision; this rank's slice (a view, as upstream's)
+    a_log = (torch.rand(Hv, generator=gen.shared, device=gen.device) * -2.77).to(torch.bfloat16)
+    dt_bias = (rand_normal(gen.shared, Hv, scale=0.5) - 2.0).to(torch.bfloat16)
+    local = slice(rank * Hv // world_size, (rank + 1) * Hv // world_size)
+    return q, k, v, gate, beta, a_log[local], dt_bias[local], None
 
 
 def reference(q, k, v, gate, beta, a_log, dt_bias, group=None):
@@ -72,35 +76,36 @@ def reference(q, k, v, gate, beta, a_log, dt_bias, group=None):
 def cost(case, world_size):
     B, K, V = case["batch"], case["key_dim"], case["value_dim"]
     (Hq, Hv), s_local = head_counts(case, world_size), local_seq(case, world_size)
-    moved = B * s_local * (2 * Hq * K + Hv * (2 * V + 2)) * 2
+    moved = B * s_local * (2 * Hq * K + Hv * (2 * V + 2)) * dtype_of(case).itemsize
     return Cost(link_bytes=(world_size - 1) / world_size * moved,
                 flops=B * delta_rule_flops(s_local * world_size, Hv // world_size, K, V), hbm_bytes=float(moved),
                 pattern="all_to_all x2 + delta rule")
 
 
 UPSTREAM = (
-    Case("upstream", {"batch": 1, "local_seq": 64, "heads": 6, "key_dim": 256, "value_dim": 512, "dtype": "bfloat16"},
+    Case("upstream", {"batch": 1, "local_seq": 64, "heads": 6, "key_dim": 256, "value_dim": 512},
          note="upstream create_input_tensor: q, k [1, 64, H, 256], v [1, 64, H, 512], H = 6 rounded up to W"),
 )
 
 TESTS = (
-    Case("k8_v16_crosses_chunks", {"batch": 1, "seq": 136, "heads": 3, "key_dim": 8, "value_dim": 16,
-                                   "dtype": "bfloat16"}),
-    Case("k16_b2_short", {"batch": 2, "seq": 40, "heads": 6, "key_dim": 16, "value_dim": 8, "dtype": "bfloat16"}),
+    Case("k8_v16_crosses_chunks", {"batch": 1, "seq": 136, "heads": 3, "key_dim": 8, "value_dim": 16},
+         tags=("shape_regime", "odd_sizes")),
+    Case("k16_b2_short", {"batch": 2, "seq": 40, "heads": 6, "key_dim": 16, "value_dim": 8},
+         tags=("shape_regime", "odd_sizes")),
     Case("gva_two_values_per_key", {"batch": 1, "seq": 72, "heads": 2, "value_ratio": 2, "key_dim": 16,
-                                    "value_dim": 8, "dtype": "bfloat16"}),
+                                    "value_dim": 8}, tags=("shape_regime",)),
 )
 
 BENCHMARKS = (
-    Case("gdn_1p3b_32k", {"batch": 1, "seq": 32768, "heads": 6, "key_dim": 256, "value_dim": 512,
-                          "dtype": "bfloat16"}, note="GatedDeltaNet 1.3B layer, 32k tokens"),
+    Case("gdn_1p3b_32k", {"batch": 1, "seq": 32768, "heads": 6, "key_dim": 256, "value_dim": 512},
+         note="GatedDeltaNet 1.3B layer, 32k tokens"),
     Case("qwen3_next_64k", {"batch": 1, "seq": 65536, "heads": 16, "value_ratio": 2, "key_dim": 128,
-                            "value_dim": 128, "dtype": "bfloat16"},
+                            "value_dim": 128},
          note="Qwen3-Next linear attention: 16 key heads, 32 value heads, 64k tokens"),
 )
 
 PROBLEM = Problem(
-    name="fla_gated_deltanet_cp", version=2, upstream_id=75, category="context_parallel",
+    name="fla_gated_deltanet_cp", version=3, upstream_id=75, category="context_parallel",
     source="flash-linear-attention GatedDeltaNet (chunk_gated_delta_rule) with Ulysses all-to-all CP",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
     # Outputs are small (l2-normalised q, k and a K^-1/2 scale: |o| ~ 0.01-0.1), so the bf16 default atol

@@ -68,25 +68,25 @@ def cost(case, world_size):
 
 
 UPSTREAM = (
-    Case("upstream", {"batch": 1, "channels": 1024, "chunk": 1024, "kernel": 7, "dtype": "bfloat16"},
+    Case("upstream", {"batch": 1, "channels": 1024, "chunk": 1024, "kernel": 7},
          note="upstream create_input_tensor: x [1, 1024, 2048] (two chunks of 1024), weight [1024, 1, 7]"),
 )
 
 TESTS = (
-    Case("k7_short_chunks", {"batch": 1, "channels": 5, "seq": 96, "kernel": 7, "dtype": "bfloat16"}),
-    Case("k3_batch2", {"batch": 2, "channels": 3, "seq": 176, "kernel": 3, "dtype": "bfloat16"}),
-    Case("k4_fp32", {"batch": 1, "channels": 4, "seq": 112, "kernel": 4, "dtype": "float32"}),
+    Case("k7_short_chunks", {"batch": 1, "channels": 5, "seq": 96, "kernel": 7}, tags=("odd_sizes",)),
+    Case("k3_batch2", {"batch": 2, "channels": 3, "seq": 176, "kernel": 3}, tags=("shape_regime", "odd_sizes")),
+    Case("k4", {"batch": 1, "channels": 4, "seq": 112, "kernel": 4}, tags=("shape_regime",)),
 )
 
 BENCHMARKS = (
-    Case("evo2_7b_128k", {"batch": 1, "channels": 4096, "seq": 131072, "kernel": 7, "dtype": "bfloat16"},
+    Case("evo2_7b_128k", {"batch": 1, "channels": 4096, "seq": 131072, "kernel": 7},
          note="Evo 2 7B hidden 4096, 128k tokens"),
-    Case("evo2_40b_128k", {"batch": 1, "channels": 8192, "seq": 131072, "kernel": 7, "dtype": "bfloat16"},
+    Case("evo2_40b_128k", {"batch": 1, "channels": 8192, "seq": 131072, "kernel": 7},
          note="Evo 2 40B hidden 8192, 128k tokens"),
 )
 
 PROBLEM = Problem(
-    name="hyena_conv1d_boundary_exchange", version=2, upstream_id=71, category="context_parallel",
+    name="hyena_conv1d_boundary_exchange", version=3, upstream_id=71, category="context_parallel",
     source="Savanna / Evo 2 Hyena short depthwise conv1d with zigzag context parallelism (halo exchange)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=None,
     reference=reference, make_inputs=make_inputs, cost=cost,

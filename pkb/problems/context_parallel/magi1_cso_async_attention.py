@@ -7,19 +7,20 @@ padded to P = W*p tokens, p = ceil(c/W), and cut into W pieces: rank r holds pie
 [r*p, (r+1)*p) of the clip) of every clip, clip after clip. clip_token_nums None means c = P.
 Per rank: query [N*p, Hq, D]; key_value [N*p, Hkv, 2D] (k then v on the last dim); k_ranges [N, 2]
 int64, the same on every rank: clip i's queries attend keys [start, end) of the unpadded key sequence
-of N*c tokens (an empty range gives zeros); all but k_ranges bf16.
+of N*c tokens (an empty range gives zeros). query and key_value are bf16 in a bf16 or fp16 run and
+fp32 in an fp32 run, as upstream's factory makes them (``attention_dtype``).
   1. key_value all-to-all (scatter kv heads, gather tokens; kv heads repeated up to W first when
      Hkv < W), padding keys dropped: K, V [N*c, max(Hkv, W)/W, D].
   2. per clip i: query all-to-all (scatter q heads, gather tokens): all P queries of the clip, padding
-     positions included, [P, Hq/W, D]; SDPA in bf16 (scale D^-1/2, GQA: local q head j reads local kv
-     head j // (local q heads / local kv heads)) over keys k_ranges[i]; the output goes back by an
-     all-to-all (scatter tokens, gather heads).
-  ->  [N*p, Hq, D] bf16 in the query's layout (padding queries get their attention output too).
+     positions included, [P, Hq/W, D]; SDPA in the inputs' dtype (scale D^-1/2, GQA: local q head j
+     reads local kv head j // (local q heads / local kv heads)) over keys k_ranges[i]; the output goes
+     back by an all-to-all (scatter tokens, gather heads).
+  ->  [N*p, Hq, D] in the query's dtype and layout (padding queries get their attention output too).
 The source overlaps clip i's all-to-alls with clip i-1's attention; the result is the same.
 
-Cost per rank (bf16): all-to-alls of key_value, query and output: link (W-1)/W * N*p*(2*max(Hkv, W)*D
-+ 2*Hq*D)*2 bytes. Flops: sum over clips of 2 * P * |range_i| * (Hq/W) * 2D (random test ranges:
-expected length N*c/3). HBM: read query and key_value, write the output.
+Cost per rank (b bytes an element: 2 in bf16): all-to-alls of key_value, query and output: link
+(W-1)/W * N*p*(2*max(Hkv, W)*D + 2*Hq*D)*b bytes. Flops: sum over clips of 2 * P * |range_i| * (Hq/W)
+* 2D (random test ranges: expected length N*c/3). HBM: read query and key_value, write the output.
 
 Upstream cases: the benchmark's inputs, N = 4 clips, D = 128, 8 kv heads; 24 query heads and 12,150-token
 clips at W <= 4, 48 and 21,600 at W = 8; clip i attends its own clip's keys. Benchmarks (block-causal
@@ -50,8 +51,13 @@ def ranges_for(case, gen=None) -> list[list[int]]:
     return ranges.tolist()
 
 
+def attention_dtype(case) -> torch.dtype:
+    """Upstream's factory makes query and key_value bf16 when the run is bf16 or fp16, fp32 when it is fp32."""
+    return torch.bfloat16 if dtype_of(case) in (torch.float16, torch.bfloat16) else dtype_of(case)
+
+
 def make_inputs(case, rank, world_size, gen):
-    N, c, D, dtype = case["clips"], case["clip_tokens"], case["head_dim"], dtype_of(case)
+    N, c, D, dtype = case["clips"], case["clip_tokens"], case["head_dim"], attention_dtype(case)
     p = ceil_div(c, world_size)
     query = rand_normal(gen, N * p, case["q_heads"], D, dtype=dtype, scale=2.0**0.5)
     key_value = rand_normal(gen, N * p, case["kv_heads"], 2 * D)
@@ -96,7 +102,7 @@ def reference(query, key_value, k_ranges, cp_shuffle_num, clip_token_nums=None, 
 def cost(case, world_size):
     N, c, D, hq, hkv = case["clips"], case["clip_tokens"], case["head_dim"], case["q_heads"], case["kv_heads"]
     p = ceil_div(c, world_size)
-    moved = N * p * (2 * max(hkv, world_size) * D + 2 * hq * D) * 2
+    moved = N * p * (2 * max(hkv, world_size) * D + 2 * hq * D) * attention_dtype(case).itemsize
     if case["ranges"] == "random":
         pairs = N * world_size * p * (N * c / 3)
     else:
@@ -108,7 +114,7 @@ def cost(case, world_size):
 def upstream_case(world_size: int) -> Case:
     q_heads, clip_tokens = (24, 12150) if world_size <= 4 else (48, 21600)
     params = {"clips": 4, "clip_tokens": clip_tokens, "q_heads": q_heads, "kv_heads": 8, "head_dim": 128,
-              "ranges": "diagonal", "dtype": "bfloat16"}
+              "ranges": "diagonal"}
     return Case(f"upstream_w{world_size}", params, world_sizes=(world_size,), slow_on_cpu=True,  # ~1 min per head-clip
                 note=f"the upstream benchmark's inputs at W={world_size}: 4 clips of {clip_tokens:,}, {q_heads} q heads")
 
@@ -117,24 +123,24 @@ UPSTREAM = tuple(upstream_case(w) for w in (2, 4, 8))
 
 TESTS = (
     Case("block_causal_padded", {"clips": 4, "clip_tokens": 13, "q_heads": 16, "kv_heads": 8, "head_dim": 8,
-                                 "ranges": "block_causal", "dtype": "bfloat16"}),
+                                 "ranges": "block_causal"}, tags=("argument_value", "odd_sizes")),
     Case("random_ranges_three_clips", {"clips": 3, "clip_tokens": 10, "q_heads": 8, "kv_heads": 8, "head_dim": 16,
-                                       "ranges": "random", "dtype": "bfloat16"}),
+                                       "ranges": "random"}, tags=("argument_value", "odd_sizes")),
     Case("sliding_no_clip", {"clips": 2, "clip_tokens": 16, "q_heads": 24, "kv_heads": 8, "head_dim": 8,
-                             "ranges": "sliding", "pass_clip": False, "dtype": "bfloat16"}),
+                             "ranges": "sliding", "pass_clip": False}, tags=("argument_value",)),
     Case("diagonal_two_kv_heads", {"clips": 3, "clip_tokens": 11, "q_heads": 8, "kv_heads": 2, "head_dim": 8,
-                                   "ranges": "diagonal", "dtype": "bfloat16"}),
+                                   "ranges": "diagonal"}, tags=("shape_regime", "argument_value", "odd_sizes")),
 )
 
 BENCHMARKS = (
     Case("magi1_24b_4clips", {"clips": 4, "clip_tokens": 21600, "q_heads": 48, "kv_heads": 8, "head_dim": 128,
-                              "ranges": "block_causal", "dtype": "bfloat16"}, note="MAGI-1 24B, 4 clips of 21,600"),
+                              "ranges": "block_causal"}, note="MAGI-1 24B, 4 clips of 21,600"),
     Case("magi1_4p5b_4clips", {"clips": 4, "clip_tokens": 12150, "q_heads": 24, "kv_heads": 8, "head_dim": 128,
-                               "ranges": "block_causal", "dtype": "bfloat16"}, note="MAGI-1 4.5B, 4 clips of 12,150"),
+                               "ranges": "block_causal"}, note="MAGI-1 4.5B, 4 clips of 12,150"),
 )
 
 PROBLEM = Problem(
-    name="magi1_cso_async_attention", version=2, upstream_id=77, category="context_parallel",
+    name="magi1_cso_async_attention", version=3, upstream_id=77, category="context_parallel",
     source="MAGI-1 (Sand AI) DiT context-shuffle-overlap attention (cp_shuffle_num clips, Ulysses all-to-alls)",
     world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, upstream=UPSTREAM, tolerance=None,
     reference=reference, make_inputs=make_inputs, cost=cost,

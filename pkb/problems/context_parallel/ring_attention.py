@@ -5,8 +5,9 @@ rank attends its queries to the key/value block it holds, merges the partial res
 running one by log-sum-exp, and passes the block to the next rank. With ``causal`` the block of a
 later rank is skipped and the diagonal block is causal (query i sees keys <= i globally).
 
-Per rank: q, k, v [B, S_local, H, D] bf16 (as many key/value heads as query heads: the upstream
-benchmark's function multiplies q by k^T head for head)  ->  out [B, S_local, H, D] bf16.
+Per rank: q, k, v [B, S_local, H, D] in the run's precision, bf16 by default (as many key/value heads
+as query heads: the upstream benchmark's function multiplies q by k^T head for head); softmax_scale;
+causal; group None  ->  out [B, S_local, H, D] in q's dtype.
 Each block is attention in fp32 (q, k, v upcast), the blocks merge in fp32 and out is rounded once at
 the end. softmax_scale=None means D^-1/2; group=None means the whole world.
 
@@ -56,25 +57,26 @@ def cost(case, world_size):
 
 
 UPSTREAM = (
-    Case("upstream", {"batch": 16, "seq": 16, "heads": 8, "head_dim": 64, "causal": True, "dtype": "bfloat16"},
+    Case("upstream", {"batch": 16, "seq": 16, "heads": 8, "head_dim": 64, "causal": True},
          note="the upstream benchmark's inputs at M = N = 1024: B = 16, 16 tokens, 8 heads x 64"),
 )
 
 TESTS = (
-    Case("causal_mha", {"batch": 2, "seq": 24, "heads": 4, "head_dim": 8, "causal": True, "dtype": "bfloat16"}),
+    Case("causal_mha", {"batch": 2, "seq": 24, "heads": 4, "head_dim": 8, "causal": True}, tags=("odd_sizes",)),
     Case("full_mha_scale", {"batch": 1, "seq": 40, "heads": 3, "head_dim": 16, "causal": False,
-                            "softmax_scale": 0.2, "dtype": "bfloat16"}),
-    Case("causal_one_token_per_rank", {"batch": 1, "seq": 8, "heads": 2, "head_dim": 16, "causal": True,
-                                       "dtype": "bfloat16"}, world_sizes=(8,)),
+                            "softmax_scale": 0.2}, tags=("argument_value", "odd_sizes")),
+    Case("causal_one_token_per_rank", {"batch": 1, "seq": 8, "heads": 2, "head_dim": 16, "causal": True},
+         world_sizes=(8,),
+         tags=("shape_regime", "tiny")),
 )
 
 BENCHMARKS = (
-    Case("llama2_7b_32k", {"batch": 1, "seq": 32768, "heads": 32, "head_dim": 128, "causal": True,
-                           "dtype": "bfloat16"}, note="Llama-2-7B heads, 32k tokens"),
-    Case("llama2_7b_64k", {"batch": 1, "seq": 65536, "heads": 32, "head_dim": 128, "causal": True,
-                           "dtype": "bfloat16"}, note="Llama-2-7B heads, 64k tokens"),
-    Case("h64_d128_32k", {"batch": 1, "seq": 32768, "heads": 64, "head_dim": 128, "causal": True,
-                          "dtype": "bfloat16"}, note="64 heads x 128 (an E=8192 layer), 32k tokens"),
+    Case("llama2_7b_32k", {"batch": 1, "seq": 32768, "heads": 32, "head_dim": 128, "causal": True},
+         note="Llama-2-7B heads, 32k tokens"),
+    Case("llama2_7b_64k", {"batch": 1, "seq": 65536, "heads": 32, "head_dim": 128, "causal": True},
+         note="Llama-2-7B heads, 64k tokens"),
+    Case("h64_d128_32k", {"batch": 1, "seq": 32768, "heads": 64, "head_dim": 128, "causal": True},
+         note="64 heads x 128 (an E=8192 layer), 32k tokens"),
 )
 
 PROBLEM = Problem(

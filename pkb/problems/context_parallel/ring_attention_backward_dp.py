@@ -3,10 +3,11 @@
 
 Mesh: cp = W/2, dp = 2, cp ranks adjacent (rank = dp_index * cp + cp_index). Each dp replica is its
 own sequence, split contiguously over its cp ranks (cp rank c holds tokens [c*S_local, (c+1)*S_local)).
-Per rank: dout, q, k, v, out [B, S_local, H, D] bf16 and softmax_lse [B, H, S_local] fp32 (as many
+Per rank: dout, q, k, v, out [B, S_local, H, D] in the run's precision (bf16 by default) and
+softmax_lse [B, H, S_local] fp32 in every precision (as many
 key/value heads as query heads, as the upstream benchmark's function has); pkb passes the true forward
 of ring attention over the replica's whole sequence as out and lse (upstream's factory passed the
-local block's only, which matches no forward)  ->  (dq, dk, dv [B, S_local, H, D]) bf16.
+local block's only, which matches no forward)  ->  (dq, dk, dv [B, S_local, H, D]) in q's dtype.
 In cp ring steps a rank computes, for its queries and the k/v block it holds (fp32, the given lse,
 delta = rowsum(dout * out)): dq += scale*dS K; the block's dk += scale*dS^T Q, dv += P^T dout, with
 P = exp(scale*QK^T - lse), dS = P*(dout V^T - delta); causal skips later blocks and masks the
@@ -89,28 +90,29 @@ def cost(case, world_size):
     s_local = case["seq"] // cp
     kv_elems = 2 * B * s_local * H * D
     q_elems = B * s_local * H * D
-    link = (cp - 1) * kv_elems * 2 + cp * kv_elems * 4 + 2 * (DP - 1) / DP * (q_elems + kv_elems) * 2
+    itemsize = dtype_of(case).itemsize
+    link = (cp - 1) * kv_elems * itemsize + cp * kv_elems * 4 + 2 * (DP - 1) / DP * (q_elems + kv_elems) * itemsize
     flops = 2.0 * busiest_rank_pairs(B, s_local, cp, case["causal"]) * H * 5 * D
-    hbm = (3 * q_elems + cp * kv_elems + kv_elems) * 2 + B * H * s_local * 4 + (q_elems + kv_elems) * 2
+    hbm = (3 * q_elems + cp * kv_elems + kv_elems) * itemsize + B * H * s_local * 4 + (q_elems + kv_elems) * itemsize
     return Cost(link_bytes=link, flops=flops, hbm_bytes=hbm, pattern="two rings on cp + all_reduce on dp")
 
 
 UPSTREAM = (
-    Case("upstream", {"batch": 16, "seq": 16, "heads": 8, "head_dim": 64, "causal": False, "dtype": "bfloat16"},
+    Case("upstream", {"batch": 16, "seq": 16, "heads": 8, "head_dim": 64, "causal": False},
          note="the upstream benchmark's inputs at M = N = 1024: B = 16, 16 tokens per replica, 8 heads x 64"),
 )
 
 TESTS = (
-    Case("causal_mha", {"batch": 2, "seq": 24, "heads": 4, "head_dim": 8, "causal": True, "dtype": "bfloat16"}),
+    Case("causal_mha", {"batch": 2, "seq": 24, "heads": 4, "head_dim": 8, "causal": True}, tags=("argument_value",)),
     Case("full_mha_scale", {"batch": 1, "seq": 20, "heads": 3, "head_dim": 16, "causal": False,
-                            "softmax_scale": 0.2, "dtype": "bfloat16"}),
+                            "softmax_scale": 0.2}, tags=("argument_value", "odd_sizes")),
 )
 
 BENCHMARKS = (
-    Case("llama2_7b_32k", {"batch": 1, "seq": 32768, "heads": 32, "head_dim": 128, "causal": True,
-                           "dtype": "bfloat16"}, note="Llama-2-7B heads, 32k tokens per replica"),
-    Case("h64_d128_16k", {"batch": 1, "seq": 16384, "heads": 64, "head_dim": 128, "causal": True,
-                          "dtype": "bfloat16"}, note="64 heads x 128 (an E=8192 layer), 16k tokens per replica"),
+    Case("llama2_7b_32k", {"batch": 1, "seq": 32768, "heads": 32, "head_dim": 128, "causal": True},
+         note="Llama-2-7B heads, 32k tokens per replica"),
+    Case("h64_d128_16k", {"batch": 1, "seq": 16384, "heads": 64, "head_dim": 128, "causal": True},
+         note="64 heads x 128 (an E=8192 layer), 16k tokens per replica"),
 )
 
 PROBLEM = Problem(

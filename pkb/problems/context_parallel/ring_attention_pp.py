@@ -77,30 +77,31 @@ def cost(case, world_size):
     B, E, heads = case["batch"], case["hidden"], case["heads"]
     cp = world_size // PP
     s_local, head_dim = case["seq"] // cp, E // heads
-    act_bytes = B * s_local * E * 2
+    itemsize = dtype_of(case).itemsize
+    act_bytes = B * s_local * E * itemsize
     stage_flops = (2.0 * B * s_local * E * 3 * E + attention_flops(busiest_rank_pairs(B, s_local, cp, case["causal"]),
                                                                    heads, head_dim)
                    + 2.0 * B * s_local * E * E)
     return Cost(link_bytes=(cp - 1) * 2 * act_bytes + act_bytes, flops=stage_flops,
-                hbm_bytes=2.0 * act_bytes + 2.0 * 4 * E * E, pattern="ring on cp + stage hand-off")
+                hbm_bytes=2.0 * act_bytes + itemsize * 4 * E * E, pattern="ring on cp + stage hand-off")
 
 
 TESTS = (
-    Case("causal_h4", {"batch": 2, "seq": 24, "hidden": 32, "heads": 4, "causal": True, "dtype": "bfloat16"}),
-    Case("full_h2_scale", {"batch": 1, "seq": 36, "hidden": 24, "heads": 2, "causal": False, "softmax_scale": 0.3,
-                           "dtype": "bfloat16"}),
+    Case("causal_h4", {"batch": 2, "seq": 24, "hidden": 32, "heads": 4, "causal": True}, tags=("argument_value",)),
+    Case("full_h2_scale", {"batch": 1, "seq": 36, "hidden": 24, "heads": 2, "causal": False, "softmax_scale": 0.3},
+         tags=("argument_value", "odd_sizes")),
 )
 
 UPSTREAM = (
-    Case("upstream", {"batch": 16, "seq": 16, "hidden": 512, "heads": 8, "causal": True, "dtype": "bfloat16"},
+    Case("upstream", {"batch": 16, "seq": 16, "hidden": 512, "heads": 8, "causal": True},
          note="the upstream benchmark's inputs at M = N = 1024: B = 16, 16 tokens, E = 512, 8 heads"),
 )
 
 BENCHMARKS = (
-    Case("llama2_7b_32k_causal", {"batch": 1, "seq": 32768, "hidden": 4096, "heads": 32, "causal": True,
-                                  "dtype": "bfloat16"}, note="a Llama-2-7B layer per stage, 32k tokens"),
-    Case("h64_e8192_16k_causal", {"batch": 1, "seq": 16384, "hidden": 8192, "heads": 64, "causal": True,
-                                  "dtype": "bfloat16"}, note="a 64-head E=8192 layer per stage, 16k tokens"),
+    Case("llama2_7b_32k_causal", {"batch": 1, "seq": 32768, "hidden": 4096, "heads": 32, "causal": True},
+         note="a Llama-2-7B layer per stage, 32k tokens"),
+    Case("h64_e8192_16k_causal", {"batch": 1, "seq": 16384, "hidden": 8192, "heads": 64, "causal": True},
+         note="a 64-head E=8192 layer per stage, 16k tokens"),
 )
 
 PROBLEM = Problem(

@@ -65,25 +65,26 @@ def cost(case, world_size):
     B, E, heads = case["batch"], case["hidden"], case["heads"]
     cp = world_size // TP
     s_local, head_dim = case["seq"] // cp, E // heads
-    kv_bytes = 2 * B * s_local * (E // TP) * 2
-    out_bytes = B * s_local * E * 2
+    itemsize = dtype_of(case).itemsize
+    kv_bytes = 2 * B * s_local * (E // TP) * itemsize
+    out_bytes = B * s_local * E * itemsize
     flops = (2.0 * B * s_local * E * (3 * E // TP)
              + attention_flops(busiest_rank_pairs(B, s_local, cp, case["causal"]), heads // TP, head_dim)
              + 2.0 * B * s_local * (E // TP) * E)
     return Cost(link_bytes=(cp - 1) * kv_bytes + 2 * (TP - 1) / TP * out_bytes, flops=flops,
-                hbm_bytes=2.0 * out_bytes + 2.0 * 4 * E * E / TP, pattern="ring on cp + all_reduce on tp")
+                hbm_bytes=2.0 * out_bytes + itemsize * 4 * E * E / TP, pattern="ring on cp + all_reduce on tp")
 
 
 TESTS = (
-    Case("causal_h4", {"batch": 2, "seq": 24, "hidden": 32, "heads": 4, "causal": True, "dtype": "bfloat16"}),
-    Case("full_h8_scale", {"batch": 1, "seq": 36, "hidden": 48, "heads": 8, "causal": False, "softmax_scale": 0.3,
-                           "dtype": "bfloat16"}),
+    Case("causal_h4", {"batch": 2, "seq": 24, "hidden": 32, "heads": 4, "causal": True}, tags=("argument_value",)),
+    Case("full_h8_scale", {"batch": 1, "seq": 36, "hidden": 48, "heads": 8, "causal": False, "softmax_scale": 0.3},
+         tags=("argument_value", "odd_sizes")),
 )
 
 BENCHMARKS = ATTENTION_LAYER_BENCHMARKS
 
 UPSTREAM = (
-    Case("upstream", {"batch": 16, "seq": 16, "hidden": 512, "heads": 8, "causal": True, "dtype": "bfloat16"},
+    Case("upstream", {"batch": 16, "seq": 16, "hidden": 512, "heads": 8, "causal": True},
          note="the upstream benchmark's inputs at M = N = 1024: B = 16, 16 tokens, E = 512, 8 heads"),
 )
 

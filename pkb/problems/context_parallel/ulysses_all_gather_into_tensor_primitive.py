@@ -35,25 +35,25 @@ def cost(case, world_size):
 
 
 UPSTREAM = (
-    Case("upstream", {"rows": 1024, "rest": (1024,), "dtype": "bfloat16"},
+    Case("upstream", {"rows": 1024, "rest": (1024,)},
          note="upstream create_input_tensor at M = N = 1024: x [1024, 1024] per rank"),
 )
 
 TESTS = (
-    Case("odd_rows_bf16", {"rows": 5, "rest": (33,), "dtype": "bfloat16"}),
-    Case("one_row_3d_fp32", {"rows": 1, "rest": (3, 7), "dtype": "float32"}),
-    Case("vector_fp16", {"rows": 13, "rest": (), "dtype": "float16"}),
+    Case("odd_rows", {"rows": 5, "rest": (33,)}, tags=("odd_sizes",)),
+    Case("one_row_3d", {"rows": 1, "rest": (3, 7)}, tags=("layout", "tiny", "odd_sizes")),
+    Case("vector", {"rows": 13, "rest": ()}, tags=("layout", "odd_sizes")),
 )
 
 BENCHMARKS = (
-    Case("llama3_8b_hidden_128k", {"rows": 131072, "rows_are_global": True, "rest": (4096,), "dtype": "bfloat16"},
+    Case("llama3_8b_hidden_128k", {"rows": 131072, "rows_are_global": True, "rest": (4096,)},
          note="Llama-3-8B hidden states, 128k tokens split over the ranks"),
-    Case("llama3_70b_hidden_64k", {"rows": 65536, "rows_are_global": True, "rest": (8192,), "dtype": "bfloat16"},
+    Case("llama3_70b_hidden_64k", {"rows": 65536, "rows_are_global": True, "rest": (8192,)},
          note="Llama-3-70B hidden states, 64k tokens split over the ranks"),
 )
 
 PROBLEM = Problem(
-    name="ulysses_all_gather_into_tensor_primitive", version=2, upstream_id=34, category="context_parallel",
+    name="ulysses_all_gather_into_tensor_primitive", version=3, upstream_id=34, category="context_parallel",
     source="VeOmni / verl Ulysses all_gather_tensor", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
     benchmarks=BENCHMARKS,
     tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,

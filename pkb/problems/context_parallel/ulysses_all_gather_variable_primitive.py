@@ -75,27 +75,28 @@ def cost(case, world_size):
 
 
 UPSTREAM = (
-    Case("upstream", {"shape": (0, 1024), "gather_dim": 0, "min_len": 1024, "max_len": 1024, "dtype": "bfloat16"},
+    Case("upstream", {"shape": (0, 1024), "gather_dim": 0, "min_len": 1024, "max_len": 1024},
          note="upstream create_input_tensor at M = N = 1024: x [1024, 1024] per rank, gather_dim 0"),
 )
 
 TESTS = (
-    Case("last_dim_fp16", {"shape": (4, 0), "gather_dim": -1, "min_len": 2, "max_len": 11, "dtype": "float16"}),
-    Case("rows_with_empty_bf16", {"shape": (0, 37), "gather_dim": 0, "min_len": 0, "max_len": 9,
-                                  "empty_rank": True, "dtype": "bfloat16"}),
-    Case("middle_dim_fp32", {"shape": (3, 0, 5), "gather_dim": 1, "min_len": 1, "max_len": 6,
-                             "empty_rank": True, "dtype": "float32"}),
+    Case("last_dim", {"shape": (4, 0), "gather_dim": -1, "min_len": 2, "max_len": 11},
+         tags=("argument_value", "uneven_sizes", "odd_sizes")),
+    Case("rows_with_empty", {"shape": (0, 37), "gather_dim": 0, "min_len": 0, "max_len": 9, "empty_rank": True},
+         tags=("uneven_sizes", "empty_rank", "odd_sizes")),
+    Case("middle_dim", {"shape": (3, 0, 5), "gather_dim": 1, "min_len": 1, "max_len": 6, "empty_rank": True},
+         tags=("argument_value", "layout", "uneven_sizes", "empty_rank", "odd_sizes")),
 )
 
 BENCHMARKS = (
-    Case("llama3_8b_packed_16k", {"shape": (0, 4096), "gather_dim": 0, "min_len": 10923, "max_len": 21845,
-                                  "dtype": "bfloat16"}, note="packed sequences, 8k-22k tokens per rank"),
-    Case("llama3_70b_packed_16k", {"shape": (0, 8192), "gather_dim": 0, "min_len": 10923, "max_len": 21845,
-                                   "dtype": "bfloat16"}, note="packed sequences, 8k-22k tokens per rank"),
+    Case("llama3_8b_packed_16k", {"shape": (0, 4096), "gather_dim": 0, "min_len": 10923, "max_len": 21845},
+         note="packed sequences, 8k-22k tokens per rank"),
+    Case("llama3_70b_packed_16k", {"shape": (0, 8192), "gather_dim": 0, "min_len": 10923, "max_len": 21845},
+         note="packed sequences, 8k-22k tokens per rank"),
 )
 
 PROBLEM = Problem(
-    name="ulysses_all_gather_variable_primitive", version=2, upstream_id=35, category="context_parallel",
+    name="ulysses_all_gather_variable_primitive", version=3, upstream_id=35, category="context_parallel",
     source="VeOmni / verl Ulysses all-gather of uneven shards (sizes first, then padded data)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=Tolerance.exact(),
     reference=reference, make_inputs=make_inputs, cost=cost,

@@ -44,26 +44,29 @@ def cost(case, world_size):
 
 
 UPSTREAM = (
-    Case("upstream", {"local_shape": (1024, 1024), "scatter_dim": 0, "gather_dim": 1, "dtype": "bfloat16"},
+    Case("upstream", {"local_shape": (1024, 1024), "scatter_dim": 0, "gather_dim": 1},
          note="upstream create_input_tensor at M = N = 1024: x [1024, 1024] per rank"),
 )
 
 TESTS = (
-    Case("rows_to_cols_bf16", {"shape": (24, 40), "scatter_dim": 0, "gather_dim": 1, "dtype": "bfloat16"}),
-    Case("heads_to_seq_4d_fp32", {"shape": (3, 40, 8, 5), "scatter_dim": 2, "gather_dim": 1, "dtype": "float32"}),
-    Case("same_dim_fp16", {"shape": (2, 64, 3), "scatter_dim": 1, "gather_dim": 1, "dtype": "float16"}),
-    Case("last_to_first_bf16", {"shape": (8, 7, 24), "scatter_dim": -1, "gather_dim": 0, "dtype": "bfloat16"}),
+    Case("rows_to_cols", {"shape": (24, 40), "scatter_dim": 0, "gather_dim": 1}, tags=("odd_sizes",)),
+    Case("heads_to_seq_4d", {"shape": (3, 40, 8, 5), "scatter_dim": 2, "gather_dim": 1},
+         tags=("layout", "argument_value", "odd_sizes")),
+    Case("same_dim", {"shape": (2, 64, 3), "scatter_dim": 1, "gather_dim": 1},
+         tags=("argument_value", "layout", "odd_sizes")),
+    Case("last_to_first", {"shape": (8, 7, 24), "scatter_dim": -1, "gather_dim": 0},
+         tags=("argument_value", "layout", "odd_sizes")),
 )
 
 BENCHMARKS = (
-    Case("llama3_8b_q_128k", {"shape": (1, 131072, 32, 128), "scatter_dim": 2, "gather_dim": 1, "dtype": "bfloat16"},
+    Case("llama3_8b_q_128k", {"shape": (1, 131072, 32, 128), "scatter_dim": 2, "gather_dim": 1},
          note="Llama-3-8B query, 32 heads x 128, 128k tokens"),
-    Case("llama3_70b_q_64k", {"shape": (1, 65536, 64, 128), "scatter_dim": 2, "gather_dim": 1, "dtype": "bfloat16"},
+    Case("llama3_70b_q_64k", {"shape": (1, 65536, 64, 128), "scatter_dim": 2, "gather_dim": 1},
          note="Llama-3-70B query, 64 heads x 128, 64k tokens"),
 )
 
 PROBLEM = Problem(
-    name="ulysses_all_to_all_tensor_primitive", version=2, upstream_id=33, category="context_parallel",
+    name="ulysses_all_to_all_tensor_primitive", version=3, upstream_id=33, category="context_parallel",
     source="VeOmni / verl Ulysses all_to_all_tensor", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
     benchmarks=BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -77,19 +77,21 @@ def cost(case, world_size):
     s_local, head_dim, local_heads = S // world_size, E // heads, heads // world_size
     pairs = B * S * (causal_pairs(local_heads) if case["causal"] else local_heads**2)
     flops = 2.0 * B * s_local * E * 3 * E + 2.0 * pairs * 2 * head_dim + 2.0 * B * s_local * E * E
-    moved = 2 * B * s_local * 4 * E
+    itemsize = dtype_of(case).itemsize
+    moved = itemsize * B * s_local * 4 * E
     return Cost(link_bytes=(world_size - 1) / world_size * moved, flops=flops,
-                hbm_bytes=2.0 * (2 * B * s_local * E + 4 * E * E), pattern="all_to_all x2 + head attention")
+                hbm_bytes=itemsize * (2 * B * s_local * E + 4 * E * E), pattern="all_to_all x2 + head attention")
 
 
 UPSTREAM = (
-    Case("upstream", {"batch": 16, "seq": 16, "hidden": 512, "heads": 8, "causal": False, "dtype": "bfloat16"},
+    Case("upstream", {"batch": 16, "seq": 16, "hidden": 512, "heads": 8, "causal": False},
          note="upstream create_input_tensor at M = N = 1024: hidden [16, 16/W, 512], 8 heads x 64"),
 )
 
 TESTS = (
-    Case("causal_h8", {"batch": 2, "seq": 24, "hidden": 64, "heads": 8, "causal": True, "dtype": "bfloat16"}),
-    Case("full_h16_d4", {"batch": 1, "seq": 40, "hidden": 64, "heads": 16, "causal": False, "dtype": "bfloat16"}),
+    Case("causal_h8", {"batch": 2, "seq": 24, "hidden": 64, "heads": 8, "causal": True}, tags=("argument_value",)),
+    Case("full_h16_d4", {"batch": 1, "seq": 40, "hidden": 64, "heads": 16, "causal": False},
+         tags=("argument_value", "shape_regime", "odd_sizes")),
 )
 
 BENCHMARKS = ATTENTION_LAYER_BENCHMARKS

@@ -55,18 +55,19 @@ def cost(case, world_size):
 
 
 UPSTREAM = (
-    Case("upstream", {"batch": 16, "seq": 16, "local_heads": 8, "head_dim": 64, "dtype": "bfloat16"},
+    Case("upstream", {"batch": 16, "seq": 16, "local_heads": 8, "head_dim": 64},
          note="upstream create_input_tensor at M = N = 1024: x [16, 16, 8, 64] per rank"),
 )
 
 TESTS = (
-    Case("padded_seq_bf16", {"batch": 2, "seq": 29, "heads": 8, "head_dim": 5, "dtype": "bfloat16"}),
-    Case("exact_seq_fp32", {"batch": 1, "seq": 24, "heads": 16, "head_dim": 3, "dtype": "float32"}),
-    Case("shorter_than_world_bf16", {"batch": 3, "seq": 3, "heads": 8, "head_dim": 16, "dtype": "bfloat16"}),
+    Case("padded_seq", {"batch": 2, "seq": 29, "heads": 8, "head_dim": 5}, tags=("odd_sizes",)),
+    Case("exact_seq", {"batch": 1, "seq": 24, "heads": 16, "head_dim": 3}, tags=("shape_regime", "odd_sizes")),
+    Case("shorter_than_world", {"batch": 3, "seq": 3, "heads": 8, "head_dim": 16},
+         tags=("shape_regime", "odd_sizes")),
 )
 
 PROBLEM = Problem(
-    name="ulysses_gather_heads_scatter_seq", version=2, upstream_id=37, category="context_parallel",
+    name="ulysses_gather_heads_scatter_seq", version=3, upstream_id=37, category="context_parallel",
     source="VeOmni / verl Ulysses gather_heads_scatter_seq", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
     benchmarks=ULYSSES_RESHARD_BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -44,19 +44,20 @@ def cost(case, world_size):
 
 
 UPSTREAM = (
-    Case("upstream", {"batch": 16, "local_seq": 16, "heads": 8, "head_dim": 64, "pass_unpadded": False,
-                      "dtype": "bfloat16"}, note="upstream create_input_tensor at M = N = 1024: x [16, 16, 8, 64]"),
+    Case("upstream", {"batch": 16, "local_seq": 16, "heads": 8, "head_dim": 64, "pass_unpadded": False},
+         note="upstream create_input_tensor at M = N = 1024: x [16, 16, 8, 64]"),
 )
 
 TESTS = (
-    Case("padded_seq_bf16", {"batch": 2, "seq": 29, "heads": 8, "head_dim": 5, "dtype": "bfloat16"}),
-    Case("exact_seq_no_unpad_fp32", {"batch": 1, "seq": 24, "heads": 16, "head_dim": 3, "pass_unpadded": False,
-                                     "dtype": "float32"}),
-    Case("one_token_per_rank_bf16", {"batch": 3, "seq": 7, "heads": 8, "head_dim": 16, "dtype": "bfloat16"}),
+    Case("padded_seq", {"batch": 2, "seq": 29, "heads": 8, "head_dim": 5}, tags=("argument_value", "odd_sizes")),
+    Case("exact_seq_no_unpad", {"batch": 1, "seq": 24, "heads": 16, "head_dim": 3, "pass_unpadded": False},
+         tags=("shape_regime", "odd_sizes")),
+    Case("one_token_per_rank", {"batch": 3, "seq": 7, "heads": 8, "head_dim": 16},
+         tags=("argument_value", "shape_regime", "odd_sizes")),
 )
 
 PROBLEM = Problem(
-    name="ulysses_gather_seq_scatter_heads", version=2, upstream_id=36, category="context_parallel",
+    name="ulysses_gather_seq_scatter_heads", version=3, upstream_id=36, category="context_parallel",
     source="VeOmni / verl Ulysses gather_seq_scatter_heads", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
     benchmarks=ULYSSES_RESHARD_BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -53,25 +53,26 @@ def cost(case, world_size):
 
 
 UPSTREAM = (
-    Case("upstream", {"batch": 16, "local_seq": 16, "proj": 512, "pass_unpadded": False, "dtype": "bfloat16"},
+    Case("upstream", {"batch": 16, "local_seq": 16, "proj": 512, "pass_unpadded": False},
          note="upstream create_input_tensor at M = N = 1024: qkv [16, 16, 3*8*64] per rank"),
 )
 
 TESTS = (
-    Case("padded_seq_bf16", {"batch": 2, "seq": 29, "proj": 40, "dtype": "bfloat16"}),
-    Case("no_restore_fp32", {"batch": 1, "seq": 24, "proj": 24, "restore_shape": False, "dtype": "float32"}),
-    Case("one_token_no_unpad_bf16", {"batch": 3, "seq": 8, "proj": 56, "pass_unpadded": False, "dtype": "bfloat16"}),
+    Case("padded_seq", {"batch": 2, "seq": 29, "proj": 40}, tags=("argument_value", "odd_sizes")),
+    Case("no_restore", {"batch": 1, "seq": 24, "proj": 24, "restore_shape": False}, tags=("argument_value",)),
+    Case("one_token_no_unpad", {"batch": 3, "seq": 8, "proj": 56, "pass_unpadded": False},
+         tags=("shape_regime", "odd_sizes")),
 )
 
 BENCHMARKS = (
-    Case("llama3_8b_qkv_128k", {"batch": 1, "seq": 131072, "proj": 4096, "dtype": "bfloat16"},
+    Case("llama3_8b_qkv_128k", {"batch": 1, "seq": 131072, "proj": 4096},
          note="32 heads x 128 per projection, 128k tokens"),
-    Case("h64_qkv_64k", {"batch": 1, "seq": 65536, "proj": 8192, "dtype": "bfloat16"},
+    Case("h64_qkv_64k", {"batch": 1, "seq": 65536, "proj": 8192},
          note="64 heads x 128 per projection, 64k tokens"),
 )
 
 PROBLEM = Problem(
-    name="ulysses_gather_seq_scatter_heads_qkv", version=2, upstream_id=38, category="context_parallel",
+    name="ulysses_gather_seq_scatter_heads_qkv", version=3, upstream_id=38, category="context_parallel",
     source="VeOmni Ulysses gather_seq_scatter_heads_qkv", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
     benchmarks=BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -3,8 +3,9 @@ and the two-layer MLP that the DDP / ZeRO / FSDP training-step problems train.
 
 The MLP (upstream 40-42, 47): ``out = relu(X @ W1.T + b1) @ W2.T + b2``, loss = mean((out - y)^2)
 over the rank's local batch (``F.mse_loss``); parameters are kept in the flat order (W1 [Dh, Din],
-b1 [Dh], W2 [Do, Dh], b2 [Do]). Parameters, Adam moments and the batch share one dtype (the case's,
-bf16 upstream); the references reduce gradients and run Adam in fp32 and round each output once.
+b1 [Dh], W2 [Do, Dh], b2 [Do]). Parameters, Adam moments and the batch share one dtype (the run's
+precision, upstream's ``dtype``: bf16 by default); the references reduce gradients and run Adam in fp32
+and round each output once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pkb.problem import Tolerance, default_tolerance, randn
 
 
 def dtype_of(case, key: str = "dtype") -> torch.dtype:
+    """The run's precision as a torch dtype: the harness sets ``case["dtype"]`` on every case it hands out."""
     return getattr(torch, case[key])
 
 
@@ -98,9 +100,10 @@ ADAM_FLOPS_PER_ELEMENT = 10  # lerp 2, second moment 3, sqrt/scale/eps 3, addcdi
 ADAM_BYTES_PER_ELEMENT = 7 * 4  # read p, g, m, v and write p, m, v, all fp32
 
 
-def adam_hyperparameters(gen) -> tuple[float, float, float, float, int]:
-    """(lr, beta1, beta2, eps, step) as training uses them; the step count is drawn (bias corrections vary)."""
-    step = int(torch.randint(1, 2000, (1,), generator=gen.shared, device=gen.device))
+def adam_hyperparameters(gen, max_step: int = 2000) -> tuple[float, float, float, float, int]:
+    """(lr, beta1, beta2, eps, step) as training uses them; the step count is drawn in [1, ``max_step``], the
+    same on every rank (bias corrections vary; upstream's factory passes 1 + trial % 7, so its cases use 7)."""
+    step = int(torch.randint(1, max_step + 1, (1,), generator=gen.shared, device=gen.device))
     return 1e-3, 0.9, 0.999, 1e-8, step
 
 
@@ -181,7 +184,8 @@ def mlp_flops(d_in: int, d_hidden: int, d_out: int, batch: int) -> int:
 
 
 def mlp_dtype(case) -> torch.dtype:
-    return getattr(torch, case.get("dtype", "float32"))
+    """The dtype of the batch, the parameters and the Adam moments: the run's precision (upstream's ``dtype``)."""
+    return dtype_of(case)
 
 
 def batch_rows(case, world_size: int) -> int:
@@ -217,8 +221,7 @@ def mlp_adam_states(case, generator, device, world_size: int) -> tuple[list[torc
 
 def mlp_hyperparameters(case, gen) -> tuple[float, float, float, float, int]:
     """(lr, beta1, beta2, eps, step): upstream's values, the step drawn in [1, ``max_step``] (default 2000)."""
-    step = int(torch.randint(1, case.get("max_step", 2000) + 1, (1,), generator=gen.shared, device=gen.device))
-    return 1e-3, 0.9, 0.999, 1e-8, step
+    return adam_hyperparameters(gen, case.get("max_step", 2000))
 
 
 def mlp_tolerance(case, world_size, dtype):
@@ -256,32 +259,35 @@ def broadcast_flat(tensors, src: int = 0) -> torch.Tensor:
 
 
 def mlp_cases() -> tuple[list, list, list]:
-    """(upstream, tests, benchmarks) shared by the DDP / ZeRO / FSDP step problems.
+    """(upstream, tests, benchmarks) shared by the DDP / ZeRO / FSDP step problems; all in the run's precision.
 
-    Upstream (create_input_tensor at M = N = 1024, bf16): a 256 -> 512 -> 256 MLP (P = 262,912, a
-    multiple of 8), 1024 rows split evenly over the ranks, step 1 + trial % 7.
+    Upstream (create_input_tensor at M = N = 1024): a 256 -> 512 -> 256 MLP (P = 262,912, a multiple
+    of 8), 1024 rows split evenly over the ranks, step in [1, 7] (upstream: 1 + trial % 7).
     Tests: P is a multiple of 8, as upstream's ZeRO / FSDP references assert (P = W * shard), with odd
-    widths so the shard boundaries fall inside the tensors; fp32 and bf16.
+    widths so the shard boundaries fall inside the tensors, a few rows per rank, and steps up to 2000.
     Benchmarks: a two-layer MLP with the hidden and FFN widths of Llama-3-8B (4096 -> 14336 -> 4096,
-    117M parameters) and Llama-3-70B (8192 -> 28672 -> 8192, 470M), 4096 and 2048 tokens per rank, bf16.
+    117M parameters) and Llama-3-70B (8192 -> 28672 -> 8192, 470M), 4096 and 2048 tokens per rank.
     """
     from pkb.problem import Case
 
     upstream = [
-        Case("upstream", {"d_in": 256, "d_hidden": 512, "d_out": 256, "batch_total": 1024, "dtype": "bfloat16",
-                          "max_step": 7}, note="upstream create_input_tensor at M = N = 1024, bf16"),
+        Case("upstream", {"d_in": 256, "d_hidden": 512, "d_out": 256, "batch_total": 1024, "max_step": 7},
+             note="upstream create_input_tensor at M = N = 1024"),
     ]
+    late_step = ("argument_value",)  # Adam steps up to 2000: upstream passes 1 to 7
     tests = [
-        Case("odd_mlp_3_rows", {"d_in": 5, "d_hidden": 13, "d_out": 3, "batch_per_rank": 3}),  # P = 120
-        Case("one_row_per_rank", {"d_in": 15, "d_hidden": 31, "d_out": 9, "batch_per_rank": 1}),  # P = 784
-        Case("bf16_mlp_5_rows", {"d_in": 24, "d_hidden": 16, "d_out": 8, "batch_per_rank": 5,
-                                 "dtype": "bfloat16"}),  # P = 536
+        Case("odd_mlp_3_rows", {"d_in": 5, "d_hidden": 13, "d_out": 3, "batch_per_rank": 3},  # P = 120
+             tags=("odd_sizes", *late_step)),
+        Case("one_row_per_rank", {"d_in": 15, "d_hidden": 31, "d_out": 9, "batch_per_rank": 1},  # P = 784
+             tags=("odd_sizes", "tiny", *late_step)),
+        Case("mlp_5_rows", {"d_in": 24, "d_hidden": 16, "d_out": 8, "batch_per_rank": 5},  # P = 536
+             tags=("odd_sizes", *late_step)),
     ]
     benchmarks = [
         Case("llama3_8b_mlp_widths_4k_tokens", {"d_in": 4096, "d_hidden": 14336, "d_out": 4096,
-                                                "batch_per_rank": 4096, "dtype": "bfloat16"}),
+                                                "batch_per_rank": 4096}),
         Case("llama3_70b_mlp_widths_2k_tokens", {"d_in": 8192, "d_hidden": 28672, "d_out": 8192,
-                                                 "batch_per_rank": 2048, "dtype": "bfloat16"}),
+                                                 "batch_per_rank": 2048}),
     ]
     return upstream, tests, benchmarks
 

@@ -1,10 +1,10 @@
 """Clip the global gradient norm of an FSDP-sharded model (VeOmni FSDP2 ``clip_grad_norm``).
 
-Per rank: grad_tensors, a list of this rank's gradients (bf16; in the tests and benchmarks the
-FSDP2 ``Shard(0)`` pieces of the model's gradients, full shape [R, *rest] -> [chunk of R, *rest] split
-like ``torch.chunk``, so trailing ranks may hold fewer rows or none; in the upstream case three
-[1024, 1024] tensors per rank), max_norm (float), norm_type (float p), fsdp_group (the world group;
-None: nothing is reduced).
+Per rank: grad_tensors, a list of this rank's gradients (the run's precision, bf16 by default; in the
+tests and benchmarks the FSDP2 ``Shard(0)`` pieces of the model's gradients, full shape [R, *rest] ->
+[chunk of R, *rest] split like ``torch.chunk``, so trailing ranks may hold fewer rows or none; in the
+upstream case three [1024, 1024] tensors per rank), max_norm (float), norm_type (float p), fsdp_group
+(the world group; None: nothing is reduced).
 Reference: total_norm = (sum over fsdp_group of sum_t ||g_t||_p^p)^(1/p), each norm in fp32; if
 total_norm > max_norm, every gradient is multiplied in place by max_norm / total_norm (fp32 0-dim).
 Output: total_norm, fp32 0-dim. The clipped gradients are checked as inputs after the call.
@@ -51,29 +51,32 @@ def cost(case, world_size):
     return Cost(link_bytes=2 * (world_size - 1) / world_size * 4, flops=flops, hbm_bytes=hbm, pattern="all_reduce")
 
 
-# 5 and 3 rows: empty shards on the last ranks at W = 4 and 8. Norm ~0.3 (939 elements of std 0.01),
-# so max_norm 0.1 clips by ~3x and 1e4 never does: no case sits near the clipping threshold.
+# 5 and 3 rows: empty shards on the last ranks at W = 4 and 8; 1-D and 3-D gradients ("layout": upstream
+# passes [1024, 1024] ones). Norm ~0.3 (939 elements of std 0.01), so max_norm 0.1 clips by ~3x and 1e4
+# never does (upstream's inputs are always clipped): no case sits near the clipping threshold.
 _ODD = [[37, 19], [5], [3, 7, 11]]
 
 PROBLEM = Problem(
-    name="clip_grad_norm_no_ep", version=2, upstream_id=21, category="data_parallel",
+    name="clip_grad_norm_no_ep", version=3, upstream_id=21, category="data_parallel",
     source="VeOmni veomni/distributed/fsdp2 clip_grad_norm (FSDP2 DTensor grad-norm all-reduce + clip)",
     world_sizes=(2, 4, 8),
     upstream=[
-        Case("upstream", {"shapes": [[1024, 1024]] * 3, "sharded": False, "max_norm": 1.0, "norm_type": 2.0,
-                          "dtype": "bfloat16"}, note="three [1024, 1024] bf16 gradients per rank, clipped"),
+        Case("upstream", {"shapes": [[1024, 1024]] * 3, "sharded": False, "max_norm": 1.0, "norm_type": 2.0},
+             note="three [1024, 1024] gradients per rank, clipped"),
     ],
     tests=[
-        Case("odd_shards_l2_clipped", {"shapes": _ODD, "max_norm": 0.1, "norm_type": 2.0, "dtype": "bfloat16"}),
-        Case("odd_shards_l2_unclipped", {"shapes": _ODD, "max_norm": 1e4, "norm_type": 2.0, "dtype": "bfloat16"}),
-        Case("odd_shards_l1_fp32", {"shapes": [[9, 4], [2, 3]], "max_norm": 0.01, "norm_type": 1.0,
-                                    "dtype": "float32"}),  # L1 norm ~0.34
+        Case("odd_shards_l2_clipped", {"shapes": _ODD, "max_norm": 0.1, "norm_type": 2.0},
+             tags=("uneven_sizes", "empty_rank", "odd_sizes", "layout")),
+        Case("odd_shards_l2_unclipped", {"shapes": _ODD, "max_norm": 1e4, "norm_type": 2.0},
+             tags=("uneven_sizes", "empty_rank", "odd_sizes", "layout", "argument_value")),
+        Case("odd_shards_l1", {"shapes": [[9, 4], [2, 3]], "max_norm": 0.01, "norm_type": 1.0},  # L1 norm ~0.34
+             tags=("uneven_sizes", "odd_sizes", "argument_value")),
     ],
     benchmarks=[
         Case("llama3_70b_layer_fsdp", {"shapes": llama_layer_shapes(8192, 1024, 28672), "max_norm": 1.0,
-                                       "norm_type": 2.0, "dtype": "bfloat16"}),
+                                       "norm_type": 2.0}),
         Case("llama3_8b_layer_fsdp", {"shapes": llama_layer_shapes(4096, 1024, 14336), "max_norm": 1.0,
-                                      "norm_type": 2.0, "dtype": "bfloat16"}),
+                                      "norm_type": 2.0}),
     ],
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -2,8 +2,8 @@
 
 Per rank: X_local [B, Din], y_local [B, Do] (this rank's batch); W1 [Dh, Din], b1 [Dh], W2 [Do, Dh],
 b2 [Do] and their Adam moments exp_avg_* and exp_avg_sq_* (distinct per rank: rank 0's are the
-model and optimizer state); all in one dtype (bf16 upstream); lr, beta1, beta2, eps (floats), step
-(int, the step being taken, >= 1).
+model and optimizer state); all in one dtype (the run's precision, bf16 by default); lr, beta1,
+beta2, eps (floats), step (int, the step being taken, >= 1).
 Reference (MLP and Adam in ``_common``): broadcast the parameters, the exp_avg and the exp_avg_sq
 from rank 0, each flattened into one buffer (DDP's module sync; the upstream syncs the moments too);
 forward and hand-written backward of mean((relu(X W1^T + b1) W2^T + b2 - y)^2) on the local batch;
@@ -18,7 +18,7 @@ Cost per rank, P parameters of b bytes: link bytes 3*P*b (three broadcasts, nccl
 buffer once) + 2(W-1)/W * P*b (gradient all-reduce; the reference reduces in fp32, a kernel may
 reduce in the parameters' dtype as the upstream does); flops 6*B*(Din*Dh + Dh*Do) (forward and
 backward GEMMs) + 10P (Adam); HBM b*(B(Din + Do) + P + 7P) (batch, weights, Adam's reads and writes).
-Upstream case: 256 -> 512 -> 256 (P = 262,912), 1024/W rows per rank, bf16. Benchmarks: ``_common.mlp_cases``.
+Upstream case: 256 -> 512 -> 256 (P = 262,912), 1024/W rows per rank, step 1 to 7. Benchmarks: ``_common.mlp_cases``.
 """
 
 import torch
@@ -63,7 +63,7 @@ def cost(case, world_size):
 _UPSTREAM, _TESTS, _BENCHMARKS = mlp_cases()
 
 PROBLEM = Problem(
-    name="ddp", version=2, upstream_id=40, category="data_parallel",
+    name="ddp", version=3, upstream_id=40, category="data_parallel",
     source="PyTorch DistributedDataParallel step (rank-0 parameter broadcast, bucketed gradient all-reduce "
            "average) + torch.optim.Adam",
     world_sizes=(2, 4, 8), upstream=_UPSTREAM, tests=_TESTS, benchmarks=_BENCHMARKS, tolerance=mlp_tolerance,

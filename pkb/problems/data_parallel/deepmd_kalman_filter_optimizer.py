@@ -83,9 +83,10 @@ PROBLEM = Problem(
              note="8 blocks of 1024 fp64 weights per rank, each with its [1024, 1024] covariance"),
     ],
     tests=[
-        Case("uneven_blocks", {"block_sizes": [7, 3, 11], "kalman_lambda": 0.98}),
-        Case("one_scalar_block", {"block_sizes": [1], "kalman_lambda": 0.995}),
-        Case("two_equal_blocks", {"block_sizes": [5, 5], "kalman_lambda": 0.98}),
+        Case("uneven_blocks", {"block_sizes": [7, 3, 11], "kalman_lambda": 0.98}, tags=("odd_sizes",)),
+        Case("one_scalar_block", {"block_sizes": [1], "kalman_lambda": 0.995},
+             tags=("tiny", "argument_value")),  # lambda 0.995: upstream passes 0.98
+        Case("two_equal_blocks", {"block_sizes": [5, 5], "kalman_lambda": 0.98}, tags=("odd_sizes",)),
     ],
     benchmarks=[
         Case("deepmd_kf_block5120_4_per_rank", {"block_sizes": [5120] * 4, "kalman_lambda": 0.98}),

@@ -80,11 +80,12 @@ PROBLEM = Problem(
     ],
     tests=[
         Case("uneven_rows", {"masked_patches": 9, "spread": 6, "prototypes": 33, "teacher_temp": 0.07,
-                             "n_iterations": 3}),
+                             "n_iterations": 3}, tags=("uneven_sizes", "odd_sizes")),
         Case("empty_rank_one_iteration", {"masked_patches": 3, "spread": 3, "prototypes": 17, "teacher_temp": 0.04,
-                                          "n_iterations": 1}),
+                                          "n_iterations": 1},
+             tags=("uneven_sizes", "empty_rank", "odd_sizes", "argument_value")),  # upstream: temp 0.07, 3 iterations
         Case("one_row_five_iterations", {"masked_patches": 1, "spread": 0, "prototypes": 64, "teacher_temp": 0.07,
-                                         "n_iterations": 5}),
+                                         "n_iterations": 5}, tags=("tiny", "argument_value")),
     ],
     benchmarks=[
         Case("dinov2_vitl14_ibot_65536", {"masked_patches": 4915, "spread": 400, "prototypes": 65536,

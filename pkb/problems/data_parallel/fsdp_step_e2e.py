@@ -5,7 +5,7 @@ Per rank: X_local [B, Din], y_local [B, Do] (this rank's batch); flat_param_shar
 of the flat parameter: W1 [Dh, Din], b1 [Dh], W2 [Do, Dh], b2 [Do] flattened in order, P elements,
 P a multiple of W as the upstream asserts, S = P/W); param_shapes (the four shapes, a tuple of
 tuples, in that order); exp_avg_shard, exp_avg_sq_shard [S] (AdamW moments of the shard); all in one
-dtype (bf16 upstream); lr, beta1, beta2, eps, weight_decay (floats), step (int >= 1).
+dtype (the run's precision, bf16 by default); lr, beta1, beta2, eps, weight_decay (floats), step (int >= 1).
 Reference: all-gather the shards into the flat [P] and view W1..b2 in it; forward and hand-written
 backward of the ``_common`` MLP (ReLU, mean-squared error) on the local batch; reduce-scatter (sum)
 the flat gradient and divide by W (FSDP's gradient average); torch.optim.AdamW (decoupled weight
@@ -19,7 +19,7 @@ Tolerance: relative (``_common.mlp_tolerance``).
 Cost per rank, P parameters of b bytes, S = P/W: link bytes (W-1)/W * P*b (all-gather) + (W-1)/W *
 P*b (reduce-scatter; the reference reduces in fp32, a kernel may reduce in the parameters' dtype as
 the upstream does); flops 6*B*(Din*Dh + Dh*Do) + 10S (+2S weight decay); HBM b*(B(Din + Do) + P + 7S).
-Upstream case: 256 -> 512 -> 256 (P = 262,912), 1024/W rows per rank, bf16, weight decay 0.01.
+Upstream case: 256 -> 512 -> 256 (P = 262,912), 1024/W rows per rank, step 1 to 7, weight decay 0.01.
 Benchmarks: ``_common.mlp_cases``.
 """
 
@@ -69,7 +69,7 @@ def cost(case, world_size):
 _UPSTREAM, _TESTS, _BENCHMARKS = mlp_cases()
 
 PROBLEM = Problem(
-    name="fsdp_step_e2e", version=2, upstream_id=47, category="data_parallel",
+    name="fsdp_step_e2e", version=3, upstream_id=47, category="data_parallel",
     source="PyTorch FSDP FlatParameter FULL_SHARD step (all-gather, backward, reduce-scatter average) + "
            "torch.optim.AdamW",
     world_sizes=(2, 4, 8), upstream=_UPSTREAM, tests=_TESTS, benchmarks=_BENCHMARKS, tolerance=mlp_tolerance,

@@ -1,25 +1,28 @@
 """Block-int8 quantized gradient averaging (DeepSpeed ZeRO++ qgZ-style): every rank quantizes its
 gradient to int8 per block, and all ranks end with the mean of the dequantized gradients.
 
-Per rank: flat_grad [n] bf16 (this rank's gradient, random and distinct per rank), block_size (int).
+Per rank: flat_grad [n] (the run's precision, bf16 by default; this rank's gradient, random and
+distinct per rank), block_size (int).
 Quantization of one rank's gradient, in fp32: blocks of block_size consecutive elements (the last one
 may be shorter); scale = max |g| over the block / 127; q = clamp(round_half_to_even(g / scale),
 -127, 127) as int8 (q = 0 in an all-zero block, whose scale is 0); dequantized value q * scale.
-Output: [n] bf16 = (sum over ranks of the dequantized fp32 values) / W, rounded once.
+Output: [n] in flat_grad's dtype = (sum over ranks of the dequantized fp32 values) / W, rounded once.
 The reference all-reduces the dequantized fp32 values; a kernel may instead ship the int8 codes and
 fp32 scales (that is qgZ's point) as long as it reproduces this rounding. A test case holds an
 all-zero block. Gradients are N(0, 1) (quantization is scale-invariant, and unit values keep the
 tolerance readable), with no knife edge in the rounding: in every block the largest magnitude is set
 to 127 * 2^k (k the smallest that keeps it the largest), so the scale is exactly 2^k and g / scale is
 exact however a kernel computes it (division or reciprocal), and an element whose quotient lands
-exactly on a half-integer moves to its bf16 neighbour toward zero. Tolerance: rtol 2^-7 (one bf16 rounding that falls the other way after another fp32
-summation order) and atol 1e-5 (fp32 cancellation near zero); a code off by one moves an element by
-max|g|/127/W (about 0.01 at W = 2), more than that allows for all but the largest elements.
+exactly on a half-integer moves to its neighbour toward zero in flat_grad's dtype. Tolerance: rtol
+2^-m for a dtype of m mantissa bits (2^-7 bf16, 2^-10 fp16, 2^-23 fp32: one rounding that falls the
+other way after another fp32 summation order) and atol 1e-5 (fp32 cancellation near zero); a code
+off by one moves an element by max|g|/127/W (about 0.01 at W = 2), more than that allows for all but
+the largest bf16 elements.
 
 Cost per rank (what a compressed kernel must move, not the reference's fp32 traffic): a reduce-scatter
-of the codes and scales, (W-1)/W * (n + 4*ceil(n/block_size)) bytes, then an all-gather of the bf16
-result, (W-1)/W * 2n; flops about 5n (absmax, divide, round, multiply, accumulate); HBM 2n read + 2n
-written.
+of the codes and scales, (W-1)/W * (n + 4*ceil(n/block_size)) bytes, then an all-gather of the result
+(b bytes per element), (W-1)/W * bn; flops about 5n (absmax, divide, round, multiply, accumulate); HBM
+bn read + bn written.
 
 Benchmarks: the gradients of one Llama-3-70B decoder layer (855,654,400 elements) and of one
 Llama-3-8B decoder layer (218,112,000), block 128 (the upstream setting) and 2048 (a coarser grouping).
@@ -29,17 +32,21 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
+from pkb.problems.data_parallel._common import dtype_of
+
+MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}
 
 
 def without_rounding_ties(flat_grad: torch.Tensor, block_size: int) -> torch.Tensor:
-    """bf16 [n]: each block's largest |g| raised to 127 * 2^k (a power-of-two scale, so every quotient
-    g / scale is exact), and quotients on exactly x.5 moved to the bf16 neighbour toward zero."""
+    """[n] in flat_grad's dtype: each block's largest |g| raised to 127 * 2^k (a power-of-two scale, so every
+    quotient g / scale is exact), and quotients on exactly x.5 moved to the neighbour toward zero."""
+    dtype = flat_grad.dtype
     numel = flat_grad.numel()
     blocks = torch.nn.functional.pad(flat_grad.float(), (0, -numel % block_size)).view(-1, block_size)
     amax, where = blocks.abs().max(dim=1, keepdim=True)
     scale = torch.exp2(torch.ceil(torch.log2(amax.clamp(min=1e-30) / 127.0)))
     peak = torch.where(blocks.gather(1, where) < 0, -127.0, 127.0) * scale
-    blocks = blocks.scatter(1, where, torch.where(amax > 0, peak, 0.0)).to(torch.bfloat16)
+    blocks = blocks.scatter(1, where, torch.where(amax > 0, peak, 0.0)).to(dtype)
     quotient = blocks.float() / scale
     tie = (quotient - quotient.trunc()).abs() == 0.5
     toward_zero = torch.nextafter(blocks, torch.zeros_like(blocks))
@@ -47,7 +54,7 @@ def without_rounding_ties(flat_grad: torch.Tensor, block_size: int) -> torch.Ten
 
 
 def make_inputs(case, rank, world_size, gen):
-    flat_grad = randn(gen, case["numel"], dtype=torch.bfloat16)
+    flat_grad = randn(gen, case["numel"], dtype=dtype_of(case))
     zero_block = case.get("zero_block")
     if zero_block is not None:
         block = case["block_size"]
@@ -76,26 +83,32 @@ def cost(case, world_size):
     numel = case["numel"]
     num_blocks = -(-numel // case["block_size"])
     fraction = (world_size - 1) / world_size
-    return Cost(link_bytes=fraction * (numel + 4 * num_blocks) + fraction * 2 * numel, flops=5 * numel,
-                hbm_bytes=4 * numel, pattern="reduce_scatter+all_gather")
+    itemsize = dtype_of(case).itemsize
+    return Cost(link_bytes=fraction * (numel + 4 * num_blocks) + fraction * itemsize * numel, flops=5 * numel,
+                hbm_bytes=2 * itemsize * numel, pattern="reduce_scatter+all_gather")
+
+
+def tolerance(case, world_size, dtype):
+    return Tolerance(atol=1e-5, rtol=2.0**-MANTISSA_BITS[dtype])
 
 
 PROBLEM = Problem(
-    name="quantized_grad_allreduce", version=2, upstream_id=44, category="data_parallel",
+    name="quantized_grad_allreduce", version=3, upstream_id=44, category="data_parallel",
     source="DeepSpeed ZeRO++ qgZ (block-wise int8 quantized gradient reduction)",
     world_sizes=(2, 4, 8),
     upstream=[
         Case("upstream", {"numel": 1024 * 1024, "block_size": 128}, note="a 1M-element bf16 gradient, block 128"),
     ],
     tests=[
-        Case("partial_last_block", {"numel": 1000, "block_size": 128}),
-        Case("tiny_blocks_with_zero_block", {"numel": 29, "block_size": 4, "zero_block": 2}),
-        Case("one_short_block", {"numel": 5, "block_size": 128}),
+        Case("partial_last_block", {"numel": 1000, "block_size": 128}, tags=("odd_sizes",)),
+        Case("tiny_blocks_with_zero_block", {"numel": 29, "block_size": 4, "zero_block": 2},
+             tags=("odd_sizes", "argument_value", "special_values")),  # block 4 (upstream: 128), an all-zero block
+        Case("one_short_block", {"numel": 5, "block_size": 128}, tags=("tiny", "odd_sizes")),
     ],
     benchmarks=[
         Case("llama3_70b_layer_grads_block128", {"numel": 855_654_400, "block_size": 128}),
         Case("llama3_8b_layer_grads_block128", {"numel": 218_112_000, "block_size": 128}),
         Case("llama3_8b_layer_grads_block2048", {"numel": 218_112_000, "block_size": 2048}),
     ],
-    tolerance=Tolerance(atol=1e-5, rtol=2**-7), reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -3,7 +3,7 @@ Adam on this rank's 1/W of the flat parameters with its sharded moments, all-gat
 
 Per rank: X_local [B, Din], y_local [B, Do] (this rank's batch); W1 [Dh, Din], b1 [Dh], W2 [Do, Dh],
 b2 [Do] (distinct per rank: rank 0's are the model); exp_avg_part, exp_avg_sq_part [S] (Adam moments
-of this rank's partition, S = P/W, layout in ``_zero``); all in one dtype (bf16 upstream);
+of this rank's partition, S = P/W, layout in ``_zero``); all in one dtype (the run's precision, bf16 by default);
 lr, beta1, beta2, eps (floats), step (int >= 1).
 Reference: broadcast the flat parameters [P] from rank 0; forward and hand-written backward of the
 ``_common`` MLP (ReLU, mean-squared error) on the local batch; all-reduce (sum) the flat gradient
@@ -17,7 +17,7 @@ Cost per rank, P parameters of b bytes, S = P/W: link bytes P*b (broadcast, coun
 nccl-tests does) + 2(W-1)/W * P*b (all-reduce) + (W-1)/W * P*b (all-gather); flops
 6*B*(Din*Dh + Dh*Do) + 10S; HBM b*(B(Din + Do) + P + 7S). The reference reduces in fp32; a kernel
 may reduce in the parameters' dtype, as the upstream does.
-Upstream case: 256 -> 512 -> 256 (P = 262,912), 1024/W rows per rank, bf16. Benchmarks: ``_common.mlp_cases``.
+Upstream case: 256 -> 512 -> 256 (P = 262,912), 1024/W rows per rank, step 1 to 7. Benchmarks: ``_common.mlp_cases``.
 """
 
 import torch
@@ -59,7 +59,7 @@ def cost(case, world_size):
 _UPSTREAM, _TESTS, _BENCHMARKS = mlp_cases()
 
 PROBLEM = Problem(
-    name="zero1_optimizer_shard", version=2, upstream_id=41, category="data_parallel",
+    name="zero1_optimizer_shard", version=3, upstream_id=41, category="data_parallel",
     source="DeepSpeed ZeRO stage 1 (DeepSpeedZeroOptimizer: averaged all-reduce, partitioned Adam, all-gather)",
     world_sizes=(2, 4, 8), upstream=_UPSTREAM, tests=_TESTS, benchmarks=_BENCHMARKS, tolerance=mlp_tolerance,
     reference=reference, make_inputs=make_inputs, cost=cost,

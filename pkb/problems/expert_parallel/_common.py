@@ -7,7 +7,10 @@ exactly:
   uniform splits that did not follow the routing);
 - ``skew=True`` gives the last (EP) rank's experts almost every token and rank 0's experts none,
   so one rank receives (nearly) everything and one receives nothing;
-- a case may name an ``empty_rank`` that holds no tokens at all and so sends nothing.
+- a case may name an ``empty_rank`` that holds no tokens at all and so sends nothing;
+- ``balanced=True`` gives every expert exactly T*k/E of each rank's tokens (the upstream cases of the
+  dispatch and combine problems: upstream's split sizes and per-expert counts are equal on every rank,
+  and here they are equal and also follow the routing).
 """
 
 from __future__ import annotations
@@ -61,6 +64,36 @@ def draw_selected_experts(gen_shared: torch.Generator, tokens: list[int], num_ex
     return selected
 
 
+def draw_balanced_experts(gen: torch.Generator, num_tokens: int, num_experts: int, top_k: int) -> torch.Tensor:
+    """``selected_experts`` [T, k] int64 with k distinct experts per token and every expert chosen by exactly
+    T*k/E tokens: a random arrangement of that multiset, then each repeated expert in a row swapped with
+    a random slot of another row that takes it without a repeat on either side.
+
+    Example: T=1024, k=2, E=8  ->  every expert holds 256 of the 2048 (token, choice) slots.
+    """
+    if (num_tokens * top_k) % num_experts or top_k > num_experts:
+        raise ValueError(f"balanced routing needs E | T*k and k <= E, got T={num_tokens} k={top_k} E={num_experts}")
+    device = gen.device
+    slots = torch.arange(num_experts, device=device).repeat_interleave(num_tokens * top_k // num_experts)
+    selected = slots[torch.randperm(slots.numel(), generator=gen, device=device)].view(num_tokens, top_k)
+    ordered = selected.sort(dim=1).values
+    repeating = (ordered[:, 1:] == ordered[:, :-1]).any(dim=1).nonzero().view(-1).tolist()
+    for row in repeating:  # a swap below never gives the other row a repeat
+        for col in range(1, top_k):
+            expert = selected[row, col]
+            if not bool((selected[row, :col] == expert).any()):
+                continue
+            # another row without this expert, and a slot there whose expert this row lacks
+            fits = ~(selected == expert).any(dim=1, keepdim=True) & ~torch.isin(selected, selected[row])
+            candidates = fits.view(-1).nonzero().view(-1)
+            if candidates.numel() == 0:
+                raise RuntimeError(f"no balanced routing found for T={num_tokens} k={top_k} E={num_experts}")
+            pick = int(candidates[torch.randint(0, candidates.numel(), (1,), generator=gen, device=device)])
+            other_row, other_col = divmod(pick, top_k)
+            selected[row, col], selected[other_row, other_col] = selected[other_row, other_col].clone(), expert.clone()
+    return selected
+
+
 def token_counts(selected: list[torch.Tensor], num_experts: int) -> torch.Tensor:
     """[W, E] int64: tokens rank s routes to expert e."""
     return torch.stack([torch.bincount(s.reshape(-1), minlength=num_experts) for s in selected])
@@ -106,7 +139,11 @@ def routed_case(case, rank: int, world_size: int, gen):
     """Routing of every rank for a dispatch/combine case: (tokens, selected_all, input_splits,
     output_splits, num_global_tokens_per_local_expert) with ``rank``'s split sizes."""
     tokens = tokens_per_rank(case, world_size)
-    selected = draw_selected_experts(gen.shared, tokens, case["experts"], case["top_k"], world_size,
-                                     case.get("skew", False))
+    if case.get("balanced"):
+        selected = [draw_balanced_experts(gen.shared, num_tokens, case["experts"], case["top_k"])
+                    for num_tokens in tokens]
+    else:
+        selected = draw_selected_experts(gen.shared, tokens, case["experts"], case["top_k"], world_size,
+                                         case.get("skew", False))
     input_splits, output_splits, per_local = split_sizes(token_counts(selected, case["experts"]), rank)
     return tokens, selected, input_splits, output_splits, per_local

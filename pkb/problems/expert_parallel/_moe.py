@@ -8,10 +8,13 @@ One forward (VeOmni MoE layer, the upstream benchmark's layout): router -> split
     y(x) = down_proj( silu(gate_proj(x)) * up_proj(x) )                this rank's MLP (nn.Linear, with bias)
     out[t] = sum_j routing_weights[t, j] * y_{rank of expert selected_experts[t, j]}(hidden[t])   [T, H]
 
-Argument kinds follow the upstream: gate_proj, up_proj [I <- H] and down_proj [H <- I] are
-``nn.Linear`` modules, one set per rank that all of the rank's local experts share (so an expert's
-output depends on the rank holding it, not on which of its local experts it is); with LoRA, six
-adapter tensors (gate/up A [r, H], B [I, r]; down A [r, I], B [H, r]) added to the three
+Precision: hidden_states, the router, the modules and the adapters are in the run's precision (bf16
+by default), as upstream's factory builds them; the output has the tokens' dtype.
+
+Argument kinds follow the upstream (the argument list ends with group=None, as upstream passes it):
+gate_proj, up_proj [I <- H] and down_proj [H <- I] are ``nn.Linear`` modules, one set per rank that
+all of the rank's local experts share (so an expert's output depends on the rank holding it, not on
+which of its local experts it is); with LoRA, six adapter tensors (gate/up A [r, H], B [I, r]; down A [r, I], B [H, r]) added to the three
 projections, likewise shared. Every rank's modules and adapters are drawn from its own generator, so
 a token sent to the wrong rank gets a different answer.
 
@@ -132,10 +135,11 @@ def expert_inputs(case, gen, lora_rank: int = 0) -> tuple:
 
 def layer_inputs(case, rank: int, world_size: int, gen, num_experts: int, top_k: int, ep_size: int,
                  lora_rank: int = 0) -> tuple:
-    """The whole argument list of the layer for ``rank`` (its EP group has ``ep_size`` ranks)."""
+    """The whole argument list of the layer for ``rank`` (its EP group has ``ep_size`` ranks), ending with
+    group=None as upstream passes it."""
     num_tokens = tokens_per_rank(case, world_size)[rank]
     hidden_states, gate_weight, gate_bias = router_inputs(case, num_tokens, num_experts, top_k, ep_size, gen)
-    return (hidden_states, gate_weight, gate_bias, *expert_inputs(case, gen, lora_rank), num_experts, top_k)
+    return (hidden_states, gate_weight, gate_bias, *expert_inputs(case, gen, lora_rank), num_experts, top_k, None)
 
 
 # -- the forward ----------------------------------------------------------------------------------------

@@ -63,9 +63,9 @@ UPSTREAM = (Case("upstream", {"shard": 4096, "history": 16},
                  note="the upstream factory: flat_param_shard [4096] bf16, amax_history [16] bf16"),)
 
 TESTS = (
-    Case("odd_shard37", {"shard": 37, "history": 16}),
-    Case("shard1_history3", {"shard": 1, "history": 3}),
-    Case("shard500_history16", {"shard": 500, "history": 16}),
+    Case("odd_shard37", {"shard": 37, "history": 16}, tags=("odd_sizes",)),
+    Case("shard1_history3", {"shard": 1, "history": 3}, tags=("tiny", "odd_sizes")),
+    Case("shard500_history16", {"shard": 500, "history": 16}, tags=("odd_sizes",)),
 )
 
 BENCHMARKS = (

@@ -73,9 +73,9 @@ UPSTREAM = (Case("upstream", {"shard": 4096, "history": 16},
                  note="the upstream factory: flat_grads [4096*W] bf16, amax_history [16] bf16"),)
 
 TESTS = (
-    Case("odd_shard37", {"shard": 37, "history": 16}),
-    Case("shard1_history3", {"shard": 1, "history": 3}),
-    Case("shard300_history16", {"shard": 300, "history": 16}),
+    Case("odd_shard37", {"shard": 37, "history": 16}, tags=("odd_sizes",)),
+    Case("shard1_history3", {"shard": 1, "history": 3}, tags=("tiny", "odd_sizes")),
+    Case("shard300_history16", {"shard": 300, "history": 16}, tags=("odd_sizes",)),
 )
 
 BENCHMARKS = (

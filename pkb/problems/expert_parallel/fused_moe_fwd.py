@@ -1,10 +1,11 @@
 """Expert-parallel MoE forward: router, dispatch all-to-all, SwiGLU MLP, combine all-to-all (VeOmni MoE layer).
 
 Per rank r (EP over all W ranks; E experts, E % W == 0, rank r holds experts [r*E/W, (r+1)*E/W)):
-  hidden_states [T_r, H] bf16 (distinct per rank); gate_weight [E, H], gate_bias [E] bf16 (router,
-  replicated); gate_proj, up_proj nn.Linear(H -> I) and down_proj nn.Linear(I -> H) bf16 with bias
-  (r's MLP, shared by its local experts, distinct per rank); num_experts E; top_k k
-->  [T_r, H] bf16: each token's top-k softmax router weights (not renormalised) times the MLP
+  hidden_states [T_r, H] (distinct per rank); gate_weight [E, H], gate_bias [E] (router,
+  replicated); gate_proj, up_proj nn.Linear(H -> I) and down_proj nn.Linear(I -> H) with bias
+  (r's MLP, shared by its local experts, distinct per rank), all in the run's precision (bf16 by
+  default); num_experts E; top_k k; group None
+->  [T_r, H] in the tokens' dtype: each token's top-k softmax router weights (not renormalised) times the MLP
 outputs of the ranks holding those experts, summed. The math, the fp32 policy, the tie rule and
 the skew construction are in _moe.py. Tokens of one rank need the MLPs of the others, so no rank can
 answer alone.
@@ -41,15 +42,17 @@ def cost(case, world_size):
 
 UPSTREAM = (
     Case("upstream", {"tokens": 1024, "experts": 8, "top_k": 2, "hidden": 1024, "intermediate": 128},
-         note="the upstream factory's defaults: [1024, 1024] bf16 tokens, 8 experts, top-2, nn.Linear 1024 <-> 128"),
+         note="the upstream factory's defaults: [1024, 1024] tokens, 8 experts, top-2, nn.Linear 1024 <-> 128"),
 )
 
 TESTS = (
     Case("uneven_tokens_top3", {"tokens": 7, "tokens_step": 3, "experts": 8, "top_k": 3, "hidden": 24,
-                                "intermediate": 10}, note="a different token count on every rank"),
+                                "intermediate": 10}, note="a different token count on every rank",
+         tags=("uneven_sizes", "odd_sizes", "argument_value")),
     Case("skewed_with_empty_rank", {"tokens": 9, "empty_rank": 1, "experts": 16, "top_k": 2, "hidden": 20,
                                     "intermediate": 6, "skew": True},
-         note="rank 1 holds no tokens; the last rank's experts get nearly every token, rank 0's none"),
+         note="rank 1 holds no tokens; the last rank's experts get nearly every token, rank 0's none",
+         tags=("skewed", "empty_rank", "argument_value")),
 )
 
 _DEEPSEEK_V3 = {"experts": 256, "top_k": 8, "hidden": 7168, "intermediate": 2048}
@@ -67,7 +70,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="fused_moe_fwd", version=2, upstream_id=31, category="expert_parallel",
+    name="fused_moe_fwd", version=3, upstream_id=31, category="expert_parallel",
     source="VeOmni MoE layer forward (router -> preprocess -> token_pre_all2all -> SwiGLU MLP -> "
            "tokens_post_all2all)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,

@@ -1,11 +1,11 @@
 """Expert-parallel MoE forward whose MLP carries LoRA adapters (VeOmni MoE layer with LoRA experts).
 
 Per rank r (EP over all W ranks; E experts, E % W == 0, rank r holds experts [r*E/W, (r+1)*E/W)), as
-fused_moe_fwd plus six LoRA factors of rank R (bf16, r's own, shared by its local experts like its
+fused_moe_fwd plus six LoRA factors of rank R (in the run's precision, r's own, shared by its local experts like its
 nn.Linear MLP):
   lora_gate_A [R, H], lora_gate_B [I, R], lora_up_A [R, H], lora_up_B [I, R],
   lora_down_A [R, I], lora_down_B [H, R]
-->  [T_r, H] bf16, where the MLP of rank r computes
+->  [T_r, H] in the tokens' dtype, where the MLP of rank r computes
     gate = gate_proj(x) + (x A_g.T) B_g.T,  up likewise,  h = silu(gate) * up,
     y = down_proj(h) + (h A_d.T) B_d.T
 (the LoRA scale is folded into B). The LoRA path is sized to change the output by about half the
@@ -43,16 +43,18 @@ def cost(case, world_size):
 UPSTREAM = (
     Case("upstream", {"tokens": 1024, "experts": 8, "top_k": 2, "hidden": 1024, "intermediate": 128,
                       "lora_rank": 8},
-         note="the upstream factory's defaults: [1024, 1024] bf16 tokens, 8 experts, top-2, nn.Linear 1024 <-> 128, "
+         note="the upstream factory's defaults: [1024, 1024] tokens, 8 experts, top-2, nn.Linear 1024 <-> 128, "
               "LoRA rank 8"),
 )
 
 TESTS = (
     Case("uneven_tokens_rank3", {"tokens": 8, "tokens_step": 3, "experts": 8, "top_k": 3, "hidden": 24,
-                                 "intermediate": 10, "lora_rank": 3}, note="a different token count on every rank"),
+                                 "intermediate": 10, "lora_rank": 3}, note="a different token count on every rank",
+         tags=("uneven_sizes", "odd_sizes", "argument_value")),
     Case("skewed_with_empty_rank", {"tokens": 9, "empty_rank": 1, "experts": 16, "top_k": 2, "hidden": 20,
                                     "intermediate": 6, "lora_rank": 2, "skew": True},
-         note="rank 1 holds no tokens; the last rank's experts get nearly every token, rank 0's none"),
+         note="rank 1 holds no tokens; the last rank's experts get nearly every token, rank 0's none",
+         tags=("skewed", "empty_rank", "argument_value")),
 )
 
 BENCHMARKS = (
@@ -65,7 +67,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="fused_moe_fwd_lora", version=2, upstream_id=32, category="expert_parallel",
+    name="fused_moe_fwd_lora", version=3, upstream_id=32, category="expert_parallel",
     source="VeOmni MoE layer forward with LoRA experts (EPGroupGemm with LoRA)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
     reference=reference, make_inputs=make_inputs, cost=cost,

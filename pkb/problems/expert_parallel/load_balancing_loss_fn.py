@@ -109,10 +109,10 @@ def cost(case, world_size):
 
 TESTS = (
     Case("uneven_tokens_top2", {"seq": 37, "seq_step": 6, "experts": 8, "top_k": 2},
-         note="a different odd token count on every rank"),
+         note="a different odd token count on every rank", tags=("uneven_sizes", "odd_sizes")),
     Case("padded_two_layers", {"layers": 2, "batch": 3, "seq": 7, "experts": 6, "top_k": 2, "padded": True},
-         note="two layers' logits and right padding of random length"),
-    Case("top5_of_16", {"seq": 19, "experts": 16, "top_k": 5}),
+         note="two layers' logits and right padding of random length", tags=("argument_value", "odd_sizes")),
+    Case("top5_of_16", {"seq": 19, "experts": 16, "top_k": 5}, tags=("argument_value", "odd_sizes")),
 )
 
 BENCHMARKS = (

@@ -1,10 +1,11 @@
 """Token all-to-all with explicit, uneven split sizes (VeOmni MoE ``all_to_all``).
 
-Per rank r: local_tensor [sum(input_split_sizes), H]; input_split_sizes[d] rows go to rank d (in
-order); output_split_sizes[s] rows arrive from rank s  ->  [sum(output_split_sizes), H], the rows
-from rank 0 first, then rank 1, ... (bit-exact). With both split lists None every rank sends
-rows/W rows to every rank. The split lists of all ranks agree: output_split_sizes[s] on rank r ==
-input_split_sizes[r] on rank s.
+Per rank r: local_tensor [sum(input_split_sizes), H] (the run's precision, bf16 by default);
+input_split_sizes[d] rows go to rank d (in order); output_split_sizes[s] rows arrive from rank s;
+group None  ->  [sum(output_split_sizes), H], the rows from rank 0 first, then rank 1, ... (bit-exact).
+With both split lists None (a value upstream never passes; a test and the benchmarks do) every rank
+sends rows/W rows to every rank. The split lists of all ranks agree: output_split_sizes[s] on rank r
+== input_split_sizes[r] on rank s.
 
 Inputs: the W x W split matrix is drawn from ``gen.shared`` (rank r sends row r and receives column r);
 tests include an empty split, a rank that sends nothing and a rank that receives everything. The
@@ -59,11 +60,11 @@ def make_inputs(case, rank, world_size, gen):
     matrix = split_matrix(case, world_size, gen.shared)
     if matrix is None:
         rows = case["rows"] // world_size * world_size
-        return (randn(gen, rows, case["hidden"], dtype=dtype_of(case)),)
+        return randn(gen, rows, case["hidden"], dtype=dtype_of(case)), None, None, None
     input_splits = matrix[rank]
     output_splits = [matrix[src][rank] for src in range(world_size)]
     local_tensor = randn(gen, sum(input_splits), case["hidden"], dtype=dtype_of(case))
-    return local_tensor, input_splits, output_splits
+    return local_tensor, input_splits, output_splits, None
 
 
 def reference(local_tensor, input_split_sizes=None, output_split_sizes=None, group=None):
@@ -95,11 +96,12 @@ UPSTREAM = (
 )
 
 TESTS = (
-    Case("random_splits_with_zeros", {"rows": 11, "hidden": 33, "splits": "random", "dtype": "bfloat16"}),
-    Case("skewed_one_sends_nothing_last_gets_all", {"rows": 9, "hidden": 17, "splits": "skewed",
-                                                     "dtype": "float32"}),
-    Case("equal_splits_none", {"rows": 24, "hidden": 5, "splits": "equal", "dtype": "bfloat16"},
-         note="split lists omitted: rows/W to every rank"),
+    Case("random_splits_with_zeros", {"rows": 11, "hidden": 33, "splits": "random"},
+         tags=("uneven_sizes", "odd_sizes")),
+    Case("skewed_one_sends_nothing_last_gets_all", {"rows": 9, "hidden": 17, "splits": "skewed"},
+         tags=("uneven_sizes", "empty_rank", "skewed", "odd_sizes")),
+    Case("equal_splits_none", {"rows": 24, "hidden": 5, "splits": "equal"},
+         note="split lists None: rows/W to every rank", tags=("argument_value", "odd_sizes")),
 )
 
 BENCHMARKS = (
@@ -110,7 +112,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_all2all_primitive", version=2, upstream_id=27, category="expert_parallel",
+    name="moe_all2all_primitive", version=3, upstream_id=27, category="expert_parallel",
     source="VeOmni MoE all_to_all (all_to_all_single with split sizes)", world_sizes=(2, 4, 8),
     upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=Tolerance.exact(),
     reference=reference, make_inputs=make_inputs, cost=cost,

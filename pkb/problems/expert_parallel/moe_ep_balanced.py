@@ -1,11 +1,11 @@
 """Expert-parallel MoE forward with one expert per rank (VeOmni MoE layer, E = W).
 
 Per rank r: as fused_moe_fwd with num_experts = W, so rank r holds expert r alone:
-  hidden_states [T_r, H] bf16; gate_weight [W, H], gate_bias [W] (router, replicated);
-  gate_proj, up_proj nn.Linear(H -> I), down_proj nn.Linear(I -> H) (expert r's MLP, with bias);
-  num_experts W; top_k k (<= W)
-->  [T_r, H] bf16. Every token needs k - 1 or k experts on other ranks. Math, fp32 policy, tie rule
-and skew: _moe.py.
+  hidden_states [T_r, H]; gate_weight [W, H], gate_bias [W] (router, replicated); gate_proj, up_proj
+  nn.Linear(H -> I), down_proj nn.Linear(I -> H) (expert r's MLP, with bias), all in the run's
+  precision (bf16 by default); num_experts W; top_k k (<= W); group None
+->  [T_r, H] in the tokens' dtype. Every token needs k - 1 or k experts on other ranks. Math, fp32
+policy, tie rule and skew: _moe.py.
 
 The upstream case: 1024 tokens of hidden 1024, W experts, top-2, intermediate 128.
 
@@ -36,15 +36,16 @@ def cost(case, world_size):
 
 UPSTREAM = (
     Case("upstream", {"tokens": 1024, "top_k": 2, "hidden": 1024, "intermediate": 128},
-         note="the upstream factory's defaults: [1024, 1024] bf16 tokens, W experts, top-2, nn.Linear 1024 <-> 128"),
+         note="the upstream factory's defaults: [1024, 1024] tokens, W experts, top-2, nn.Linear 1024 <-> 128"),
 )
 
 TESTS = (
     Case("uneven_tokens_top2", {"tokens": 6, "tokens_step": 5, "top_k": 2, "hidden": 16, "intermediate": 12},
-         note="a different token count on every rank"),
+         note="a different token count on every rank", tags=("uneven_sizes", "odd_sizes")),
     Case("skewed_with_empty_rank", {"tokens": 11, "empty_rank": 1, "top_k": 1, "hidden": 20, "intermediate": 7,
                                     "skew": True},
-         note="top-1: nearly every token goes to the last rank's expert; rank 1 holds none, rank 0's expert none"),
+         note="top-1: nearly every token goes to the last rank's expert; rank 1 holds none, rank 0's expert none",
+         tags=("skewed", "empty_rank", "argument_value", "odd_sizes")),
 )
 
 _MIXTRAL = {"top_k": 2, "hidden": 4096, "intermediate": 14336}
@@ -56,7 +57,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_ep_balanced", version=2, upstream_id=49, category="expert_parallel",
+    name="moe_ep_balanced", version=3, upstream_id=49, category="expert_parallel",
     source="VeOmni MoE layer forward, one expert per EP rank", world_sizes=(2, 4, 8),
     upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -7,11 +7,11 @@ groups are data-parallel replicas of the layer. The groups are created with dist
 first call, in the same order on every rank, and cached per (W, E). With E >= W the EP group is the
 whole world (E % W == 0, E/W experts per rank), as in fused_moe_fwd.
 
-Per rank r: hidden_states [T_r, H] bf16 (distinct per rank); gate_weight [E, H], gate_bias [E]
-(router, replicated); gate_proj, up_proj nn.Linear(H -> I), down_proj nn.Linear(I -> H) (r's MLP,
-with bias, distinct per rank); num_experts E; top_k k  ->  [T_r, H] bf16. Tokens are exchanged only
-inside the EP group. Math, fp32 policy, tie rule and skew (hot and cold EP ranks inside each group):
-_moe.py.
+Per rank r: hidden_states [T_r, H] (distinct per rank); gate_weight [E, H], gate_bias [E] (router,
+replicated); gate_proj, up_proj nn.Linear(H -> I), down_proj nn.Linear(I -> H) (r's MLP, with bias,
+distinct per rank), all in the run's precision (bf16 by default); num_experts E; top_k k; group None
+->  [T_r, H] in the tokens' dtype. Tokens are exchanged only inside the EP group. Math, fp32 policy,
+tie rule and skew (hot and cold EP ranks inside each group): _moe.py.
 
 The upstream case: E = the largest divisor of W in [2, W/2], else 1 (W = 8: 4, W = 4: 2, W = 2: 1,
 so at W = 2 every rank is its own EP group and nothing is communicated), top-k = min(2, E), 1024
@@ -82,21 +82,23 @@ def cost(case, world_size):
 
 UPSTREAM = (
     Case("upstream", {"tokens": 1024, "experts": "narrow", "top_k": 2, "hidden": 1024, "intermediate": 128},
-         note="the upstream factory's defaults: [1024, 1024] bf16 tokens, E = largest divisor of W in [2, W/2] "
+         note="the upstream factory's defaults: [1024, 1024] tokens, E = largest divisor of W in [2, W/2] "
               "(1 at W = 2), top-min(2, E), nn.Linear 1024 <-> 128"),
 )
 
 TESTS = (
     Case("narrow_uneven", {"tokens": 6, "tokens_step": 4, "experts": "narrow", "top_k": 2, "hidden": 16,
                            "intermediate": 8}, world_sizes=(4, 8),
-         note="the upstream layout (W/2 experts, two EP groups), a different token count on every rank"),
+         note="the upstream layout (W/2 experts, two EP groups), a different token count on every rank",
+         tags=("uneven_sizes",)),
     Case("pairs_skewed_with_empty_rank", {"tokens": 10, "empty_rank": 1, "experts": 2, "top_k": 1, "hidden": 12,
                                           "intermediate": 6, "skew": True}, world_sizes=(4, 8),
          note="EP groups of two (W/2 of them); in each, the second rank's expert wins nearly every token; "
-              "rank 1 holds none"),
+              "rank 1 holds none", tags=("skewed", "empty_rank", "argument_value")),
     Case("whole_world_uneven", {"tokens": 5, "tokens_step": 3, "experts": "twice_world", "top_k": 2, "hidden": 12,
                                 "intermediate": 7},
-         note="E = 2W >= W: the EP group is the whole world (group=WORLD), two experts per rank"),
+         note="E = 2W >= W: the EP group is the whole world (group=WORLD), two experts per rank",
+         tags=("argument_value", "uneven_sizes", "odd_sizes")),
 )
 
 _MIXTRAL = {"hidden": 4096, "intermediate": 14336}
@@ -109,7 +111,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_ep_narrow", version=2, upstream_id=51, category="expert_parallel",
+    name="moe_ep_narrow", version=3, upstream_id=51, category="expert_parallel",
     source="VeOmni MoE layer forward on EP sub-groups (one expert per rank, DP over the EP groups)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
     reference=reference, make_inputs=make_inputs, cost=cost,

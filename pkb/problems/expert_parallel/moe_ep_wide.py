@@ -1,10 +1,10 @@
 """Expert-parallel MoE forward with two experts per rank (VeOmni MoE layer, E = 2W).
 
 Per rank r: as fused_moe_fwd with num_experts = 2W, rank r holding experts 2r and 2r+1:
-  hidden_states [T_r, H] bf16; gate_weight [2W, H], gate_bias [2W] (router, replicated);
-  gate_proj, up_proj nn.Linear(H -> I), down_proj nn.Linear(I -> H) (the MLP r's two experts share,
-  with bias); num_experts 2W; top_k k
-->  [T_r, H] bf16. Math, fp32 policy, tie rule and skew: _moe.py.
+  hidden_states [T_r, H]; gate_weight [2W, H], gate_bias [2W] (router, replicated); gate_proj,
+  up_proj nn.Linear(H -> I), down_proj nn.Linear(I -> H) (the MLP r's two experts share, with bias),
+  all in the run's precision (bf16 by default); num_experts 2W; top_k k; group None
+->  [T_r, H] in the tokens' dtype. Math, fp32 policy, tie rule and skew: _moe.py.
 
 The upstream case: 1024 tokens of hidden 1024, 2W experts, top-2, intermediate 128.
 
@@ -35,15 +35,16 @@ def cost(case, world_size):
 
 UPSTREAM = (
     Case("upstream", {"tokens": 1024, "top_k": 2, "hidden": 1024, "intermediate": 128},
-         note="the upstream factory's defaults: [1024, 1024] bf16 tokens, 2W experts, top-2, nn.Linear 1024 <-> 128"),
+         note="the upstream factory's defaults: [1024, 1024] tokens, 2W experts, top-2, nn.Linear 1024 <-> 128"),
 )
 
 TESTS = (
     Case("uneven_tokens_top3", {"tokens": 5, "tokens_step": 4, "top_k": 3, "hidden": 16, "intermediate": 9},
-         note="a different token count on every rank"),
+         note="a different token count on every rank", tags=("uneven_sizes", "odd_sizes", "argument_value")),
     Case("skewed_with_empty_rank", {"tokens": 10, "empty_rank": 1, "top_k": 2, "hidden": 12, "intermediate": 5,
                                     "skew": True},
-         note="both of the last rank's experts win nearly every token; rank 1 holds none, rank 0's experts none"),
+         note="both of the last rank's experts win nearly every token; rank 1 holds none, rank 0's experts none",
+         tags=("skewed", "empty_rank", "odd_sizes")),
 )
 
 _MIXTRAL = {"top_k": 2, "hidden": 4096, "intermediate": 14336}
@@ -55,7 +56,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_ep_wide", version=2, upstream_id=50, category="expert_parallel",
+    name="moe_ep_wide", version=3, upstream_id=50, category="expert_parallel",
     source="VeOmni MoE layer forward, two experts per EP rank", world_sizes=(2, 4, 8),
     upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -4,8 +4,9 @@ The LoRA factors that touch the hidden dimension are shared by every expert and 
 EP rank (fc1 gate/up A [r, H], fc2 B [H, r]); each rank's backward only sees the tokens its own
 experts processed, so the three gradients are summed over the group.
 
-Per rank: grad_fc1_1_lora_A [*, r, H], grad_fc1_2_lora_A [*, r, H], grad_fc2_lora_B [*, H, r] bf16
-(random, distinct per rank; a leading dimension stacks several layers' adapters)  ->  the same three
+Per rank: grad_fc1_1_lora_A [*, r, H], grad_fc1_2_lora_A [*, r, H], grad_fc2_lora_B [*, H, r] in the
+run's precision (bf16 by default; random, distinct per rank; a leading dimension stacks several layers'
+adapters), group None  ->  the same three
 tensors, all-reduced in place (each becomes the sum over ranks, accumulated in fp32 and rounded
 once) and returned, as the upstream does: the inputs after the call are checked like the outputs.
 The upstream case: r = 8, H = 1024 ([8, 1024], [8, 1024], [1024, 8] bf16).
@@ -32,7 +33,7 @@ def _shapes(case):
 
 
 def make_inputs(case, rank, world_size, gen):
-    return tuple(randn(gen, *shape, dtype=dtype_of(case)) for shape in _shapes(case))
+    return (*(randn(gen, *shape, dtype=dtype_of(case)) for shape in _shapes(case)), None)
 
 
 def _all_reduce_(grad, group):
@@ -62,8 +63,8 @@ UPSTREAM = (
 )
 
 TESTS = (
-    Case("odd_rank3_hidden37", {"layers": 1, "lora_rank": 3, "hidden": 37}),
-    Case("stacked_5_layers", {"layers": 5, "lora_rank": 2, "hidden": 11}),
+    Case("odd_rank3_hidden37", {"layers": 1, "lora_rank": 3, "hidden": 37}, tags=("odd_sizes",)),
+    Case("stacked_5_layers", {"layers": 5, "lora_rank": 2, "hidden": 11}, tags=("layout", "odd_sizes")),
 )
 
 BENCHMARKS = (
@@ -74,7 +75,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_epgroupgemm_lora_backward", version=2, upstream_id=30, category="expert_parallel",
+    name="moe_epgroupgemm_lora_backward", version=3, upstream_id=30, category="expert_parallel",
     source="VeOmni EPGroupGemm LoRA backward (all-reduce of the shared LoRA gradients)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=tolerance,
     reference=reference, make_inputs=make_inputs, cost=cost,

@@ -2,19 +2,23 @@
 token's k expert outputs weighted by its routing weights (VeOmni MoE ``tokens_post_all2all``).
 
 Per rank r (E experts, rank r holds experts [r*E/W, (r+1)*E/W)):
-  expert_outputs [sum(output_splits), H] bf16   r's experts' outputs, grouped by local expert, then by
-                                                source rank (the layout moe_pre_all2all produces);
-  routing_weights [T, k] bf16 (positive, each row sums to ~1); selected_experts [T, k] int64;
+  expert_outputs [sum(output_splits), H]   r's experts' outputs, grouped by local expert, then by
+                                           source rank (the layout moe_pre_all2all produces);
+  routing_weights [T, k] (positive, each row sums to ~1); selected_experts [T, k] int64;
   num_experts E; input_splits / output_splits [W] Python ints; num_global_tokens_per_local_expert
   [W, E/W] int64; routing_map [E, T] bool; local_input_permutation_mapping [T*k] int64 (expert-major
-  token indices); org_hidden_states_shape torch.Size([T, H])
+  token indices); org_hidden_states_shape torch.Size([T, H]); group None.
+expert_outputs and routing_weights are in the run's precision (bf16 by default).
 ->  [T, H]: out[t] = sum_j routing_weights[t, j] * (output of expert selected_experts[t, j] for t),
 computed in fp32 and rounded once to the dtype the upstream's product has (that of expert_outputs
-and routing_weights together: bf16 here; the upstream multiplied and summed in bf16).
+and routing_weights together; the upstream multiplied and summed in that dtype).
 
-The routing of all ranks is drawn from ``gen.shared``, so the split sizes follow it (the upstream's
-were synthetic). Tests include a rank with no tokens and skewed routing (the last rank's experts get
-nearly every token, rank 0's none).
+The routing of all ranks is drawn from ``gen.shared``, so the split sizes follow it. The upstream case
+has upstream's structure: every expert gets exactly T*k/E tokens of every rank, so the splits are
+[T*k/W] * W, every count T*k/E and expert_outputs T*k rows on every rank, as upstream's synthetic
+uniform splits (which ignored the routing; here the routing is balanced to match them). Tests include
+a rank with no tokens and skewed routing (the last rank's experts get nearly every token, rank 0's
+none).
 
 Cost: each token needs one row back from every other rank that holds one of its experts (that rank
 can pre-sum its experts' weighted outputs; the k routing weights, 4 bytes each, are not counted):
@@ -43,7 +47,7 @@ def make_inputs(case, rank, world_size, gen):
     selected_experts = selected[rank]
     routing_map = F.one_hot(selected_experts, case["experts"]).sum(dim=1).T.bool().contiguous()   # [E, T]
     return (expert_outputs, routing_weights, selected_experts, case["experts"], input_splits, output_splits,
-            per_local, routing_map, permutation_mapping(routing_map), torch.Size([num_tokens, hidden]))
+            per_local, routing_map, permutation_mapping(routing_map), torch.Size([num_tokens, hidden]), None)
 
 
 def reference(expert_outputs, routing_weights, selected_experts, num_experts, input_splits, output_splits,
@@ -77,16 +81,18 @@ def cost(case, world_size):
 
 
 UPSTREAM = (
-    Case("upstream", {"tokens": 1024, "experts": 8, "top_k": 2, "hidden": 1024},
-         note="the upstream factory's defaults: 1024 tokens of 1024 bf16, 8 experts, top-2 (about 2048 "
-              "expert-output rows per rank; here the splits follow the routing)"),
+    Case("upstream", {"tokens": 1024, "experts": 8, "top_k": 2, "hidden": 1024, "balanced": True},
+         note="the upstream factory's defaults: 1024 tokens of 1024, 8 experts, top-2; balanced routing, so "
+              "2048 expert-output rows, splits [2048/W] * W and counts of 256 on every rank, as upstream's"),
 )
 
 TESTS = (
     Case("uneven_with_empty_rank", {"tokens": 9, "tokens_step": 5, "empty_rank": 1, "experts": 8, "top_k": 3,
-                                    "hidden": 19}, note="rank 1 holds no tokens and gets nothing back"),
+                                    "hidden": 19}, note="rank 1 holds no tokens and gets nothing back",
+         tags=("uneven_sizes", "empty_rank", "odd_sizes", "argument_value")),
     Case("skewed_hot_last_rank", {"tokens": 13, "experts": 16, "top_k": 2, "hidden": 7, "skew": True},
-         note="the last rank's experts hold nearly every output, rank 0's none"),
+         note="the last rank's experts hold nearly every output, rank 0's none",
+         tags=("skewed", "uneven_sizes", "empty_rank", "odd_sizes", "argument_value")),
 )
 
 BENCHMARKS = (
@@ -96,7 +102,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_post_all2all", version=2, upstream_id=29, category="expert_parallel",
+    name="moe_post_all2all", version=3, upstream_id=29, category="expert_parallel",
     source="VeOmni MoE tokens_post_all2all (sort chunks back, combine all-to-all, weighted unpermute)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
     reference=reference, make_inputs=make_inputs, cost=cost,

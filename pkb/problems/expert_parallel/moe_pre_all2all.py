@@ -2,9 +2,10 @@
 (VeOmni MoE ``token_pre_all2all``).
 
 Per rank r (E experts, rank r holds experts [r*E/W, (r+1)*E/W)):
-  hidden_states [T, H] bf16; expert_mask [E, k, T] fp32 one-hot of each token's k distinct experts;
-  num_experts E; input_splits [W] / output_splits [W] (Python ints: rows sent to / received from each
-  rank); num_global_tokens_per_local_expert [W, E/W] int64 (tokens rank s routes to r's experts)
+  hidden_states [T, H] (the run's precision, bf16 by default); expert_mask [E, k, T] fp32 one-hot of
+  each token's k distinct experts; num_experts E; input_splits [W] / output_splits [W] (Python ints:
+  rows sent to / received from each rank); num_global_tokens_per_local_expert [W, E/W] int64 (tokens
+  rank s routes to r's experts); group None
 ->  (global_permuted [sum(output_splits), H]  the received tokens grouped by local expert, then by
                                              source rank, each chunk in the source's token order,
      routing_map [E, T] fp32                 expert_mask summed over k (1 where a token chose an expert),
@@ -12,9 +13,11 @@ Per rank r (E experts, rank r holds experts [r*E/W, (r+1)*E/W)):
      org_hidden_states_shape                 torch.Size([T, H]))
 All outputs are data movement and checked exactly.
 
-Unlike the upstream (synthetic uniform splits that ignored the mask), the split sizes and counts here
-follow the routing: all ranks' routing is drawn from ``gen.shared``, so every rank knows what the
-others send. Tests include a rank with no tokens and skewed routing (the last rank's experts get
+The split sizes and counts follow the routing: all ranks' routing is drawn from ``gen.shared``, so
+every rank knows what the others send. The upstream case has upstream's structure: every expert gets
+exactly T*k/E tokens of every rank, so the splits are [T*k/W] * W and every count T*k/E on every rank,
+as upstream's synthetic uniform splits are (which ignored the mask; here the routing is balanced to
+match them). Tests include a rank with no tokens and skewed routing (the last rank's experts get
 nearly every token, rank 0's experts none).
 
 Cost: a token must reach each other rank that holds one of its experts at least once (the receiver
@@ -40,7 +43,7 @@ def make_inputs(case, rank, world_size, gen):
     tokens, selected, input_splits, output_splits, per_local = routed_case(case, rank, world_size, gen)
     hidden_states = randn(gen, tokens[rank], case["hidden"], dtype=dtype_of(case))
     expert_mask = F.one_hot(selected[rank], case["experts"]).permute(2, 1, 0).to(torch.float32).contiguous()
-    return hidden_states, expert_mask, case["experts"], input_splits, output_splits, per_local
+    return hidden_states, expert_mask, case["experts"], input_splits, output_splits, per_local, None
 
 
 def reference(hidden_states, expert_mask, num_experts, input_splits, output_splits,
@@ -72,15 +75,18 @@ def cost(case, world_size):
 
 
 UPSTREAM = (
-    Case("upstream", {"tokens": 1024, "experts": 8, "top_k": 2, "hidden": 1024},
-         note="the upstream factory's defaults: hidden [1024, 1024] bf16, mask [8, 2, 1024] fp32, 8 experts, top-2"),
+    Case("upstream", {"tokens": 1024, "experts": 8, "top_k": 2, "hidden": 1024, "balanced": True},
+         note="the upstream factory's defaults: hidden [1024, 1024], mask [8, 2, 1024] fp32, 8 experts, top-2; "
+              "balanced routing, so splits [2048/W] * W and counts of 256, as upstream's"),
 )
 
 TESTS = (
     Case("uneven_with_empty_rank", {"tokens": 9, "tokens_step": 5, "empty_rank": 1, "experts": 8, "top_k": 3,
-                                    "hidden": 19}, note="rank 1 holds no tokens and sends nothing"),
+                                    "hidden": 19}, note="rank 1 holds no tokens and sends nothing",
+         tags=("uneven_sizes", "empty_rank", "odd_sizes", "argument_value")),
     Case("skewed_hot_last_rank", {"tokens": 13, "experts": 16, "top_k": 2, "hidden": 7, "skew": True},
-         note="the last rank's experts get nearly every token, rank 0's none"),
+         note="the last rank's experts get nearly every token, rank 0's none",
+         tags=("skewed", "uneven_sizes", "empty_rank", "odd_sizes", "argument_value")),
 )
 
 BENCHMARKS = (
@@ -90,7 +96,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_pre_all2all", version=2, upstream_id=28, category="expert_parallel",
+    name="moe_pre_all2all", version=3, upstream_id=28, category="expert_parallel",
     source="VeOmni MoE token_pre_all2all (permute, dispatch all-to-all, sort chunks by local expert)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=Tolerance.exact(),
     reference=reference, make_inputs=make_inputs, cost=cost,

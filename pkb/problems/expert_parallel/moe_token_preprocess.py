@@ -1,8 +1,9 @@
 """EP split sizes from the routing mask (VeOmni MoE ``preprocess``).
 
-Per rank r: expert_mask [E, k, T] (fp32 in the upstream benchmark), the one-hot of each token's k
-experts (VeOmni's ``one_hot(selected_experts, E).permute(2, 1, 0)``), num_experts E (E % W == 0;
-rank r holds experts [r*E/W, (r+1)*E/W))  ->  on rank r, four CPU tensors:
+Per rank r: expert_mask [E, k, T] fp32 (in every precision, as upstream's factory makes it), the
+one-hot of each token's k experts as VeOmni's ``one_hot(selected_experts, E).permute(2, 1, 0)`` gives
+it: a permuted, non-contiguous view (strides (1, E, k*E)), as upstream passes it; num_experts E
+(E % W == 0; rank r holds experts [r*E/W, (r+1)*E/W)); group None  ->  on rank r, four CPU tensors:
     input_splits            [W]       int64: tokens r sends to rank d (its counts for d's experts)
     output_splits           [W]       int64: tokens r receives from rank s
     tokens_per_local_expert [W, E/W]  mask dtype: tokens rank s routes to each of r's experts
@@ -34,8 +35,8 @@ def make_inputs(case, rank, world_size, gen):
     tokens = tokens_per_rank(case, world_size)
     selected = draw_selected_experts(gen.shared, tokens, case["experts"], case["top_k"], world_size,
                                      case.get("skew", False))[rank]
-    expert_mask = F.one_hot(selected, case["experts"]).permute(2, 1, 0).to(torch.float32).contiguous()
-    return expert_mask, case["experts"]
+    expert_mask = F.one_hot(selected, case["experts"]).to(torch.float32).permute(2, 1, 0)  # a view, as upstream's
+    return expert_mask, case["experts"], None
 
 
 def reference(expert_mask, num_experts, group=None):
@@ -62,14 +63,16 @@ def cost(case, world_size):
 
 UPSTREAM = (
     Case("upstream", {"tokens": 1024, "experts": 8, "top_k": 2},
-         note="the upstream factory's defaults: M = 1024 tokens, 8 experts, top-2, fp32 mask"),
+         note="the upstream factory's defaults: M = 1024 tokens, 8 experts, top-2, a permuted fp32 mask view"),
 )
 
 TESTS = (
     Case("uneven_with_empty_rank", {"tokens": 13, "tokens_step": 4, "empty_rank": 1, "experts": 8, "top_k": 3},
-         note="rank 1 holds no tokens and sends nothing"),
+         note="rank 1 holds no tokens and sends nothing",
+         tags=("uneven_sizes", "empty_rank", "odd_sizes", "argument_value")),
     Case("skewed_hot_last_rank", {"tokens": 29, "experts": 16, "top_k": 2, "skew": True},
-         note="the last rank's experts get nearly all tokens, rank 0's experts none"),
+         note="the last rank's experts get nearly all tokens, rank 0's experts none",
+         tags=("skewed", "uneven_sizes", "empty_rank", "odd_sizes", "argument_value")),
 )
 
 BENCHMARKS = (
@@ -79,7 +82,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_token_preprocess", version=2, upstream_id=26, category="expert_parallel",
+    name="moe_token_preprocess", version=3, upstream_id=26, category="expert_parallel",
     source="VeOmni MoE preprocess (EP split sizes)", world_sizes=(2, 4, 8),
     upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
     tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,

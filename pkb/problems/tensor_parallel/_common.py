@@ -2,6 +2,12 @@
 
 Sizes in cases are global (``tokens``, ``hidden``, ``vocab``...); a rank's share is ``size // W`` and
 a case whose sizes a world size does not divide lists the world sizes it runs at.
+
+Precision: the inputs that upstream's factory builds from its ``dtype`` argument are built in the
+run's precision (``case["dtype"]``, which the harness sets on every case: bf16 by default, as
+upstream's ``--dtype``), in every case kind; where a module's docstring says bf16 for them, that is
+the default. Dtypes that belong to the function stay fixed (int64 ids and targets, fp32 scales, and
+the inputs upstream's factory makes bf16 whatever its ``dtype``: 84's grad_output, 86's x).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import torch.distributed as dist
 
 
 def dtype_of(case, key: str = "dtype") -> torch.dtype:
+    """The run's precision (``case["dtype"]``; bf16 for a case read outside a run)."""
     return getattr(torch, case.get(key, "bfloat16"))
 
 

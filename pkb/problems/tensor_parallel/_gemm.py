@@ -51,9 +51,9 @@ def row_parallel_cases():
 
 # Sizes that 8 divides into odd shares at some world size; m, and n where it is not sharded, odd.
 K_SHARDED_TESTS = [
-    Case("odd", {"m": 37, "k": 24, "n": 8 * 5}),
-    Case("thin_shards", {"m": 3, "k": 8, "n": 8 * 3}, note="one column of A per rank at W=8"),
-    Case("taller", {"m": 129, "k": 40, "n": 8 * 7}),
+    Case("odd", {"m": 37, "k": 24, "n": 8 * 5}, tags=("odd_sizes",)),
+    Case("thin_shards", {"m": 3, "k": 8, "n": 8 * 3}, note="one column of A per rank at W=8", tags=("odd_sizes", "tiny")),
+    Case("taller", {"m": 129, "k": 40, "n": 8 * 7}, tags=("odd_sizes",)),
 ]
 
 
@@ -61,7 +61,7 @@ K_SHARDED_TESTS = [
 # B [512, 1024], so B's columns are a fixed 1024 per rank (N = 1024 * W).
 UPSTREAM_M, UPSTREAM_K, UPSTREAM_N = 1024, 512, 1024
 K_GATHERED_UPSTREAM = [Case("upstream", {"m": UPSTREAM_M, "k": UPSTREAM_K, "n_per_rank": UPSTREAM_N},
-                            note="the upstream factory: A_local [1024, 512/W], B [512, 1024] bf16 per rank")]
+                            note="the upstream factory: A_local [1024, 512/W], B [512, 1024] per rank")]
 
 
 def k_gathered_inputs(case, world_size, gen):

@@ -6,8 +6,9 @@ an all-to-all: rank r gets the T/W tokens r*T/W ... over the whole vocabulary (t
 blocks concatenated in rank order). T must divide by W; the chunked problems take chunks of
 B*chunk_size flat tokens (the last may be shorter), and B*chunk_size must divide by W too.
 
-Filtering, per token row over the whole vocabulary, in the logits' dtype (bf16), as upstream (vLLM's
-``apply_top_k_top_p``, which NeMo-RL reuses):
+Filtering, per token row over the whole vocabulary, in the logits' dtype (the run's precision; bf16
+by default, the case the roundings below describe), as upstream (vLLM's ``apply_top_k_top_p``, which
+NeMo-RL reuses):
   top-k (top_k None or <= 0: off; min(top_k, V)): keep every logit >= the k-th largest (ties kept).
   top-p (top_p None or >= 1: off): sort ascending (with top-k also on, the positions below the k-th
       largest are set to -inf first), softmax and cumulative sum IN THE LOGITS' DTYPE (each
@@ -101,7 +102,7 @@ def _ambiguous_rows(logits: torch.Tensor, top_k, top_p) -> torch.Tensor:
 
 
 def make_logprob_inputs(case: Case, rank: int, world_size: int, gen) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's logits block [B, S, V/W] (bf16) and the shared targets [B, S] (int64)."""
+    """This rank's logits block [B, S, V/W] (the run's dtype) and the shared targets [B, S] (int64)."""
     b, s, vocab = case["batch"], case["seq"], case["vocab"]
     top_k, top_p, dtype = case.get("top_k"), case.get("top_p", 1.0), dtype_of(case)
     shared = gen.shared
@@ -228,19 +229,27 @@ def logprob_cases(chunked: bool):
 
     if chunked:
         upstream = [Case(f"upstream_w{w}", chunk(UPSTREAM_PARAMS, w), world_sizes=(w,),
-                         note=f"the upstream factory at W={w}: logits [2, 8, 256/W] bf16, top-k 10, "
+                         note=f"the upstream factory at W={w}: logits [2, 8, 256/W], top-k 10, "
                               f"top-p 0.9, chunk_size {w}") for w in (2, 4, 8)]
     else:
         upstream = [Case("upstream", UPSTREAM_PARAMS,
-                         note="the upstream factory: logits [2, 8, 256/W] bf16, top-k 10, top-p 0.9")]
+                         note="the upstream factory: logits [2, 8, 256/W], top-k 10, top-p 0.9")]
+
+    def tags(*names):  # every chunked test passes a chunk_size other than upstream's (W)
+        return names + (("argument_value",) if chunked and "argument_value" not in names else ())
+
     tests = [
         Case("topk_and_topp", chunk({"batch": 2, "seq": 24, "vocab": 40, "top_k": 10, "top_p": 0.9}, 16),
-             note="6 tokens and 5 vocab ids per rank at W=8"),
-        Case("topp_only", chunk({"batch": 1, "seq": 16, "vocab": 24, "top_k": None, "top_p": 0.7}, 8)),
-        Case("topk_only", chunk({"batch": 3, "seq": 8, "vocab": 64, "top_k": 5, "top_p": 1.0}, 8)),
-        Case("no_filter", chunk({"batch": 1, "seq": 8, "vocab": 256, "top_k": None, "top_p": 1.0}, 16)),
+             note="6 tokens and 5 vocab ids per rank at W=8", tags=tags("odd_sizes")),
+        Case("topp_only", chunk({"batch": 1, "seq": 16, "vocab": 24, "top_k": None, "top_p": 0.7}, 8),
+             tags=tags("argument_value", "odd_sizes")),
+        Case("topk_only", chunk({"batch": 3, "seq": 8, "vocab": 64, "top_k": 5, "top_p": 1.0}, 8),
+             tags=tags("argument_value", "odd_sizes")),
+        Case("no_filter", chunk({"batch": 1, "seq": 8, "vocab": 256, "top_k": None, "top_p": 1.0}, 16),
+             tags=tags("argument_value")),
         Case("tokens_across_rows", chunk({"batch": 4, "seq": 6, "vocab": 32, "top_k": 6, "top_p": 0.85}, 4),
-             note="S = 6 does not divide by 4 or 8, B*S = 24 does: a rank's tokens span two rows"),
+             note="S = 6 does not divide by 4 or 8, B*S = 24 does: a rank's tokens span two rows",
+             tags=tags("odd_sizes", "argument_value")),
     ]
     benchmarks = [
         Case("qwen25_7b_seq4096_topk50_topp095",

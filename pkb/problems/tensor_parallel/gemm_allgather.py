@@ -45,11 +45,11 @@ PROBLEM = Problem(
     source="Megatron-LM ColumnParallelLinear (gather_output=True)",
     world_sizes=(2, 4, 8),
     upstream=[Case("upstream", {"m": UPSTREAM_M, "k": UPSTREAM_K, "n": UPSTREAM_N},
-                   note="the upstream factory: A [1024, 512], B [512, 1024/W] bf16 per rank")],
+                   note="the upstream factory: A [1024, 512], B [512, 1024/W] per rank")],
     tests=[
-        Case("odd", {"m": 37, "k": 29, "n": 24}, note="3 output columns per rank at W=8"),
-        Case("one_row", {"m": 1, "k": 131, "n": 40}),
-        Case("thin", {"m": 17, "k": 3, "n": 8}, note="one output column per rank at W=8"),
+        Case("odd", {"m": 37, "k": 29, "n": 24}, note="3 output columns per rank at W=8", tags=("odd_sizes",)),
+        Case("one_row", {"m": 1, "k": 131, "n": 40}, tags=("tiny", "odd_sizes")),
+        Case("thin", {"m": 17, "k": 3, "n": 8}, note="one output column per rank at W=8", tags=("odd_sizes", "tiny")),
     ],
     benchmarks=[
         Case("llama3_8b_lm_head_prefill", {"m": PREFILL_TOKENS, "k": LLAMA3_8B["hidden"], "n": VOCAB},

@@ -58,9 +58,11 @@ PROBLEM = Problem(
     upstream=[Case("upstream", {"tokens": 1, "hidden": 1024, "vocab_per_rank": 1024},
                    note="the upstream factory: hidden [1, 1024], weight_shard [1024, 1024], bias_shard [1024]")],
     tests=[
-        Case("one_token_odd", {"tokens": 1, "hidden": 37, "vocab": 40}, note="5 vocab rows per rank at W=8"),
-        Case("batch3", {"tokens": 3, "hidden": 130, "vocab": 24}),
-        Case("batch8_thin", {"tokens": 8, "hidden": 9, "vocab": 8}, note="one vocab row per rank at W=8"),
+        Case("one_token_odd", {"tokens": 1, "hidden": 37, "vocab": 40}, note="5 vocab rows per rank at W=8",
+             tags=("odd_sizes",)),
+        Case("batch3", {"tokens": 3, "hidden": 130, "vocab": 24}, tags=("odd_sizes", "shape_regime")),
+        Case("batch8_thin", {"tokens": 8, "hidden": 9, "vocab": 8}, note="one vocab row per rank at W=8",
+             tags=("odd_sizes", "tiny", "shape_regime")),
     ],
     benchmarks=[
         Case("llama3_8b_decode_b1", {"tokens": 1, "hidden": 4096, "vocab": LLAMA3_VOCAB},

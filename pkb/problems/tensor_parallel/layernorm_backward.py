@@ -71,11 +71,12 @@ PROBLEM = Problem(
     source="Megatron-LM sequence-parallel LayerNorm weight/bias gradient all-reduce",
     world_sizes=(2, 4, 8),
     upstream=[Case("upstream", {"tokens_per_rank": 1024, "hidden": 1024},
-                   note="the upstream factory: X_hat, dY [1024, 1024] bf16 per rank")],
+                   note="the upstream factory: X_hat, dY [1024, 1024] per rank")],
     tests=[
-        Case("odd_rows_uneven", {"tokens": 37, "hidden": 129}),
-        Case("fewer_tokens_than_ranks", {"tokens": 5, "hidden": 48}, note="some ranks hold no token at W=8"),
-        Case("wide", {"tokens": 16, "hidden": 1000}),
+        Case("odd_rows_uneven", {"tokens": 37, "hidden": 129}, tags=("uneven_sizes", "odd_sizes")),
+        Case("fewer_tokens_than_ranks", {"tokens": 5, "hidden": 48}, note="some ranks hold no token at W=8",
+             tags=("uneven_sizes", "empty_rank", "tiny")),
+        Case("wide", {"tokens": 16, "hidden": 1000}, tags=("odd_sizes",)),
     ],
     benchmarks=[
         Case("gpt3_175b_seq2048", {"tokens": 2048, "hidden": 12288}),

@@ -71,9 +71,10 @@ PROBLEM = Problem(
              note="the upstream factory at W = 8: 128 rows of 128 per rank"),
     ],
     tests=[
-        Case("odd_hidden", {"tokens": 24, "hidden": 37}, note="3 rows per rank at W=8"),
-        Case("one_row_per_rank_big_eps", {"tokens": 8, "hidden": 130, "eps": 0.5}),
-        Case("llama_row", {"tokens": 16, "hidden": 1024}),
+        Case("odd_hidden", {"tokens": 24, "hidden": 37}, note="3 rows per rank at W=8", tags=("odd_sizes",)),
+        Case("one_row_per_rank_big_eps", {"tokens": 8, "hidden": 130, "eps": 0.5},
+             tags=("tiny", "odd_sizes", "argument_value")),
+        Case("llama_row", {"tokens": 16, "hidden": 1024}, tags=("shape_regime",)),
     ],
     benchmarks=[
         Case("llama3_70b_prefill", {"tokens": 8192, "hidden": 8192}),

@@ -78,12 +78,14 @@ PROBLEM = Problem(
     source="HF transformers apply_rotary_pos_emb (rotate_half) + sequence-parallel all-gather",
     world_sizes=(2, 4, 8),
     upstream=[Case("upstream", {"batch": 16, "seq": 16, "q_heads": 8, "kv_heads": 8, "head_dim": 64},
-                   note="the upstream factory: q, k [16, 16/W, 8, 64], cos, sin [16, 16/W, 64] bf16")],
+                   note="the upstream factory: q, k [16, 16/W, 8, 64], cos, sin [16, 16/W, 64]")],
     tests=[
         Case("odd_gqa", {"batch": 2, "seq": 24, "q_heads": 3, "kv_heads": 1, "head_dim": 10},
-             note="3 tokens per rank at W=8; head dim 10 (halves of 5)"),
-        Case("one_token_per_rank", {"batch": 3, "seq": 8, "q_heads": 4, "kv_heads": 2, "head_dim": 6}),
-        Case("llama_head_dim", {"batch": 1, "seq": 16, "q_heads": 2, "kv_heads": 2, "head_dim": 128}),
+             note="3 tokens per rank at W=8; head dim 10 (halves of 5)", tags=("odd_sizes", "shape_regime")),
+        Case("one_token_per_rank", {"batch": 3, "seq": 8, "q_heads": 4, "kv_heads": 2, "head_dim": 6},
+             tags=("tiny", "odd_sizes", "shape_regime")),
+        Case("llama_head_dim", {"batch": 1, "seq": 16, "q_heads": 2, "kv_heads": 2, "head_dim": 128},
+             tags=("shape_regime",)),
     ],
     benchmarks=[
         Case("llama3_8b_seq8192", {"batch": 1, "seq": 8192, "q_heads": 32, "kv_heads": 8, "head_dim": 128}),

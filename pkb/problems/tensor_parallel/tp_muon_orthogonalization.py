@@ -13,14 +13,15 @@ one triple), and Emerging-Optimizers' per-step sets 'quintic' (5 triples), 'pola
 'aol' (4). As upstream, ``steps`` must be a multiple of the set's length (each set is applied whole),
 x must be 2-D and partition_dim 0 or 1; anything else raises.
 
-Per rank: x [m, n/W] (partition_dim=1) or [m/W, n] (partition_dim=0), bf16; steps; coefficient_type;
+Per rank: x [m, n/W] (partition_dim=1) or [m/W, n] (partition_dim=0), bf16 in every run precision (as
+upstream's factory makes it); steps; coefficient_type;
 partition_dim; group (None: the default group)  ->  the orthogonalized block, same shape and dtype.
 
 Cost per rank, with g the Gram size (m for partition_dim 1, n for 0) and l the local other size:
 all-reduces of one scalar and ``steps`` fp32 [g, g] Gram matrices: 2(W-1)/W * (4 + steps*g*g*4);
 flops per step 2*g*g*l (Gram) + 2*g^3 (A A, replicated) + 2*g*g*l (update) + 2*g*l (scale, add),
 plus 3*g*l for the norm; HBM reads and writes the block and, per step, writes and reads the Gram
-matrix twice: 2*g*l*itemsize + steps*4*g*g*4.
+matrix twice: 2*g*l*2 + steps*4*g*g*4 (x is bf16).
 
 Tolerance: rtol 1.6e-2 (the bf16 default) and an atol scaled to the result's entries, which are
 about 1/sqrt(max(m, n)): atol = 1.6e-2 * min(1, 8 / sqrt(max(m, n))). Measured on the tests at
@@ -36,10 +37,10 @@ q_proj (partition_dim 0) and row-parallel o_proj / down_proj (partition_dim 1).
 
 import math
 
+import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
-from pkb.problems.tensor_parallel._common import dtype_of, itemsize
 
 COEFFICIENTS = {
     "simple": [(3.4445, -4.7750, 2.0315)],
@@ -52,12 +53,14 @@ COEFFICIENTS = {
             (2.7215, -3.0494, 1.3169)],
 }
 EPS = 1e-7
+X_ITEMSIZE = 2  # x is bf16 in every run precision
 
 
 def make_inputs(case, rank, world_size, gen):
     m, n, dim = case["m"], case["n"], case["partition_dim"]
     shape = (m, n // world_size) if dim == 1 else (m // world_size, n)
-    return (randn(gen, *shape, dtype=dtype_of(case)), case["steps"], case["coefficient_type"], dim, None)
+    # bf16 in every precision: upstream's factory makes x bf16 whatever its dtype argument
+    return (randn(gen, *shape, dtype=torch.bfloat16), case["steps"], case["coefficient_type"], dim, None)
 
 
 def reference(x, steps=5, coefficient_type="quintic", partition_dim=1, group=None):
@@ -91,7 +94,7 @@ def cost(case, world_size):
     per_step = 2 * g * g * l + 2 * g**3 + 2 * g * g * l + 2 * g * l
     return Cost(link_bytes=2 * (world_size - 1) / world_size * (4 + steps * g * g * 4),
                 flops=steps * per_step + 3 * g * l,
-                hbm_bytes=2 * g * l * itemsize(case) + steps * 4 * g * g * 4, pattern="all_reduce x (1 + steps)")
+                hbm_bytes=2 * g * l * X_ITEMSIZE + steps * 4 * g * g * 4, pattern="all_reduce x (1 + steps)")
 
 
 def tolerance(case, world_size):
@@ -106,15 +109,18 @@ PROBLEM = Problem(
                    note="the upstream factory: x [512, 512/W] bf16, 5 quintic steps, columns sharded")],
     tests=[
         Case("wide_columns_quintic", {"m": 24, "n": 40, "partition_dim": 1, "steps": 5, "coefficient_type": "quintic"},
-             note="5 columns per rank at W=8"),
+             note="5 columns per rank at W=8", tags=("odd_sizes",)),
         Case("tall_rows_simple", {"m": 40, "n": 24, "partition_dim": 0, "steps": 3, "coefficient_type": "simple"},
-             note="rows sharded; Gram over the 24 columns"),
+             note="rows sharded; Gram over the 24 columns", tags=("argument_value",)),
         Case("tall_columns_ten_steps", {"m": 37, "n": 16, "partition_dim": 1, "steps": 10,
                                         "coefficient_type": "quintic"},
-             note="the quintic set twice; m > n, so the Gram is rank-deficient"),
+             note="the quintic set twice; m > n, so the Gram is rank-deficient",
+             tags=("argument_value", "odd_sizes")),
         Case("polar_express_rows", {"m": 16, "n": 56, "partition_dim": 0, "steps": 8,
-                                    "coefficient_type": "polar_express"}, note="2 rows per rank at W=8"),
-        Case("aol_columns", {"m": 20, "n": 24, "partition_dim": 1, "steps": 4, "coefficient_type": "aol"}),
+                                    "coefficient_type": "polar_express"}, note="2 rows per rank at W=8",
+             tags=("argument_value",)),
+        Case("aol_columns", {"m": 20, "n": 24, "partition_dim": 1, "steps": 4, "coefficient_type": "aol"},
+             tags=("argument_value", "odd_sizes")),
     ],
     benchmarks=[
         Case("llama3_8b_q_proj", {"m": 4096, "n": 4096, "partition_dim": 0, "steps": 5, "coefficient_type": "quintic"}),

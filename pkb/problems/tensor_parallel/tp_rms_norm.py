@@ -52,11 +52,12 @@ PROBLEM = Problem(
     source="RMSNorm with the hidden dimension sharded across TP (HF LlamaRMSNorm math, all-reduced statistics)",
     world_sizes=(2, 4, 8),
     upstream=[Case("upstream", {"tokens": 1024, "hidden_per_rank": 1024},
-                   note="the upstream factory: x [1024, 1024], weight [1024] bf16 per rank, eps 1e-5")],
+                   note="the upstream factory: x [1024, 1024], weight [1024] per rank, eps 1e-5")],
     tests=[
-        Case("odd", {"tokens": 37, "hidden": 24}, note="3 columns per rank at W=8"),
-        Case("one_token_big_eps", {"tokens": 1, "hidden": 40, "eps": 0.5}, note="eps large enough to matter"),
-        Case("one_column_per_rank", {"tokens": 129, "hidden": 8}),
+        Case("odd", {"tokens": 37, "hidden": 24}, note="3 columns per rank at W=8", tags=("odd_sizes",)),
+        Case("one_token_big_eps", {"tokens": 1, "hidden": 40, "eps": 0.5}, note="eps large enough to matter",
+             tags=("tiny", "argument_value")),
+        Case("one_column_per_rank", {"tokens": 129, "hidden": 8}, tags=("odd_sizes", "shape_regime")),
     ],
     benchmarks=[
         Case("hidden8192_prefill", {"tokens": 8192, "hidden": 8192}),

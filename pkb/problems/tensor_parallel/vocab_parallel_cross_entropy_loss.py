@@ -68,11 +68,11 @@ PROBLEM = Problem(
     source="Megatron-LM core.tensor_parallel.cross_entropy (_VocabParallelCrossEntropy.forward)",
     world_sizes=(2, 4, 8),
     upstream=[Case("upstream", {"batch": 8, "seq": 1024, "vocab": 512},
-                   note="the upstream factory: logits [8, 1024, 512/W] bf16, target [8, 1024]")],
+                   note="the upstream factory: logits [8, 1024, 512/W], target [8, 1024]")],
     tests=[
-        Case("odd", {"batch": 2, "seq": 7, "vocab": 40}, note="5 vocab ids per rank at W=8"),
-        Case("one_id_per_rank", {"batch": 3, "seq": 5, "vocab": 8}),
-        Case("wider_vocab", {"batch": 1, "seq": 13, "vocab": 1000}),
+        Case("odd", {"batch": 2, "seq": 7, "vocab": 40}, note="5 vocab ids per rank at W=8", tags=("odd_sizes",)),
+        Case("one_id_per_rank", {"batch": 3, "seq": 5, "vocab": 8}, tags=("tiny", "odd_sizes")),
+        Case("wider_vocab", {"batch": 1, "seq": 13, "vocab": 1000}, tags=("odd_sizes", "shape_regime")),
     ],
     benchmarks=[
         Case("llama3_8b_seq8192", {"batch": 1, "seq": 8192, "vocab": LLAMA3_VOCAB},

@@ -8,14 +8,15 @@ upstream), p = softmax over the kept logits (fp32), and for each token with upst
 (the target's own term is dropped when the target was filtered: the gradient autograd gives for
 masked_fill -> log_softmax -> gather); then the inverse all-to-all back to the vocab shards.
 
-Per rank: vocab_parallel_logits [B, S, V/W] (bf16), target [B, S] int64 and grad_output [B, S] bf16
-(both the same on every rank), tp_group (None), top_k, top_p, chunk_size (B*S and B*chunk_size
-divide by W)  ->  [B, S, V/W] fp32, the gradient with respect to this rank's logits block.
+Per rank: vocab_parallel_logits [B, S, V/W] (the run's dtype, bf16 by default), target [B, S] int64
+and grad_output [B, S] bf16 (both the same on every rank; grad_output is bf16 in every precision, as
+upstream's factory makes it), tp_group (None), top_k, top_p, chunk_size (B*S and B*chunk_size divide
+by W)  ->  [B, S, V/W] fp32, the gradient with respect to this rank's logits block.
 
 Cost per rank: the forward all-to-all moves (W-1)/W of the bf16 logits block, the backward one
 (W-1)/W of the fp32 gradient block: (W-1)/W * B*S*V/W * (itemsize + 4); flops
 ``_logprob.logprob_flops`` plus 2 per element for the gradient; HBM reads the logits block and
-writes the fp32 gradient: B*S*V/W*(itemsize + 4) + B*S*(8 + itemsize).
+writes the fp32 gradient: B*S*V/W*(itemsize + 4) + B*S*(8 + 2) (targets and bf16 grad_output).
 
 Cases: ``upstream_w{2,4,8}`` are the upstream factory (as the chunked forward's, plus grad_output
 [2, 8] bf16). Tests and benchmarks: as vocab_parallel_log_prob_topk_chunked.
@@ -35,7 +36,7 @@ UPSTREAM, TESTS, BENCHMARKS = logprob_cases(chunked=True)
 
 def make_inputs(case, rank, world_size, gen):
     logits, target = make_logprob_inputs(case, rank, world_size, gen)
-    grad_output = randn(gen.shared, case["batch"], case["seq"], dtype=dtype_of(case))
+    grad_output = randn(gen.shared, case["batch"], case["seq"], dtype=torch.bfloat16)  # bf16 in every precision, as upstream
     return logits, target, grad_output, None, case.get("top_k"), case.get("top_p", 1.0), case["chunk_size"]
 
 
@@ -55,7 +56,7 @@ def cost(case, world_size):
     local_elements = terms["logit_bytes"] / size
     return Cost(link_bytes=(world_size - 1) / world_size * local_elements * (size + 4),
                 flops=logprob_flops(case, world_size) + 2 * local_elements,
-                hbm_bytes=local_elements * (size + 4) + terms["tokens"] * (8 + size),
+                hbm_bytes=local_elements * (size + 4) + terms["tokens"] * (8 + 2),
                 pattern="2x all_to_all (per chunk)")
 
 
