@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from pkb import precision
+
 FORMATS = ("table", "json", "csv", "parquet")
 TABLES = ("rows", "metrics")
 
@@ -29,6 +31,9 @@ def add_commands(subparsers, add_eval_options) -> None:
     p.add_argument("--problems", help="the selection the metrics are over, e.g. 1-8,12 or a category; default: all")
     p.add_argument("--mode", choices=("cpu", "cuda", "shared-gpu"), help="only results measured in this mode")
     p.add_argument("--world-size", type=int, help="only results at this world size")
+    p.add_argument("--dtype", choices=precision.NAMES,
+                   help="only results in this precision (default: all; a set's results in another precision than "
+                        "bf16 are reported apart, as `SET [fp32]`)")
     p.add_argument("--k", default="1,3,5,10,100", help="the k of pass@k and fast_p@k (given where every attempted "
                                                        "problem has at least k samples)")
     p.set_defaults(func=cmd_report)
@@ -55,7 +60,7 @@ def cmd_report(args) -> int:
     registry = {name: p.category for name, p in all_problems().items()}
     selection = {p.name: p.category for p in select(args.problems)} if args.problems else None
     row_filter = records.Filter(problems=frozenset(selection) if selection else None, mode=args.mode,
-                                world_size=args.world_size)
+                                world_size=args.world_size, precision=args.dtype)
     db = args.db or DEFAULT_DB
     try:
         loaded = records.load(db, args.group_by, row_filter, registry)
@@ -147,6 +152,13 @@ def headline_lines(report, empty: str) -> None:
                     headers=[report.group_by, *tables.HEADLINE_COLUMNS[1:]])
         print()
         print(tables.HEADLINE_FOOTNOTE)
+        strict_gaps = tables.strict_gap_rows(report)
+        if strict_gaps:
+            print("\nCorrect on the paper's protocol, failing pkb's stricter cases:")
+            print_table(strict_gaps, list(tables.STRICT_GAP_COLUMNS),
+                        headers=[report.group_by, *tables.STRICT_GAP_COLUMNS[1:]])
+            for reason, meaning in tables.reason_meanings(report).items():
+                print(f"  {reason}: {meaning}")
     for note in tables.headline_notes(report):
         print(f"note: {note}")
 

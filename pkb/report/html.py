@@ -31,8 +31,9 @@ from pathlib import Path
 from pkb.problem import Status
 from pkb.report.metrics import FAST_P_THRESHOLDS, Report
 from pkb.report.records import Record
-from pkb.report.tables import (COVERED, HEADLINE_FOOTNOTE, IN_THE_SUITE, coverage_notes, fast_1, headline_notes,
-                               percent, problems_text, sandbox_notes, times)
+from pkb.report.tables import (COVERED, HEADLINE_FOOTNOTE, IN_THE_SUITE, STRICT_GAP_COLUMNS, coverage_notes, fast_1,
+                               headline_notes, percent, problems_text, reason_meanings, sandbox_notes, strict_gap_rows,
+                               times)
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")
@@ -90,6 +91,7 @@ def render(report: Report, title: str = "pkb report", source: str = "") -> str:
             _figure(_roofline_histogram(report, colors), "correct results per 10 % bin of roofline"),
         ]) + "</div>"),
         _section("categories", "Per category (in the suite)", _category_table(report)),
+        _section("strict", "Correct on the paper's protocol, failing pkb's cases", _strict_gap_table(report)),
         _section("problems", "Problems", _problem_index(report) + "".join(_problem_section(report, p)
                                                                            for p in _problems_with_results(report))),
     ]
@@ -245,6 +247,17 @@ def _pass_at_k_table(report: Report) -> str:
             + _num(g, f"fast_1@{k}", m.fast_p.get(k, {}).get(1.0), percent(m.fast_p.get(k, {}).get(1.0))) for k in ks)
         + "</tr>" for g, m in report.overall.items())
     return f"<table>{head}{rows}</table>"
+
+
+def _strict_gap_table(report: Report) -> str:
+    """Per group: the paper-correct samples that fail pkb's stricter cases, by the failing case's tags."""
+    rows = strict_gap_rows(report)
+    if not rows:
+        return '<p class="note">No sample correct on the paper\'s protocol failed pkb\'s cases.</p>'
+    head = "<tr>" + "".join(f"<th>{_e(c)}</th>" for c in (report.group_by, *STRICT_GAP_COLUMNS[1:])) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{_e(row[c])}</td>" for c in STRICT_GAP_COLUMNS) + "</tr>" for row in rows)
+    legend = "".join(f"<li><b>{_e(reason)}</b>: {_e(meaning)}</li>" for reason, meaning in reason_meanings(report).items())
+    return f"<table>{head}{body}</table><ul class=\"note\">{legend}</ul>"
 
 
 def _category_table(report: Report) -> str:

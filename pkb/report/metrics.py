@@ -20,6 +20,9 @@ verdict is ``ok`` on every case pkb checked. Every metric exists on both (``Repo
   (``collectives_used`` empty).
 - ``verdicts``: every verdict's count (on the protocol); ``failures`` are those other than ``ok``,
   ``skipped``, ``harness_error`` and ``infra_error``.
+- ``strict_gaps`` (``StrictGap``): of a group's samples correct on the paper's protocol, how many fail
+  pkb's stricter cases, and why: the tags of the case they failed (pkb.problem.CASE_TAGS, each tests
+  case's), or one of ``STRICT_ONLY_REASONS`` where no tagged case decided it.
 - ``sandbox`` (``Report.sandbox``, ``SandboxTally``): of a group's results with a verdict, how many
   candidates ran without the full sandbox: with ``--sandbox off``, with some protection missing on their
   machine (partial), or with no record of it (rows from a pkb before the sandbox). Protocol-independent.
@@ -48,7 +51,7 @@ from fractions import Fraction
 from typing import Iterable
 
 from pkb.problem import Status
-from pkb.report.records import PROTOCOLS, SANDBOX_GAPS, Record, sandbox_gap
+from pkb.report.records import PROTOCOLS, SANDBOX_GAPS, Record, registry_case_tags, sandbox_gap
 
 FAST_P_THRESHOLDS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)
 VIEWS = ("covered", "suite")  # the problems a group has a result for; the whole selection (the paper's)
@@ -215,6 +218,58 @@ def sandbox_tally(records: Iterable[Record]) -> SandboxTally:
     return SandboxTally(len(gaps), {gap: gaps.count(gap) for gap in SANDBOX_GAPS})
 
 
+# Why a sample correct on the paper's protocol failed pkb's, where no tagged tests case says it.
+STRICT_ONLY_REASONS = {
+    "strict_check": "pkb's stricter comparison on upstream or benchmark inputs (dtype, tolerance, the inputs "
+                    "after the call, the same answer twice)",
+    "timeout_or_crash": "timed out or crashed on a stricter case",
+    "untagged": "a case without tags",
+    "unrecorded": "the result does not say which case failed",
+}
+
+
+@dataclass(frozen=True)
+class StrictGap:
+    """Of a group's samples correct on the paper's protocol (``paper_ok``), those failing pkb's cases
+    (``strict_failed``), counted under each reason of the case that failed them (a sample counts once
+    under each tag of its case)."""
+
+    paper_ok: int
+    strict_failed: int
+    reasons: dict[str, int]
+
+
+def strict_gaps(records: Iterable[Record], problems: dict[str, str],
+                case_tags: dict[str, dict[str, tuple[str, ...]]]) -> dict[str, StrictGap]:
+    """Per group, the paper-correct samples that fail pkb's cases and why (``StrictGap``); ``case_tags``:
+    slug -> tests case -> its tags (``records.registry_case_tags``)."""
+    by_group: dict[str, list[Record]] = {}
+    for record in records:
+        if not record.is_reference and record.problem in problems and record.verdict("paper") is Status.OK:
+            by_group.setdefault(record.group, []).append(record)
+    gaps = {}
+    for group, paper_ok in by_group.items():
+        failed = [r for r in paper_ok if r.status is not Status.OK and r.status.is_verdict]
+        reasons: dict[str, int] = {}
+        for record in failed:
+            for reason in strict_failure_reasons(record, case_tags.get(record.problem, {})):
+                reasons[reason] = reasons.get(reason, 0) + 1
+        gaps[group] = StrictGap(len(paper_ok), len(failed), dict(sorted(reasons.items(), key=lambda kv: -kv[1])))
+    return gaps
+
+
+def strict_failure_reasons(record: Record, tags_of_case: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """Why ``record`` failed pkb's cases: its failing tests case's tags, or a ``STRICT_ONLY_REASONS`` key."""
+    if record.status in (Status.TIMEOUT, Status.CRASH):
+        return ("timeout_or_crash",)
+    case = record.result.details.get("case")
+    if case is None:
+        return ("unrecorded",)
+    if case not in tags_of_case:  # an upstream or benchmark case: the same inputs, a stricter comparison
+        return ("strict_check",)
+    return tags_of_case[case] or ("untagged",)
+
+
 @dataclass(frozen=True)
 class Coverage:
     """How much of the selection (or of one category of it) a group has a result for, whatever the verdict:
@@ -299,6 +354,7 @@ class Report:
     coverage: dict[str, Coverage] = field(default_factory=dict)  # group -> its share of the selection
     covered: dict[str, dict[str, Metrics]] = field(default_factory=dict)  # protocol -> group -> covered view
     covered_by_category: dict[str, dict[str, dict[str, Metrics]]] = field(default_factory=dict)  # protocol -> ...
+    strict_gaps: dict[str, StrictGap] = field(default_factory=dict)  # group -> paper-correct samples failing pkb's
 
     @property
     def categories(self) -> tuple[str, ...]:
@@ -353,6 +409,8 @@ class Report:
                          for g, c in self.coverage.items()},
             "covered": {**_protocol_json(self.covered["pkb"], self.covered_by_category["pkb"]),
                         "paper": _protocol_json(self.covered["paper"], self.covered_by_category["paper"])},
+            "strict_gaps": {g: {"paper_ok": gap.paper_ok, "strict_failed": gap.strict_failed, "reasons": gap.reasons}
+                            for g, gap in self.strict_gaps.items()},
             "notes": list(self.notes),
         }
 
@@ -375,9 +433,12 @@ def _protocol_json(overall: dict[str, Metrics], by_category: dict[str, dict[str,
 
 
 def build_report(records: Iterable[Record], problems: dict[str, str], group_by: str,
-                 ks: Iterable[int] = DEFAULT_KS, notes: Iterable[str] = ()) -> Report:
-    """Group ``records`` and compute every metric on both protocols. ``problems``: the selection, slug -> category."""
+                 ks: Iterable[int] = DEFAULT_KS, notes: Iterable[str] = (),
+                 case_tags: dict[str, dict[str, tuple[str, ...]]] | None = None) -> Report:
+    """Group ``records`` and compute every metric on both protocols. ``problems``: the selection, slug -> category;
+    ``case_tags``: slug -> tests case -> its tags (default: the registry's)."""
     records = tuple(records)
+    case_tags = registry_case_tags() if case_tags is None else case_tags
     ks = tuple(ks)
     by_group: dict[str, list[Record]] = {}
     for record in records:
@@ -398,7 +459,8 @@ def build_report(records: Iterable[Record], problems: dict[str, str], group_by: 
                   self_check=self_check(records, problems), ks=ks,
                   coverage={g: Coverage(len(problems), len(covered[g])) for g in groups},
                   covered={p: ordered(on_protocol[("covered", p)][0]) for p in PROTOCOLS},
-                  covered_by_category={p: ordered(on_protocol[("covered", p)][1]) for p in PROTOCOLS})
+                  covered_by_category={p: ordered(on_protocol[("covered", p)][1]) for p in PROTOCOLS},
+                  strict_gaps={g: gap for g, gap in strict_gaps(records, problems, case_tags).items() if g in groups})
 
 
 def _view_metrics(by_group: dict[str, list[Record]], problems_of: dict[str, dict[str, str]],

@@ -10,7 +10,9 @@ A *group* is what a report compares. ``group_by`` picks it:
   to fall back to their set.
 - ``solution``: every solution name is its own group.
 
-Groups never come from a file name's suffix.
+Groups never come from a file name's suffix. A result in another precision than the paper's bf16
+(``--dtype``) counts for its group with the precision added, ``my-set [fp32]``: a set's fp32 and bf16
+results are never pooled.
 
 Two verdicts per record (``Record.verdict(protocol)``): ``pkb`` is the stored status, strict on every
 checked case; ``paper`` is the verdict on the upstream cases alone, the paper's protocol
@@ -29,11 +31,11 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pkb.evaluate.result import EvalResult
-from pkb.problem import Status
+from pkb.problem import DEFAULT_PRECISION, Status
 from pkb.store.db import REFERENCE_SET, UNNAMED_SET, ResultStore, StoreError, generated_set
 
 GROUP_KEYS = ("set", "model", "solution")
@@ -59,11 +61,13 @@ class Filter:
     problems: frozenset[str] | None = None
     mode: str | None = None
     world_size: int | None = None
+    precision: str | None = None
 
     def keeps(self, result: EvalResult) -> bool:
         return ((self.problems is None or result.problem in self.problems)
                 and (self.mode is None or result.mode == self.mode)
-                and (self.world_size is None or result.world_size == self.world_size))
+                and (self.world_size is None or result.world_size == self.world_size)
+                and (self.precision is None or result.precision == self.precision))
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,13 @@ def registry_categories() -> dict[str, str]:
     return {name: problem.category for name, problem in all_problems().items()}
 
 
+def registry_case_tags() -> dict[str, dict[str, tuple[str, ...]]]:
+    """slug -> case name -> the tags of each tests case (pkb.problem.CASE_TAGS)."""
+    from pkb.registry import all_problems
+
+    return {name: {case.name: case.tags for case in problem.tests} for name, problem in all_problems().items()}
+
+
 def registry_upstream_cases() -> dict[str, frozenset[str]]:
     from pkb.registry import all_problems
 
@@ -228,6 +239,14 @@ def registry_upstream_cases() -> dict[str, frozenset[str]]:
 def _records(result_id: int, result: EvalResult, generations: list[Generation], group_by: str,
              categories: dict[str, str], paper: Status | None) -> list[Record]:
     """One record per generation that links to the result (one record when none does, or by solution)."""
+    records = _records_in_groups(result_id, result, generations, group_by, categories, paper)
+    if result.precision == DEFAULT_PRECISION:
+        return records
+    return [replace(record, group=f"{record.group} [{result.precision}]") for record in records]
+
+
+def _records_in_groups(result_id: int, result: EvalResult, generations: list[Generation], group_by: str,
+                       categories: dict[str, str], paper: Status | None) -> list[Record]:
     category = categories.get(result.problem, UNKNOWN_CATEGORY)
     if result.solution == REFERENCE:
         return [Record(str(result_id), result_id, REFERENCE, REFERENCE, category, result,

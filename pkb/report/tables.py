@@ -117,6 +117,26 @@ def headline_notes(report: Report) -> list[str]:
     return notes + list(report.notes)
 
 
+STRICT_GAP_COLUMNS = ("set", "paper ok", "fail pkb's cases", "why: the failing cases' tags")
+
+
+def strict_gap_rows(report: Report) -> list[dict]:
+    """Per group with paper-correct samples that fail pkb's cases: how many, and under which tags."""
+    return [{"set": group, "paper ok": gap.paper_ok, "fail pkb's cases": gap.strict_failed,
+             "why: the failing cases' tags": ", ".join(f"{reason} {n}" for reason, n in gap.reasons.items())}
+            for group, gap in report.strict_gaps.items() if gap.strict_failed]
+
+
+def reason_meanings(report: Report) -> dict[str, str]:
+    """What each tag or reason in ``strict_gap_rows`` means."""
+    from pkb.problem import CASE_TAGS
+    from pkb.report.metrics import STRICT_ONLY_REASONS
+
+    meanings = {**CASE_TAGS, **STRICT_ONLY_REASONS}
+    used = dict.fromkeys(reason for gap in report.strict_gaps.values() for reason in gap.reasons)
+    return {reason: meanings.get(reason, "") for reason in used}
+
+
 SANDBOX_GAP_LABELS = {"off": "--sandbox off", "partial": "partial", "unrecorded": "no record (older pkb)"}
 
 

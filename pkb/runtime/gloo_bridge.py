@@ -444,7 +444,7 @@ def install(stage_cuda: bool = False) -> None:
         original = getattr(c10d, name)
         _original[name] = original
         _signature[name] = inspect.signature(original)
-        bridged = functools.wraps(original)(bridge)
+        bridged = functools.wraps(original)(_staged(name, bridge) if name in _WRITES else bridge)
         bridged.__pkb_bridged__ = True
         setattr(c10d, name, bridged)
         setattr(dist, name, bridged)

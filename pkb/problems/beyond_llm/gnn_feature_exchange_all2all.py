@@ -7,7 +7,8 @@ order it received them, grouped by requesting rank) and sends group r back to ra
 
 Per rank (M[a][b] = rows rank a sends to rank b, a skewed matrix with empty entries; GraphBolt lists its
 peers rank-rotated: entry j of a per-peer list, and chunk j of the rows, belong to rank p_j = (rank + j) % W):
-  local_features [seed_size, D] (the run's precision, bf16 by default), seed_inverse_ids [sum_j M[rank][p_j]] int64 in [0, seed_size),
+  local_features [seed_size, D] (the run's precision, bf16 by default),
+  seed_inverse_ids [sum_j M[rank][p_j]] int64 in [0, seed_size),
   counts_sent = [M[p_j][rank] for j] (rows this rank gets from p_j: it sent p_j that many ids earlier),
   counts_received = [M[rank][p_j] for j] (ids this rank got from p_j, so rows it sends back),
   group=None (the default group)

@@ -7,7 +7,8 @@ received rows in GraphBolt; an index-add here).
 Per rank (M[a][b] = rows rank a sent to rank b in the forward pass, skewed, with empty entries; peers
 listed rank-rotated as in the forward problem: entry j belongs to rank p_j = (rank + j) % W):
   grad_output [sum(counts_sent), D] fp32 (in every run precision, as upstream's factory makes it; the
-  gradients of the rows received from p_0, p_1, ..., in that order), seed_inverse_ids [sum(counts_received)] int64 in [0, seed_size) (with repeats; some seeds unused),
+  gradients of the rows received from p_0, p_1, ..., in that order), seed_inverse_ids [sum(counts_received)]
+  int64 in [0, seed_size) (with repeats; some seeds unused),
   seed_size int, counts_sent = [M[p_j][rank] for j], counts_received = [M[rank][p_j] for j], group=None
   ->  grad [seed_size, D] fp32: grad[i] = sum of the returned rows whose seed_inverse_id is i (zero if none).
 

@@ -17,8 +17,8 @@ it does not hold, N*8 bytes: link = (W-1)/W * N*8. (Gathering the raw scores ins
 does, moves (K+1)*2/8 times more.) flops: n*K comparisons. HBM: read the scores n*(K+1)*b, write N*8.
 
 Cases: ``upstream`` has the upstream factory's shapes (max(16, min(1024 // W, 1280)) + rank % 3 positives
-per rank, 1000 negatives each). Benchmarks: ogbl-citation2 is evaluated with 1000 negatives per positive over 86,956 test edges
-(``citation2_1000neg``: the test edges split over the ranks); ``wikikg90m_1000neg`` is a larger
+per rank, 1000 negatives each). Benchmarks: ogbl-citation2 is evaluated with 1000 negatives per positive
+over 86,956 test edges (``citation2_1000neg``: the test edges split over the ranks); ``wikikg90m_1000neg`` is a larger
 batch of 200k positives per evaluation step, as in DGL-KE's WikiKG90M runs.
 """
 

@@ -41,10 +41,11 @@ def shard_rows(num_total_nodes, world_size, rank):
     return per_rank, max(0, min(per_rank, num_total_nodes - rank * per_rank))
 
 
-_FILL_ROWS = 1 << 20  # the table is drawn this many rows at a time (no fp32 copy of a 28 GB shard)
+_FILL_ROWS = 1 << 20
 
 
 def _random_table(gen, rows, dim, dtype):
+    """[rows, dim] normal values in ``dtype``, drawn _FILL_ROWS rows at a time (no fp32 copy of a 28 GB shard)."""
     table = torch.empty(rows, dim, dtype=dtype, device=gen.device)
     for start in range(0, rows, _FILL_ROWS):
         part = table[start:start + _FILL_ROWS]
@@ -113,11 +114,11 @@ PROBLEM = Problem(
     source="GNN feature-store fetch (WholeGraph / DGL DistTensor row-sharded table) + linear projection",
     world_sizes=(2, 4, 8),
     upstream=[
-        Case("upstream", {"num_nodes": 111_000_000, "ids_per_rank": 20_000, "even": True, "balanced": True,
-                          "dim": 256, "dim_out": 256}, slow_on_cpu=True,
+        Case("upstream", {"num_nodes": 111_000_000, "ids_per_rank": 20_000, "balanced": True, "dim": 256,
+                          "dim_out": 256}, slow_on_cpu=True,
              note="upstream's 111M x 256 table (28 GB a rank at W=2): cuda mode only"),
-        Case("upstream_200k_rows", {"num_nodes": 200_000, "ids_per_rank": 20_000, "even": True, "balanced": True,
-                                    "dim": 256, "dim_out": 256},
+        Case("upstream_200k_rows", {"num_nodes": 200_000, "ids_per_rank": 20_000, "balanced": True, "dim": 256,
+                                    "dim_out": 256},
              note="upstream's structure but for the table's height: 200,000 rows, not 111,000,000"),
     ],
     tests=[

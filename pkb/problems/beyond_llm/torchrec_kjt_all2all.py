@@ -160,7 +160,7 @@ PROBLEM = Problem(
     tests=[
         _case("uneven_batches", (1, 3, 2, 5, 1, 2, 4, 1, 2, 3, 1), (3, 0, 5, 2),
               note="11 keys; one rank's batch is empty; upstream's five arguments",
-              tags=("uneven_sizes", "empty_rank", "odd_sizes", "skewed")),
+              tags=("uneven_sizes", "empty_rank", "odd_sizes")),
         _case("weighted_uneven_batches", (1, 3, 2, 5, 1, 2, 4, 1, 2, 3, 1), (3, 0, 5, 2), weighted=True,
               note="11 keys; one rank's batch is empty", tags=("argument_value", "uneven_sizes", "empty_rank")),
         _case("skewed_keys_stagger2", (2, 1, 4, 1, 3, 2, 2, 1, 1), (4, 1), skew_keys=True, stagger=2, weighted=True,

@@ -66,7 +66,7 @@ UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32
 
 
 def tolerance(case, world_size, dtype):
-    return Tolerance(atol=0.0, rtol=max((world_size + 3) * UNIT_ROUNDOFF[dtype], default_tolerance(dtype).rtol))
+    return Tolerance(atol=0.0, rtol=max((world_size + 3) * UNIT_ROUNDOFF.get(dtype, 0.0), default_tolerance(dtype).rtol))
 
 
 def cost(case, world_size):
