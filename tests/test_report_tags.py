@@ -78,3 +78,8 @@ def test_pkb_report_prints_the_tags_and_filters_by_dtype(tmp_path, capsys):
 def test_every_tests_case_has_a_tag():
     untagged = [f"{p.name}/{c.name}" for p in all_problems().values() for c in p.tests if not c.tags]
     assert not untagged, f"tests cases without tags (pkb.problem.CASE_TAGS): {untagged}"
+
+
+def test_ok_for_pkb_but_not_by_upstreams_rule_is_a_paper_mismatch():
+    result = _result("allreduce", "a", Status.OK, False)
+    assert records.paper_status(result, frozenset({"upstream"})) is Status.MISMATCH

@@ -189,7 +189,7 @@ def paper_status(result: EvalResult, upstream_cases: frozenset[str] | None, reco
     """The verdict on the upstream cases alone (the paper's protocol), or None when the row cannot tell.
 
     ``upstream_ok`` decides where the evaluator set it: True is ``ok`` whatever the stricter cases said,
-    False keeps the status (an upstream trial failed). Where it is None: ``skipped``, ``harness_error`` and ``infra_error``
+    False keeps the status (an upstream trial failed), ``mismatch`` where only upstream's rule failed. Where it is None: ``skipped``, ``harness_error`` and ``infra_error``
     stay what they are; a file that failed before any input ran (compile, import, signature) fails on
     the paper's inputs too, and so does any other failure of a row that ``recorded`` upstream_ok and
     had upstream cases among its ``cases`` (it stopped before the first upstream trial finished).
@@ -198,6 +198,8 @@ def paper_status(result: EvalResult, upstream_cases: frozenset[str] | None, reco
     """
     if result.upstream_ok is True:
         return Status.OK
+    if result.upstream_ok is False and result.status is Status.OK:  # only upstream's tolerance was missed
+        return Status.MISMATCH
     if result.upstream_ok is False or result.status in (Status.SKIPPED, *_FAILS_ON_ANY_INPUTS) or not result.status.is_verdict:
         return result.status
     if result.status is not Status.OK and recorded and upstream_cases and set(result.cases) & upstream_cases:
