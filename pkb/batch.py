@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import UPSTREAM_TRIALS, EvalConfig, checked_cases
+from pkb.evaluate.evaluator import EvalConfig, checked_cases
 from pkb.evaluate.result import EvalResult
 from pkb.executor import Executor, LocalExecutor, Task
 from pkb.problem import DEFAULT_PRECISION, Problem
+from pkb.protocol import UPSTREAM_TRIALS
 from pkb.registry import all_problems
 from pkb.store.db import REFERENCE_SET, SHIPPED_SET, SHIPPED_SOLUTIONS, ResultStore, run_key
 _UPSTREAM_NAME = re.compile(r"^(\d+)_")

@@ -14,14 +14,14 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
-from pkb import __version__, precision
+from pkb import __version__, protocol
 from pkb.console import UsageError, print_table  # noqa: F401  (subsystem commands import them from here too)
-from pkb.problem import Status
 
 USAGE_ERROR = 2
 HARNESS_FAILURE = 3  # pkb itself failed: no verdict on the candidate
-QUIET_STATUSES = (Status.OK, Status.SKIPPED)
+QUIET_STATUSES = ("ok", "skipped")  # Status values (a str enum): this module imports no torch
 DEFAULT_TRIALS = 3
 SELF_CHECK_TRIALS = 1  # `pkb run`'s self-check of each reference, unless --trials says otherwise
 
@@ -154,6 +154,8 @@ def sandbox_line(level: str, mode, on_ray: bool = False) -> str:
 
 
 def cmd_eval(args) -> int:
+    if args.server:
+        return _eval_on_server(args)
     from pkb.evaluate.candidate import Candidate
     from pkb.evaluate.evaluator import evaluate
     from pkb.registry import get_problem
@@ -177,6 +179,37 @@ def cmd_eval(args) -> int:
     else:
         print_verdict(result)
     return 0 if result.ok else 1 if result.status.is_verdict else HARNESS_FAILURE
+
+
+def _eval_on_server(args) -> int:
+    """``pkb eval --server URL``: the file's text to the service, its verdict printed as here."""
+    import os
+
+    from pkb.client import Client, ServerError
+
+    if args.candidate == "reference" or not Path(args.candidate).is_file():
+        raise UsageError(f"candidate file {args.candidate} not found (with --server, give a .py file defining `solution`)")
+    options = {"mode": args.mode, "cases": args.cases or "all", "trials": DEFAULT_TRIALS if args.trials is None else args.trials,
+               "upstream_trials": args.upstream_trials, "dtype": args.dtype, "perf": args.perf, "policy": args.policy,
+               "timeout": args.timeout, "name": Path(args.candidate).stem}
+    if args.world_size:
+        options["world_size"] = args.world_size
+    if args.sandbox != "auto" or args.cuda_graph:
+        raise UsageError("--sandbox and --cuda-graph are the server's to choose (`pkb serve --sandbox`)")
+    try:
+        result = Client(args.server, os.environ.get("PKB_SERVE_TOKEN") or None).evaluate(
+            args.problem, Path(args.candidate).read_text(encoding="utf-8", errors="replace"), **options)
+    except ServerError as exc:
+        if exc.status == 400:
+            raise UsageError(str(exc)) from None
+        raise
+    if args.json:
+        print(json.dumps(result, default=str))
+    else:
+        print_verdict(SimpleNamespace(**{**result, "status": SimpleNamespace(value=result["status"]),
+                                         "timings": [SimpleNamespace(**t) for t in result.get("timings") or []]}))
+    status = result["status"]
+    return 0 if status == "ok" else HARNESS_FAILURE if status in ("harness_error", "infra_error") else 1
 
 
 def print_verdict(result) -> None:
@@ -303,14 +336,13 @@ def print_run_summary(results, problems, db: str, checked: str = "") -> None:
 
 
 def add_precision_option(p) -> None:
-    p.add_argument("--dtype", default=precision.DEFAULT, choices=precision.NAMES,
-                   help=f"the run's precision, as upstream's --dtype (default {precision.DEFAULT}, the paper's): the "
+    p.add_argument("--dtype", default=protocol.DEFAULT_PRECISION, choices=protocol.PRECISION_NAMES,
+                   help=f"the run's precision, as upstream's --dtype (default {protocol.DEFAULT_PRECISION}, the paper's): the "
                         "inputs upstream builds from it follow it in every case; indices, scales and other dtypes "
                         "of the function stay")
 
 
 def add_eval_options(p, world_size_default, executor: bool = False):
-    from pkb.evaluate.evaluator import UPSTREAM_TRIALS
     from pkb.runtime.sandbox import SANDBOX_LEVELS
 
     p.add_argument("--world-size", type=int, default=world_size_default)
@@ -330,9 +362,9 @@ def add_eval_options(p, world_size_default, executor: bool = False):
                         "references' self-checks run their upstream cases unless --cases is given), upstream "
                         "(the upstream benchmark's inputs: the paper's protocol), tests, or benchmarks")
     add_precision_option(p)
-    p.add_argument("--upstream-trials", type=int, default=UPSTREAM_TRIALS,
+    p.add_argument("--upstream-trials", type=int, default=protocol.UPSTREAM_TRIALS,
                    help=f"trials of the upstream cases, which also decide the paper's verdict by upstream's rule "
-                        f"(default {UPSTREAM_TRIALS}, upstream's; the run's --trials where that is more)")
+                        f"(default {protocol.UPSTREAM_TRIALS}, upstream's; the run's --trials where that is more)")
     p.add_argument("--sandbox", default="auto", choices=SANDBOX_LEVELS,
                    help="how candidate processes are confined (Landlock, namespaces, uid drop): auto (the default) "
                         "applies every protection this machine offers and says which are missing; required refuses "
@@ -371,6 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("problem", help="slug or upstream number")
     p.add_argument("candidate", help="a .py file defining solution(...), or `reference`")
     add_eval_options(p, None)
+    p.add_argument("--server", help="evaluate on a `pkb serve` at this URL instead of here (this process then "
+                                    "imports no torch); its token from $PKB_SERVE_TOKEN")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("run", help="many evaluations, stored in a database as they finish")
@@ -393,19 +427,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Subsystems that add their own subcommands: each module defines add_commands(subparsers,
 # add_eval_options) and imports nothing heavy at module level (parsing must stay fast).
-COMMAND_MODULES: tuple[str, ...] = ("pkb.report.cli", "pkb.hardware.cli", "pkb.generate.cli")
+COMMAND_MODULES: tuple[str, ...] = ("pkb.report.cli", "pkb.hardware.cli", "pkb.generate.cli", "pkb.serve.cli")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pkb.registry import UnknownProblem
-
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, UnknownProblem) as exc:
+    except UsageError as exc:
         print(f"pkb: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    except KeyError as exc:  # an unknown case name
+    except KeyError as exc:  # an unknown problem (pkb.registry.UnknownProblem) or case name
         print(f"pkb: error: {exc.args[0]}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
@@ -418,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
 
         if getattr(args, "json", False):
-            print(json.dumps({"status": Status.HARNESS_ERROR.value, "command": args.command,
+            print(json.dumps({"status": "harness_error", "command": args.command,
                               "message": f"pkb failed, not the candidate: {type(exc).__name__}: {exc}",
                               "details": {"error": traceback.format_exc(limit=-12)}}))
         else:

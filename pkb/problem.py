@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from pkb import precision
+from pkb import protocol
 
 CATEGORIES = (
     "collectives",
@@ -55,8 +55,8 @@ _SLUG = re.compile(r"^[a-z][a-z0-9_]*$")
 # builds from its ``dtype`` argument. Dtypes that belong to the function (indices, fp32 master weights,
 # scales) stay as the function has them, and a case never pins the precision itself.
 PRECISIONS: Mapping[str, torch.dtype] = MappingProxyType(dict(zip(
-    precision.NAMES, (torch.bfloat16, torch.float16, torch.float32), strict=True)))
-DEFAULT_PRECISION = precision.DEFAULT
+    protocol.PRECISION_NAMES, (torch.bfloat16, torch.float16, torch.float32), strict=True)))
+DEFAULT_PRECISION = protocol.DEFAULT_PRECISION
 
 # What makes a tests case harder than the upstream inputs (issue: "say why a paper-correct sample fails
 # strict cases"). Every tests case carries at least one; reports count failures under them.

@@ -14,9 +14,9 @@ from pkb.registry import get_problem
 from pkb.problems.data_parallel import _common
 
 
-def cost_of(slug: str, case_name: str, world_size: int):
+def cost_of(slug: str, case_name: str, world_size: int, precision: str = "bf16"):
     problem = get_problem(slug)
-    return problem.cost(problem.find_case(case_name), world_size)
+    return problem.cost(problem.find_case(case_name, precision), world_size)
 
 
 # -- costs -------------------------------------------------------------------------------------------
@@ -33,7 +33,7 @@ def test_clip_grad_norm_no_ep_cost_llama3_8b_layer_w8():
 
 
 def test_clip_grad_norm_no_ep_cost_uneven_shards_w4():
-    # ceil(37/4) = 10 rows of 19, ceil(5/4) = 2, ceil(3/4) = 1 row of 7x11 on rank 0 (fp32 case is another).
+    # ceil(37/4) = 10 rows of 19, ceil(5/4) = 2, ceil(3/4) = 1 row of 7x11 on rank 0 (the L1 case is another).
     cost = cost_of("clip_grad_norm_no_ep", "odd_shards_l2_clipped", 4)
     assert cost.flops == 3 * (10 * 19 + 2 + 77)
 
@@ -72,8 +72,8 @@ def test_importance_sampling_loss_cost_llama3_w2():
 
 
 def test_ddp_cost_odd_mlp_w2():
-    # 5 -> 13 -> 3 MLP: 65 + 13 + 39 + 3 = 120 fp32 parameters; 3 rows per rank.
-    cost = cost_of("ddp", "odd_mlp_3_rows", 2)
+    # 5 -> 13 -> 3 MLP: 65 + 13 + 39 + 3 = 120 parameters, fp32 in an fp32 run; 3 rows per rank.
+    cost = cost_of("ddp", "odd_mlp_3_rows", 2, "fp32")
     assert cost.link_bytes == pytest.approx(3 * 120 * 4 + 2 * 1 / 2 * 120 * 4)  # 3 broadcasts + all-reduce
     assert cost.flops == 6 * 3 * (5 * 13 + 13 * 3) + 10 * 120
     assert cost.hbm_bytes == 4 * 3 * (5 + 3) + 4 * 120 + 7 * 4 * 120
@@ -89,7 +89,7 @@ def test_ddp_cost_upstream_w4():
 
 def test_zero1_cost_odd_mlp_w4():
     # 120 parameters: 30 per rank.
-    cost = cost_of("zero1_optimizer_shard", "odd_mlp_3_rows", 4)
+    cost = cost_of("zero1_optimizer_shard", "odd_mlp_3_rows", 4, "fp32")
     # broadcast + all-reduce + all-gather
     assert cost.link_bytes == pytest.approx(120 * 4 + 2 * 3 / 4 * 120 * 4 + 3 / 4 * 120 * 4)
     assert cost.flops == 6 * 3 * 104 + 10 * 30
@@ -97,31 +97,31 @@ def test_zero1_cost_odd_mlp_w4():
 
 
 def test_zero2_cost_odd_mlp_w4():
-    cost = cost_of("zero2_optimizer_shard_grad", "odd_mlp_3_rows", 4)
+    cost = cost_of("zero2_optimizer_shard_grad", "odd_mlp_3_rows", 4, "fp32")
     # broadcast + reduce-scatter + all-gather
     assert cost.link_bytes == pytest.approx(120 * 4 + 3 / 4 * 120 * 4 + 3 / 4 * 120 * 4)
 
 
 def test_fsdp_step_cost_odd_mlp_w8():
     # 120 parameters: 15 per rank.
-    cost = cost_of("fsdp_step_e2e", "odd_mlp_3_rows", 8)
+    cost = cost_of("fsdp_step_e2e", "odd_mlp_3_rows", 8, "fp32")
     assert cost.link_bytes == pytest.approx(7 / 8 * 120 * 4 * 2)
     assert cost.flops == 6 * 3 * 104 + 12 * 15
 
 
 def test_fused_adam_cost_llama3_70b_layer_w8():
     shard = 855_654_400 // 8
-    cost = cost_of("fused_adam_grad_unshard_allgather", "llama3_70b_layer", 8)
-    assert cost.link_bytes == pytest.approx(7 / 8 * 855_654_400 * 4)  # fp32 master parameters gathered
+    cost = cost_of("fused_adam_grad_unshard_allgather", "llama3_70b_layer", 8, "fp32")
+    assert cost.link_bytes == pytest.approx(7 / 8 * 855_654_400 * 4)  # fp32 parameters gathered
     assert cost.flops == 10 * shard
-    # read the bf16 gradient and the fp32 master and moments; write the gathered fp32 vector
-    assert cost.hbm_bytes == (2 + 3 * 4) * shard + 4 * 855_654_400
+    # read the gradient, master and moments (fp32 in an fp32 run); write the gathered fp32 vector
+    assert cost.hbm_bytes == 4 * 4 * shard + 4 * 855_654_400
 
 
 def test_fused_adam_cost_upstream_bf16_w4():
     cost = cost_of("fused_adam_grad_unshard_allgather", "upstream", 4)
     assert cost.link_bytes == pytest.approx(3 / 4 * 4 * 4096 * 2)  # 4096 bf16 parameters from each rank
-    assert cost.hbm_bytes == (2 + 3 * 2) * 4096 + 2 * 4 * 4096
+    assert cost.hbm_bytes == 4 * 2 * 4096 + 2 * 4 * 4096  # gradient, master and moments read, all bf16
 
 
 def test_quantized_grad_allreduce_cost_w2():
@@ -129,6 +129,16 @@ def test_quantized_grad_allreduce_cost_w2():
     cost = cost_of("quantized_grad_allreduce", "partial_last_block", 2)
     assert cost.link_bytes == pytest.approx(1 / 2 * (1000 + 8 * 4) + 1 / 2 * 1000 * 2)
     assert cost.hbm_bytes == 1000 * 2 * 2
+
+
+def test_costs_follow_the_run_precision():
+    # The gathered result is in the gradient's dtype: 4 bytes an element in fp32 against 2 in bf16; the
+    # int8 codes and fp32 scales are the same in both. The SigLIP texts: 2 bytes in fp16, 4 in fp32.
+    fp32 = cost_of("quantized_grad_allreduce", "partial_last_block", 2, "fp32")
+    assert fp32.link_bytes == pytest.approx(1 / 2 * (1000 + 8 * 4) + 1 / 2 * 1000 * 4)
+    fp16 = cost_of("openclip_contrastive_loss", "siglip_so400m_batch32k", 8, "fp16")
+    assert fp16.link_bytes * 2 == pytest.approx(cost_of("openclip_contrastive_loss", "siglip_so400m_batch32k", 8,
+                                                        "fp32").link_bytes)
 
 
 def test_fsdp_and_tp_cost_llama3_8b_w8():

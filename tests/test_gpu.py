@@ -7,6 +7,7 @@ and cuda modes, and racy solutions caught. Marked ``gpu``; skipped cleanly witho
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -176,3 +177,26 @@ flat = tensor.reshape(-1).clone()
     assert "_side[0]" in overlap.read_text() and "{extra}" not in overlap.read_text()
     result = _timed_in_shared_gpu(overlap, sessions)
     assert result.status is Status.OK, result.message
+
+
+UPSTREAM_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "upstream" / "reference"
+SLOW_ON_CPU_UPSTREAM = (25, 76, 77, 87)  # upstream cases too slow for a reference on the CPU
+
+
+@pytest.mark.parametrize("number", SLOW_ON_CPU_UPSTREAM)
+def test_upstream_cases_too_slow_on_the_cpu_are_checked_in_shared_gpu_mode(number, sessions):
+    """Issue 28, item 6: in shared-gpu mode the reference of a ``slow_on_cpu`` case runs on the GPU
+    (its collectives staged through host memory by the gloo bridge), so upstream's own file gets the
+    paper's verdict on its upstream case there too."""
+    files = sorted(UPSTREAM_CORPUS.glob(f"{number}_*.py"))
+    if not files:
+        pytest.skip(f"no upstream corpus at {UPSTREAM_CORPUS}")
+    problem = problem_for_file(files[0], all_problems())
+    upstream = [c.name for c in problem.cases("upstream", 2) if c.slow_on_cpu]
+    assert problem.upstream_id == number and upstream, (problem.name, upstream)
+    config = EvalConfig(world_size=2, mode=Mode.SHARED_GPU, num_trials=1, cases="upstream", timeout_s=300.0)
+    result = evaluate(problem, Candidate.from_file(files[0]), config, sessions(2, Mode.SHARED_GPU))
+    print(f"{files[0].name}: {result.status.value} in {result.wall_s:.1f} s ({result.details.get('phase_s')})")
+    assert result.status is Status.OK, result.message + "\n" + result.details.get("traceback", "")
+    assert set(upstream) <= set(result.cases) and "cases_left_out" not in result.details, result.cases
+    assert result.upstream_ok is True

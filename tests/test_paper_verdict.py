@@ -15,8 +15,9 @@ import torch
 
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.compare import upstream_compare
-from pkb.evaluate.evaluator import UPSTREAM_TRIALS, EvalConfig, evaluate
+from pkb.evaluate.evaluator import EvalConfig, evaluate
 from pkb.problem import Status
+from pkb.protocol import UPSTREAM_TRIALS
 from pkb.registry import get_problem
 from pkb.runtime.modes import Mode
 

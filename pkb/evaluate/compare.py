@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from pkb.problem import Tolerance
+from pkb.protocol import UPSTREAM_ATOL, UPSTREAM_RTOL
 
 CHUNK = 1 << 24  # elements compared at a time, to bound the parent's memory on GiB-sized outputs
 
@@ -188,7 +189,6 @@ def _kind(value: Any) -> str:
 
 # -- upstream's rule ----------------------------------------------------------------------------------
 
-UPSTREAM_ATOL = UPSTREAM_RTOL = 1e-2  # run_local.py / run_modal.py's --atol and --rtol defaults
 
 
 def upstream_compare(expected: Any, got: Any, path: str = "out") -> Mismatch | None:

@@ -24,6 +24,7 @@ from pkb.evaluate.result import CaseTiming, EvalResult
 from pkb.evaluate.tripwire import scan
 from pkb.hardware.roofline import busbw_gbps, roofline, roofline_fraction
 from pkb.problem import DEFAULT_PRECISION, PRECISIONS, Case, Problem, Status, Tolerance
+from pkb.protocol import UPSTREAM_TRIALS
 from pkb.runtime.builds import BuildBroker
 from pkb.runtime.group import GroupFailure, RankCrashed, RankGroup, RankTimeout, StartFailure
 from pkb.runtime.guards import SYNC_ONLY
@@ -69,9 +70,6 @@ class TimingProtocol:
                        cuda_graph=cuda_graph)
         # cpu / shared-gpu: finishes in seconds; the times are labelled as not GPU performance
         return cls(num_warmup=2, warmup_s=0.0, num_repeats=5, min_repeat_s=0.02, min_iters=2, max_iters=200)
-
-
-UPSTREAM_TRIALS = 5  # upstream's --trials default: the paper's verdict takes five random-input trials
 
 
 @dataclass(frozen=True)
@@ -253,7 +251,7 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
                 result.collectives_used = _used(last)
                 _summarise_timings(result)
             _apply_policy(result, config)
-            result.message = (f"all outputs match on {config.world_size} ranks, {len(cases)} cases x {config.num_trials} trials"
+            result.message = (f"all outputs match on {config.world_size} ranks: {_trials_text(problem, cases, config)}"
                               + (f" ({', '.join(c.name for c in left_out)} left out: too slow on the CPU)" if left_out else ""))
         finally:
             group.kill()  # a candidate's processes are never reused: no need to let them wind down
@@ -274,6 +272,19 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
         if own_session:
             session.close()
     return result
+
+
+def _trials_text(problem: Problem, cases: tuple[Case, ...], config: EvalConfig) -> str:
+    """e.g. ``1 upstream case x 5 trials (upstream's rule too), 4 cases x 3 trials``."""
+    upstream = sum(problem.case_kind(c.name) == "upstream" for c in cases)
+    parts = []
+    if upstream:
+        trials = max(config.num_trials, config.upstream_trials)
+        parts.append(f"{upstream} upstream case{'s' * (upstream > 1)} x {trials} trials (upstream's rule too)")
+    if len(cases) > upstream:
+        others = len(cases) - upstream
+        parts.append(f"{others} case{'s' * (others > 1)} x {config.num_trials} trials")
+    return ", ".join(parts)
 
 
 def _sandbox_of(group: RankGroup, session: Session) -> dict:

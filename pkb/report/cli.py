@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from pkb import precision
+from pkb import protocol
 
 FORMATS = ("table", "json", "csv", "parquet")
 TABLES = ("rows", "metrics")
@@ -31,7 +31,7 @@ def add_commands(subparsers, add_eval_options) -> None:
     p.add_argument("--problems", help="the selection the metrics are over, e.g. 1-8,12 or a category; default: all")
     p.add_argument("--mode", choices=("cpu", "cuda", "shared-gpu"), help="only results measured in this mode")
     p.add_argument("--world-size", type=int, help="only results at this world size")
-    p.add_argument("--dtype", choices=precision.NAMES,
+    p.add_argument("--dtype", choices=protocol.PRECISION_NAMES,
                    help="only results in this precision (default: all; a set's results in another precision than "
                         "bf16 are reported apart, as `SET [fp32]`)")
     p.add_argument("--k", default="1,3,5,10,100", help="the k of pass@k and fast_p@k (given where every attempted "

@@ -314,8 +314,8 @@ def _to_host(value):
     """``value`` with the tensors ``_stages`` picks replaced by host copies (in lists and tuples too)."""
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True) if _stages(value) else value
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_host(v) for v in value)
+    if isinstance(value, (list, tuple)) and _tensors(value):
+        return [_to_host(v) for v in value]
     return value
 
 

@@ -1,0 +1,228 @@
+"""The evaluation service's scheduler: requests in, verdicts out, one evaluation loop, one store writer.
+
+``EvaluationService`` takes evaluation requests (what ``pkb eval`` takes, as a dict; ``Request``) into a
+bounded queue and answers ``Busy`` when it is full rather than growing without limit. One thread, the
+loop, owns everything that runs evaluations: it hands requests to an executor (pkb.executor: on this
+machine, ``LocalExecutor``, whose warm rank groups and shared build broker are reused across requests;
+or a Ray cluster), collects verdicts as they finish and writes each to the results database, which it
+alone writes. The executor runs correctness evaluations side by side up to its capacity and a timed one
+(``perf``) alone, with nothing beside it (pkb.executor.local).
+
+A finished job is kept for ``keep_jobs`` more jobs (then only the database has it), so memory stays
+flat over any number of requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pkb import protocol
+from pkb.batch import evaluation_key
+from pkb.evaluate.candidate import Candidate
+from pkb.evaluate.evaluator import CASE_SELECTIONS, POLICIES, EvalConfig
+from pkb.evaluate.result import EvalResult
+from pkb.executor import Executor, Task
+from pkb.registry import get_problem
+from pkb.runtime.modes import ModeUnavailable, choose_mode
+from pkb.store.db import ResultStore
+
+SERVED_SET = "served"  # the solution set of a request that names none
+MAX_SOURCE_BYTES = 1 << 20
+
+
+class RequestError(ValueError):
+    """A request pkb cannot run as asked; the message says what to change (HTTP 400)."""
+
+
+class Busy(RuntimeError):
+    """The queue is full (HTTP 429): retry later."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One evaluation as a client asks for it: the options of ``pkb eval``, the candidate as text."""
+
+    problem: str
+    source: str
+    name: str = "candidate"
+    world_size: int | None = None
+    mode: str = "auto"
+    cases: str = "all"
+    trials: int = 3
+    upstream_trials: int = protocol.UPSTREAM_TRIALS
+    dtype: str = protocol.DEFAULT_PRECISION
+    perf: bool = False
+    policy: str = "report"
+    timeout: float = 120.0
+    solution_set: str = SERVED_SET
+
+    @classmethod
+    def from_json(cls, body: Any) -> "Request":
+        if not isinstance(body, dict):
+            raise RequestError("the body must be a JSON object with at least `problem` and `source`")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(body) - known)
+        if unknown:
+            raise RequestError(f"unknown fields {unknown}; known: {sorted(known)}")
+        missing = [name for name in ("problem", "source") if name not in body]
+        if missing:
+            raise RequestError(f"missing {missing}: `problem` (slug or number) and `source` (the candidate file's text)")
+        try:
+            request = cls(**body)
+        except TypeError as exc:
+            raise RequestError(str(exc)) from None
+        request.check()
+        return request
+
+    def check(self) -> None:
+        types = {"problem": (str, int), "source": str, "name": str, "world_size": (int, type(None)), "mode": str,
+                 "cases": str, "trials": int, "upstream_trials": int, "dtype": str, "perf": bool, "policy": str,
+                 "timeout": (int, float), "solution_set": str}
+        for name, kind in types.items():
+            value = getattr(self, name)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise RequestError(f"`{name}` has the wrong type ({type(value).__name__})")
+        if len(self.source.encode()) > MAX_SOURCE_BYTES:
+            raise RequestError(f"`source` is over {MAX_SOURCE_BYTES} bytes")
+        if not (1 <= self.trials <= 100 and 1 <= self.upstream_trials <= 100 and 0 < self.timeout <= 3600):
+            raise RequestError("`trials` and `upstream_trials` must be 1-100, `timeout` 0-3600 s")
+        choices = {"cases": tuple(CASE_SELECTIONS), "dtype": protocol.PRECISION_NAMES, "policy": POLICIES}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise RequestError(f"`{name}` must be one of {list(allowed)}, got {getattr(self, name)!r}")
+
+
+@dataclass
+class Job:
+    id: str
+    request: Request
+    state: str = "queued"  # queued, running, done
+    submitted: float = field(default_factory=time.time)
+    result: dict | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "state": self.state, "problem": self.request.problem, "name": self.request.name,
+                "submitted": self.submitted, "result": self.result}
+
+
+class EvaluationService:
+    """Jobs in, verdicts out (see the module docstring). ``sandbox``: every candidate's (pkb.runtime.sandbox)."""
+
+    def __init__(self, executor: Executor, db: str | Path, max_queue: int = 64, keep_jobs: int = 10_000,
+                 sandbox: str = "auto"):
+        self.executor = executor
+        self.db = Path(db)
+        self.max_queue = max_queue
+        self.keep_jobs = keep_jobs
+        self.sandbox = sandbox
+        self._inbox: queue.Queue[Job] = queue.Queue()
+        self._jobs: OrderedDict[str, Job] = OrderedDict()
+        self._waiting = 0  # accepted and not finished: what the queue bound counts
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._stop = threading.Event()
+        self._scratch = tempfile.TemporaryDirectory(prefix="pkb-serve-")
+        self._loop = threading.Thread(target=self._run, name="pkb-serve-loop", daemon=True)
+        self._loop.start()
+
+    # -- what clients call -----------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> Job:
+        """Queue ``request``: RequestError if it cannot run as asked, Busy if the queue is full."""
+        task = self._task(request)
+        with self._lock:
+            if self._waiting >= self.max_queue:
+                raise Busy(f"{self._waiting} evaluations are queued or running (the limit is {self.max_queue}): "
+                           "retry later")
+            job = Job(f"ev-{next(self._ids)}", request)
+            self._waiting += 1
+            self._jobs[job.id] = job
+            while len(self._jobs) > self.keep_jobs:
+                oldest = next(iter(self._jobs.values()))
+                if oldest.state != "done":
+                    break
+                self._jobs.popitem(last=False)
+        self._inbox.put((job, task))
+        return job
+
+    def job(self, job_id: str) -> Job | None:
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def health(self) -> dict:
+        with self._lock:
+            waiting = self._waiting
+        return {"ok": not self._stop.is_set(), "queued_or_running": waiting, "max_queue": self.max_queue,
+                "executor": getattr(self.executor, "describe", lambda: self.executor.name)()}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._inbox.put(None)
+        self._loop.join(timeout=30)
+        self.executor.close()
+        self._scratch.cleanup()
+
+    # -- the loop --------------------------------------------------------------------------------------
+
+    def _task(self, request: Request) -> Task:
+        try:
+            problem = get_problem(request.problem)
+        except KeyError as exc:
+            raise RequestError(str(exc.args[0])) from None
+        world_size = request.world_size or problem.world_sizes[0]
+        if world_size not in problem.world_sizes:
+            raise RequestError(f"{problem.name} runs at world sizes {list(problem.world_sizes)}, not {world_size}")
+        try:
+            mode = choose_mode(request.mode, world_size, num_gpus=self.executor.gpus_per_node()).mode
+        except ModeUnavailable as exc:
+            raise RequestError(str(exc)) from None
+        config = EvalConfig(world_size=world_size, mode=mode, num_trials=request.trials, timeout_s=request.timeout,
+                            perf=request.perf, policy=request.policy, cases=request.cases, sandbox=self.sandbox,
+                            precision=request.dtype, upstream_trials=request.upstream_trials)
+        folder = Path(tempfile.mkdtemp(dir=self._scratch.name))
+        path = folder / f"{problem.upstream_id or 0}_{problem.name}.py"
+        path.write_text(request.source, encoding="utf-8")
+        return Task(problem, Candidate.from_file(path, name=request.name), config)
+
+    def _run(self) -> None:
+        with ResultStore(self.db) as store:
+            while not self._stop.is_set():
+                self._take_new(block=not self.executor.pending)
+                finished = list(self.executor.finished(wait=False))
+                for task, result in finished:
+                    self._finish(store, task, result)
+                if self.executor.pending and not finished:
+                    time.sleep(0.02)
+
+    def _take_new(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            while item is not None:
+                job, task = item
+                job.state = "running"
+                self.executor.submit(Task(task.problem, task.candidate, task.config, tag=job))
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _finish(self, store: ResultStore, task: Task, result: EvalResult) -> None:
+        job: Job = task.tag
+        shutil.rmtree(Path(task.candidate.path).parent, ignore_errors=True)  # the request's scratch copy
+        result.solution_set = job.request.solution_set
+        result.details.pop("solution_path", None)  # the server's scratch copy: meaningless to the client
+        store.add(result, evaluation_key(task.problem, task.candidate, task.config))
+        job.result = result.to_dict()
+        job.state = "done"
+        with self._lock:
+            self._waiting -= 1
+        job.done.set()
