@@ -15,12 +15,14 @@ import math
 import torch
 import torch.distributed as dist
 
-from pkb.problem import Tolerance, default_tolerance, randn
+from pkb.problem import DEFAULT_PRECISION, PRECISIONS, Tolerance, default_tolerance, randn
 
 
-def dtype_of(case, key: str = "dtype") -> torch.dtype:
-    """The run's precision as a torch dtype: the harness sets ``case["dtype"]`` on every case it hands out."""
-    return getattr(torch, case[key])
+def dtype_of(case) -> torch.dtype:
+    """The run's precision (``case["dtype"]``, which the harness sets on every case it hands out; the
+    default precision for a bare case read outside a run, e.g. its cost listed)."""
+    name = case.get("dtype")
+    return getattr(torch, name) if name else PRECISIONS[DEFAULT_PRECISION]
 
 
 def chunk_rows(rows: int, rank: int, world_size: int) -> tuple[int, int]:
