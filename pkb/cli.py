@@ -274,6 +274,8 @@ def checked_line(args, config, self_check: bool, solutions_dir: Path | None) -> 
 
     files = f"the files of {solutions_dir}" if solutions_dir else "pkb's shipped solutions"
     checked = f"{files}, {depth(config.num_trials, config.cases)}"
+    if config.cases in ("all", "upstream") and config.upstream_trials > config.num_trials:
+        checked += f" ({config.upstream_trials} on the upstream cases, which also give the paper's verdict)"
     if self_check:
         light = args.cases is None or args.trials is None
         references = (depth(SELF_CHECK_TRIALS if args.trials is None else config.num_trials, "upstream")
@@ -281,7 +283,7 @@ def checked_line(args, config, self_check: bool, solutions_dir: Path | None) -> 
                       else depth(SELF_CHECK_TRIALS, config.cases) if args.trials is None else "as deep")
         checked = f"each reference against itself, {references}; {checked}" + (
             f"; the references as deep: `pkb run --cases {config.cases} --trials {config.num_trials}`" if light else "")
-    return f"checked ({config.mode} mode, W = {config.world_size}): {checked}"
+    return f"checked ({config.mode} mode, W = {config.world_size}, {config.precision}): {checked}"
 
 
 def make_executor(args):

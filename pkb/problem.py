@@ -128,10 +128,11 @@ class Case:
     """One named input configuration. ``params`` are read by ``make_inputs`` and ``cost``.
 
     ``world_sizes`` narrows the problem's world sizes for this case (``None``: all of them).
-    ``slow_on_cpu``: the reference takes minutes on this case when it runs on the CPU (``cpu`` mode, and
-    ``shared-gpu`` mode, whose references run on CPU copies): left out there, and the result says so;
-    ``cuda`` mode checks it. For upstream cases whose defaults are that large, not a way around a slow
-    reference. ``case["shape"]`` reads a parameter.
+    ``slow_on_cpu``: the reference takes minutes on this case when it runs on the CPU: left out in ``cpu``
+    mode, and the result says so; ``shared-gpu`` mode runs this case's reference on the GPU (its
+    collectives staged through host memory, pkb.runtime.gloo_bridge) and ``cuda`` mode as always. For
+    upstream cases whose defaults are that large, not a way around a slow reference.
+    ``case["shape"]`` reads a parameter.
     """
 
     name: str

@@ -263,13 +263,13 @@ class RankPool:
 
 @pytest.fixture(scope="module")
 def rank_pool():
-    """``rank_pool(W)``: one RankPool per world size; the previous one is closed when W changes (the
-    parameters come world size by world size), and a pool that timed out is replaced."""
+    """``rank_pool(W)``: one RankPool per world size, kept for the module whatever order the tests run
+    in (node ids given one by one alternate world sizes); a pool that timed out is replaced."""
     pools: dict[int, RankPool] = {}
 
     def get(world_size: int) -> RankPool:
-        for size in [s for s, p in pools.items() if s != world_size or p.broken]:
-            pools.pop(size).close()
+        if world_size in pools and pools[world_size].broken:
+            pools.pop(world_size).close()
         if world_size not in pools:
             pools[world_size] = RankPool(world_size)
         return pools[world_size]

@@ -196,8 +196,11 @@ def all_gather(*args, **kwargs):
 
 @_bridge("all_reduce")
 def all_reduce(*args, **kwargs):
-    """gloo's own: bridged only for CUDA tensors in shared-gpu mode (``_staged``)."""
+    """gloo's own: installed only to stage CUDA tensors in shared-gpu mode (``_STAGING_ONLY``)."""
     return _call("all_reduce", *args, **kwargs)
+
+
+_STAGING_ONLY = frozenset({"all_reduce"})  # the stock function stays in place in cpu mode
 
 
 @_bridge("all_to_all")
@@ -439,12 +442,12 @@ def install(stage_cuda: bool = False) -> None:
     global _stages
     _stages = _is_cuda if stage_cuda else _never
     for name, bridge in _bridges.items():
-        if name in _original:
+        if name in _original or (name in _STAGING_ONLY and not stage_cuda):
             continue
         original = getattr(c10d, name)
         _original[name] = original
         _signature[name] = inspect.signature(original)
-        bridged = functools.wraps(original)(_staged(name, bridge) if name in _WRITES else bridge)
+        bridged = functools.wraps(original)(_staged(name, bridge) if stage_cuda and name in _WRITES else bridge)
         bridged.__pkb_bridged__ = True
         setattr(c10d, name, bridged)
         setattr(dist, name, bridged)

@@ -2,6 +2,7 @@
 
 The flattened model weights are cut into blocks; each rank owns k blocks (sizes n_1..n_k, the same
 list on every rank; rank r owns global blocks r*k .. r*k + k - 1) with their Kalman covariances.
+Every tensor is fp64 whatever the run's precision, as upstream's factory makes them.
 Per rank: H, a list of k [n_i, 1] fp64 (the gradient of the prediction w.r.t. the block's weights);
 error, 0-dim fp64 (the batch's error, the same on every rank); weights, a list of k [n_i, 1] fp64;
 P, a list of k [n_i, n_i] fp64 (symmetric positive definite covariances); kalman_lambda (float, the

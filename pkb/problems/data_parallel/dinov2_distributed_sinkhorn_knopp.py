@@ -1,8 +1,9 @@
 """Sinkhorn-Knopp centering of the iBOT teacher's masked-patch scores over data-parallel ranks
 (DINOv2 ``iBOTPatchLoss.sinkhorn_knopp_teacher``).
 
-Per rank: teacher_output [n_r, K] fp32 (the teacher head's prototype scores of this rank's n_r masked
-patches; n_r differs by rank and may be 0), teacher_temp (float), n_masked_patches_tensor [1] int64
+Per rank: teacher_output [n_r, K] fp32 whatever the run's precision, as upstream's factory makes it
+(the teacher head's prototype scores of this rank's n_r masked patches; n_r differs by rank in the
+tests and may be 0), teacher_temp (float), n_masked_patches_tensor [1] int64
 (= n_r), n_iterations (int), group (None: the world).
 Reference, as DINOv2 (Q is K x n, the transpose of the scores): Q = exp(teacher_output / temp)^T;
 B = sum over ranks of n_r (all-reduce); Q /= sum of Q over all ranks (all-reduce); n_iterations

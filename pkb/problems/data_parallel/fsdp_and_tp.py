@@ -103,7 +103,7 @@ PROBLEM = Problem(
     world_sizes=(2, 4, 8),
     upstream=[
         Case("upstream", {"tokens": 2048, "d_model": 256, "d_ffn": 1024, "tp": "upstream"},
-             note="upstream create_input_tensor at M = N = 1024, bf16: D 256, D_ff 1024, 2048 rows"),
+             note="upstream create_input_tensor at M = N = 1024: D 256, D_ff 1024, 2048 rows"),
     ],
     tests=[
         Case("upstream_layout_uneven_rows", {"tokens": 7, "d_model": 24, "d_ffn": 40, "tp": "upstream"},
