@@ -19,10 +19,10 @@ rows, the projection and write the output: n*D*b + D*D_out*b + n*D_out*b.
 Cases: ``upstream`` is the upstream benchmark's input: a 256-d table of 111,000,000 rows (57 GB in
 bf16: 55.5M rows, 28 GB, a rank at W=2), 20,000 ids per rank, proj [256, 256]; every rank asks each
 owner for exactly 20,000/W rows (upstream's balanced round robin), at random rows of its block. It is
-too large for the CPU (``cpu`` mode, and ``shared-gpu`` mode whose references run on CPU copies), so it
-runs in ``cuda`` mode only (``slow_on_cpu``); ``upstream_200k_rows`` is the same case with a table of
-200,000 rows, upstream's structure in everything but the table's height (and num_total_nodes), so the
-paper's protocol has a case there too.
+too large for the CPU, so ``cpu`` mode leaves it out (``slow_on_cpu``); in ``shared-gpu`` mode all W
+shards share one GPU (57 GB in bf16, 114 GB in fp32). ``upstream_200k_rows`` is the same case with a
+table of 200,000 rows, upstream's structure in everything but the table's height (and num_total_nodes),
+so that ``cpu`` mode has an upstream case too.
 Benchmarks: ogbn-papers100M has 111,059,956 nodes with 128-d features (28 GB in bf16, so a rank
 holds 3.6-14 GB); a GraphSAGE mini-batch of 1024 seeds with fanout (15, 10) touches ~150k nodes
 per rank and projects them to the 256-d hidden size (``papers100m_sage_hidden256``). The upstream
@@ -116,7 +116,7 @@ PROBLEM = Problem(
     upstream=[
         Case("upstream", {"num_nodes": 111_000_000, "ids_per_rank": 20_000, "balanced": True, "dim": 256,
                           "dim_out": 256}, slow_on_cpu=True,
-             note="upstream's 111M x 256 table (28 GB a rank at W=2): cuda mode only"),
+             note="upstream's 111M x 256 table (28 GB a rank at W=2): not in cpu mode"),
         Case("upstream_200k_rows", {"num_nodes": 200_000, "ids_per_rank": 20_000, "balanced": True, "dim": 256,
                                     "dim_out": 256},
              note="upstream's structure but for the table's height: 200,000 rows, not 111,000,000"),
