@@ -59,7 +59,7 @@ def full_pass(world_size: int, trials: int) -> None:
 def tiny_problem_overhead(world_size: int, repeats: int) -> None:
     problem = get_problem("allreduce")
     # One tiny case, one trial: what is left is the harness's own cost.
-    one_case = type(problem)(**{**problem.__dict__, "tests": (Case("single_fp32", {"shape": (1,), "dtype": "float32"}),)})
+    one_case = type(problem)(**{**problem.__dict__, "tests": (Case("single", {"shape": (1,)}, tags=("tiny",)),)})
     object.__setattr__(one_case, "module", problem.module)
     config = EvalConfig(world_size=world_size, mode=Mode.CPU, num_trials=1)
     candidate = Candidate.reference_of(problem)

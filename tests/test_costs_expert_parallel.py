@@ -42,10 +42,10 @@ def test_all2all_primitive_cost_equal_and_skewed():
     cost = cost_of("moe_all2all_primitive", "deepseek_v3_dispatch_ep8", 8)
     assert cost.link_bytes == pytest.approx(7 / 8 * 32768 * 7168 * 2)
     assert cost.hbm_bytes == 2 * 32768 * 7168 * 2
-    # Skewed at W=4 (9 rows of 17 fp32): rank 0 sends 9 rows to rank 3, rank 2 sends 9 to rank 3 and keeps 2,
+    # Skewed at W=4 (9 rows of 17 bf16): rank 0 sends 9 rows to rank 3, rank 2 sends 9 to rank 3 and keeps 2,
     # rank 1 sends nothing, rank 3 keeps its 9. Rank 3 receives 18 remote rows: the busiest link.
     skewed = cost_of("moe_all2all_primitive", "skewed_one_sends_nothing_last_gets_all", 4)
-    assert skewed.link_bytes == 18 * 17 * 4
+    assert skewed.link_bytes == 18 * 17 * 2
 
 
 def test_pre_all2all_cost():

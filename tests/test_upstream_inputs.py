@@ -8,7 +8,8 @@ through tuples, lists, dicts, dataclasses and modules: the type; for tensors the
 stride (dims of size 1 left out: they address nothing), contiguity and requires_grad (for sparse
 tensors also nnz and coalescing); None vs not None; Python scalars, strings, dtypes and
 sizes by value; process groups by kind (WORLD or the ranks of a subgroup). Random data is not compared,
-except the integer tensors that are sizes or counts (``COUNT_TENSORS``). One set of W processes per
+except the integer tensors that are sizes or counts (``COUNT_TENSORS``); an Adam step upstream derives
+from the trial must be one of the values it takes (``TRIAL_STEPS``). One set of W processes per
 world size serves every problem. The storage offset is not compared (``COMPARE_STORAGE_OFFSET``):
 upstream's shards are often ``full[rank * n:(rank + 1) * n].contiguous()``, a view at an offset into
 the whole tensor, and a solution that addresses a tensor through ``data_ptr()`` (as every kernel
@@ -57,6 +58,13 @@ COUNT_TENSORS: dict[int, dict[int, str]] = {
 DATA_DEPENDENT_SHAPES: dict[int, dict[int, str]] = {
     70: {1: "values: its length is the sum of the random per-sample lengths"},
 }
+
+# Python ints that upstream derives from the trial: an Adam step of ``1 + trial % 7``. This test builds trial
+# 0; pkb's make_inputs is not told the trial and draws the step from the same values, the same on every rank.
+TRIAL_STEPS: dict[int, dict[int, str]] = {
+    40: {18: "step"}, 41: {12: "step"}, 42: {12: "step"}, 43: {8: "step"}, 47: {11: "step"},
+}
+UPSTREAM_STEPS = range(1, 8)  # 1 + trial % 7
 
 COMPARE_STORAGE_OFFSET = os.environ.get("PKB_COMPARE_STORAGE_OFFSET") == "1"  # set it to list the differences
 
@@ -147,6 +155,10 @@ def describe_arguments(args: tuple, names: tuple[str, ...], number: int) -> list
     out = [("", f"{len(args)} positional arguments")]
     for index, value in enumerate(args):
         name = names[index] if index < len(names) else "?"
+        if index in TRIAL_STEPS.get(number, {}) and type(value) is int:
+            out.append((f"[{index}] {name}", "int 1 + trial % 7" if value in UPSTREAM_STEPS
+                        else f"int {value!r} (not 1 + trial % 7)"))
+            continue
         flatten(value, f"[{index}] {name}", out, counts=index in COUNT_TENSORS.get(number, {}),
                 shape_is_data=index in DATA_DEPENDENT_SHAPES.get(number, {}))
     return out
