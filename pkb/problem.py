@@ -145,6 +145,9 @@ class Case:
     def __post_init__(self):
         if not isinstance(self.name, str) or not re.match(r"^[A-Za-z0-9_.\-]+$", self.name):
             raise ProblemError(f"Case name {self.name!r}: use letters, digits, '_', '-' and '.'")
+        if "dtype" in self.params:
+            raise ProblemError(f"Case {self.name!r}: the precision is the run's (--dtype; the harness sets "
+                               "case['dtype']); a dtype that belongs to the function takes a parameter of its own")
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
         object.__setattr__(self, "tags", tuple(self.tags))
         unknown = [tag for tag in self.tags if tag not in CASE_TAGS]
@@ -169,8 +172,10 @@ class Case:
         """This case with ``params["dtype"]`` set to the run's precision (a PRECISIONS key)."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
-        dtype = str(PRECISIONS[precision]).removeprefix("torch.")
-        return dataclasses.replace(self, params={**self.params, "dtype": dtype})
+        case = dataclasses.replace(self, params={k: v for k, v in self.params.items() if k != "dtype"})
+        object.__setattr__(case, "params", MappingProxyType({**case.params,
+                                                             "dtype": str(PRECISIONS[precision]).removeprefix("torch.")}))
+        return case
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Upstream's ``create_input_tensor`` (``../shared/upstream/utils/input_output_tensors.py``, imported from
 that file) runs beside ``problem.make_inputs`` on every pkb upstream case, rank by rank, in W gloo
-processes on the CPU (the factory may create process groups), at M = N = 1024 in bf16, trial 0. The two
+processes on the CPU (the factory may create process groups), at M = N = 1024, trial 0, in bf16 at W = 2
+and 4 and in fp32 and fp16 at W = 2 (the rest under ``slow``), the factory given the run's dtype. The two
 argument tuples must agree in STRUCTURE: the number of positional arguments; per argument, recursively
 through tuples, lists, dicts, dataclasses and modules: the type; for tensors the layout, shape, dtype,
 stride (dims of size 1 left out: they address nothing), contiguity and requires_grad (for sparse
@@ -16,7 +17,7 @@ the whole tensor, and a solution that addresses a tensor through ``data_ptr()`` 
 does) cannot tell. Skipped where the upstream folder is absent (a user's clone has no
 ../shared).
 
-Run one problem at W = 2 and 4 with ``-k "28-"``; W = 8 is marked ``slow``.
+Run one problem with ``-k "28-"`` (ids ``<n>-<W>`` in bf16, ``<n>-<W>-fp32`` and ``-fp16`` in the others).
 """
 
 from __future__ import annotations
@@ -76,14 +77,19 @@ NOT_ALLOCATED: dict[int, str] = {
 }
 
 
+# (world size, precision): bf16, the paper's, at 2 and 4 (8 under slow); the other precisions at 2
+RUNS = ((2, "bf16"), (4, "bf16"), (2, "fp32"), (2, "fp16"), (8, "bf16"), (4, "fp32"), (4, "fp16"))
+
+
 def _upstream_params():
     params = []
-    for world_size in (2, 4, 8):
-        marks = (pytest.mark.slow,) if world_size == 8 else ()
+    for world_size, precision in RUNS:
+        marks = (pytest.mark.slow,) if world_size == 8 or (world_size, precision) in ((4, "fp32"), (4, "fp16")) else ()
         for problem in all_problems().values():
-            if problem.upstream_id and world_size in problem.world_sizes:
-                params.append(pytest.param(problem.upstream_id, world_size, marks=marks,
-                                           id=f"{problem.upstream_id}-{world_size}"))
+            if problem.upstream_id and world_size in problem.world_sizes and precision in problem.precisions:
+                params.append(pytest.param(problem.upstream_id, world_size, precision, marks=marks,
+                                           id=f"{problem.upstream_id}-{world_size}" + ("" if precision == "bf16"
+                                                                                       else f"-{precision}")))
     return params
 
 
@@ -174,9 +180,10 @@ def _load_factory():
     return module.create_input_tensor
 
 
-def _both_structures(create_input_tensor, number: int, rank: int, world_size: int) -> dict:
-    """This rank's structure from upstream's factory and from every pkb upstream case (or the error)."""
-    from pkb.problem import make_generator
+def _both_structures(create_input_tensor, number: int, rank: int, world_size: int, precision: str) -> dict:
+    """This rank's structure from upstream's factory and from every pkb upstream case in ``precision`` (or
+    the error)."""
+    from pkb.problem import PRECISIONS, make_generator
     from pkb.registry import get_problem
 
     problem = get_problem(number)
@@ -188,11 +195,12 @@ def _both_structures(create_input_tensor, number: int, rank: int, world_size: in
     reply: dict = {"pkb": {}}
     try:
         with fake() if fake else _nothing():
-            args = create_input_tensor(rank, world_size, number, BASE_SHAPE, torch.bfloat16, trial=0, device="cpu")
+            args = create_input_tensor(rank, world_size, number, BASE_SHAPE, PRECISIONS[precision], trial=0,
+                                       device="cpu")
             reply["upstream"] = describe_arguments(tuple(args), problem.argument_names, number)
     except Exception:
         reply["upstream"] = "upstream's factory raised:\n" + traceback.format_exc(limit=4)
-    for case in problem.cases("upstream", world_size, "bf16"):
+    for case in problem.cases("upstream", world_size, precision):
         try:
             gen = make_generator(1000 + 7919 * rank, 17)
             with fake() if fake else _nothing():
@@ -221,11 +229,11 @@ def _rank_main(conn, rank: int, world_size: int, store_path: str) -> None:
                             timeout=datetime.timedelta(seconds=REPLY_TIMEOUT_S))
     create_input_tensor = _load_factory()
     while True:
-        number = conn.recv()
-        if number is None:
+        asked = conn.recv()
+        if asked is None:
             break
         try:
-            conn.send(_both_structures(create_input_tensor, number, rank, world_size))
+            conn.send(_both_structures(create_input_tensor, *asked[:1], rank, world_size, asked[1]))
         except Exception:
             conn.send({"upstream": "worker failed:\n" + traceback.format_exc(), "pkb": {}})
     dist.destroy_process_group()
@@ -248,9 +256,9 @@ class RankPool:
             self._procs.append(proc)
         self.broken = False
 
-    def structures(self, number: int) -> list[dict]:
+    def structures(self, number: int, precision: str) -> list[dict]:
         for conn in self._conns:
-            conn.send(number)
+            conn.send((number, precision))
         replies = []
         for rank, conn in enumerate(self._conns):
             if not conn.poll(REPLY_TIMEOUT_S):
@@ -308,12 +316,12 @@ def structure_diff(upstream, ours) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("number,world_size", _upstream_params())
-def test_upstream_case_inputs_have_the_structure_of_upstreams_factory(number, world_size, rank_pool):
+@pytest.mark.parametrize("number,world_size,precision", _upstream_params())
+def test_upstream_case_inputs_have_the_structure_of_upstreams_factory(number, world_size, precision, rank_pool):
     from pkb.registry import get_problem
 
     problem = get_problem(number)
-    replies = rank_pool(world_size).structures(number)
+    replies = rank_pool(world_size).structures(number, precision)
     problems_found = []
     for rank, reply in enumerate(replies):
         assert reply["pkb"], f"{problem.name}: no upstream case at W={world_size}"
@@ -322,5 +330,5 @@ def test_upstream_case_inputs_have_the_structure_of_upstreams_factory(number, wo
                 problems_found.append(f"rank {rank}, case {case_name}: {line}")
     if problems_found:
         shown = problems_found[:40] + ([f"... and {len(problems_found) - 40} more"] if len(problems_found) > 40 else [])
-        pytest.fail(f"{number} {problem.name} at W={world_size}: pkb's upstream inputs differ from upstream's "
+        pytest.fail(f"{number} {problem.name} at W={world_size} in {precision}: pkb's upstream inputs differ from upstream's "
                     f"factory in {len(problems_found)} places:\n  " + "\n  ".join(shown), pytrace=False)
