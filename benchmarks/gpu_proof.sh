@@ -2,6 +2,7 @@
 # What the GPU, roofline and multi-GPU issues ask to prove, on a device machine, by stage:
 #   bash benchmarks/gpu_proof.sh env tests timing calibrate fidelity solutions shipped baseline1 baseline2
 #                                setup corpus compat ray sandbox attacks overhead parallel_solutions parallel_corpus
+#                                paper_corpus (PAPER_WS: its world sizes, default "2 4")
 # (TESTS_K selects tests with -k, CORPUS the upstream reference folder (default ../shared/upstream/reference),
 #  CORPUS_MODE its mode (default cuda with 2 GPUs, else shared-gpu), TIMING_PARTS the parts of gpu_timing.py, BASELINE_PROBLEMS the problems,
 #  BASELINE_TIMEOUT the seconds one baseline case may take, OVERHEAD_PROBLEMS/OVERHEAD_ROUNDS the overhead stage's evaluations
@@ -27,6 +28,11 @@ stage() {
 
 for name in "$@"; do
   case "$name" in
+    paper_corpus) for w in ${PAPER_WS:-2 4}; do  # every upstream file, both verdicts, side by side (issue 28)
+        stage paper_corpus_w$w python3 -m pkb.cli run --solutions "${CORPUS:-../shared/upstream/reference}" --mode shared-gpu \
+          --world-size "$w" --db "$OUT/paper_w$w.sqlite" --quiet ${PARALLEL:+--parallel "$PARALLEL"}
+        stage paper_corpus_w$w python3 benchmarks/paper_summary.py "$OUT/paper_w$w.sqlite" --json "$OUT/paper_w$w.json"
+      done ;;
     env) stage env bash -c 'date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
            python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"triton\", triton.__version__, \"nccl\", torch.cuda.nccl.version())"
            nvidia-smi topo -m; python3 -m pkb.cli hardware' ;;
