@@ -129,8 +129,8 @@ class Case:
 
     ``world_sizes`` narrows the problem's world sizes for this case (``None``: all of them).
     ``slow_on_cpu``: the reference takes minutes on this case when it runs on the CPU: left out in ``cpu``
-    mode, and the result says so; ``shared-gpu`` mode runs this case's reference on the GPU (its
-    collectives staged through host memory, pkb.runtime.gloo_bridge) and ``cuda`` mode as always. For
+    mode, and the result says so; ``shared-gpu`` and ``cuda`` modes check it (their references run on
+    the GPU; in shared-gpu mode the collectives are staged through host memory, pkb.runtime.gloo_bridge). For
     upstream cases whose defaults are that large, not a way around a slow reference.
     ``case["shape"]`` reads a parameter.
     """
@@ -245,6 +245,8 @@ class Problem:
     # ``precision_note`` as the reason
     precisions: tuple[str, ...] = tuple(PRECISIONS)
     precision_note: str = ""
+    # why its inputs fill most of a GPU (e.g. upstream's 57 GB table): on GPUs, its evaluations run alone
+    fills_a_gpu: str = ""
     module: str = ""  # filled in by discovery: the dotted module name
 
     def __post_init__(self):

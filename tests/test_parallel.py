@@ -172,3 +172,14 @@ def test_the_live_display_prints_each_result_that_needs_a_look_and_counts_the_re
     assert "mismatch  allreduce/b  output 0 differs" in shown and "allreduce/a" not in shown
     assert "2 ok" in shown and "1 mismatch" in shown and "3/3" in shown
     assert progress.counts == {"ok": 2, "mismatch": 1}
+
+
+def test_a_problem_that_fills_a_gpu_runs_alone_on_gpus_and_beside_others_on_the_cpu():
+    from pkb.executor.local import runs_alone
+
+    big = replace(get_problem("allreduce"), fills_a_gpu="57 GB of inputs")
+    small = get_problem("allreduce")
+    reference = Candidate.reference_of(small)
+    on_gpu = replace(CONFIG, mode=Mode.SHARED_GPU)
+    assert runs_alone(Task(big, reference, on_gpu)) and not runs_alone(Task(big, reference, CONFIG))
+    assert not runs_alone(Task(small, reference, on_gpu)) and runs_alone(Task(small, reference, replace(CONFIG, perf=True)))

@@ -1,6 +1,6 @@
 """shared-gpu mode checks every case (issue 28, item 6): CUDA tensors in collectives are staged through
-host memory by ``pkb.runtime.gloo_bridge``, so the reference of a case too slow on the CPU runs on
-the GPU there, and only cpu mode leaves such cases out.
+host memory by ``pkb.runtime.gloo_bridge``, so the reference runs on the GPU there (rounding as
+upstream's GPU reference does), and only cpu mode leaves cases too slow on the CPU out.
 
 No GPU is needed: the bridge's staging is checked in real gloo groups (spawned processes over a
 FileStore) with CPU tensors standing in for CUDA ones (``gloo_bridge._stages``), and gloo itself is
@@ -201,17 +201,13 @@ class _Reference:
         self.reference = lambda *inputs: inputs
 
 
-@pytest.mark.parametrize("slow_on_cpu", [False, True])
-def test_shared_gpu_runs_the_reference_on_cpu_copies_except_where_too_slow(slow_on_cpu, monkeypatch):
-    from pkb.problem import Case
+@pytest.mark.parametrize("mode", [Mode.SHARED_GPU, Mode.CPU])
+def test_the_reference_runs_on_the_inputs_where_the_candidate_does(mode):
+    """No CPU copies in shared-gpu mode: the reference rounds as upstream's GPU reference does."""
     from pkb.runtime import worker as worker_module
 
-    monkeypatch.setattr(worker_module, "_on_cpu", lambda value: ("host copy", value))
-    worker = worker_module.Worker.__new__(worker_module.Worker)  # no device: only the choice is checked
-    worker.mode, worker.role, worker.solution, worker.problem = Mode.SHARED_GPU, "reference", None, _Reference()
+    worker = worker_module.Worker.__new__(worker_module.Worker)  # no device: only the inputs handed over are checked
+    worker.mode, worker.role, worker.solution, worker.problem = mode, "reference", None, _Reference()
     inputs = (torch.ones(2), 3)
-    outputs, called_with = worker.call(inputs, Case("c", slow_on_cpu=slow_on_cpu))
-    assert outputs == called_with
-    assert called_with == (inputs if slow_on_cpu else tuple(("host copy", x) for x in inputs))
-    worker.mode = Mode.CPU
-    assert worker.call(inputs, Case("c", slow_on_cpu=slow_on_cpu))[1] is inputs
+    outputs, called_with = worker.call(inputs)
+    assert called_with is inputs and outputs == inputs

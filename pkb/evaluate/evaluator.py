@@ -426,8 +426,8 @@ def left_out_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
 
 
 def _left_out(case: Case, config: EvalConfig) -> bool:
-    """Too slow to check where the reference runs on the CPU: cpu mode (shared-gpu mode runs the
-    reference of such a case on the GPU: pkb.runtime.worker.Worker.call)."""
+    """Too slow to check where the reference runs on the CPU: cpu mode (the others run it on the GPU:
+    pkb.runtime.worker.Worker.call)."""
     return case.slow_on_cpu and config.mode is Mode.CPU
 
 

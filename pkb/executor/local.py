@@ -59,6 +59,12 @@ def default_parallel(mode: Mode, world_size: int) -> Parallelism:
     return Parallelism(slots, reason)
 
 
+def runs_alone(task: Task) -> bool:
+    """A timed evaluation (timings need an otherwise idle node), or one whose inputs fill most of a GPU
+    (``Problem.fills_a_gpu``) where it runs on GPUs."""
+    return task.config.perf or bool(task.problem.fills_a_gpu and task.config.mode.uses_gpu)
+
+
 class LocalExecutor(Executor):
     """Evaluations on this machine. ``parallel``: at most this many at once (1, the default: one after
     another in the calling thread, in the order submitted; None: as many as ``default_parallel`` says
@@ -127,11 +133,12 @@ class LocalExecutor(Executor):
                 yield task, future.result()
 
     def _dispatch(self) -> None:
-        """Start queued tasks in free slots; a timed one only when nothing runs, and nothing beside it."""
+        """Start queued tasks in free slots; one that runs alone (``runs_alone``) only when nothing runs,
+        and nothing beside it."""
         while self._queue:
-            if any(task.config.perf for task, _ in self._running.values()):
+            if any(runs_alone(task) for task, _ in self._running.values()):
                 return
-            if self._queue[0].config.perf and self._running:
+            if runs_alone(self._queue[0]) and self._running:
                 return
             if not self._free:
                 if len(self._slots) >= self.parallel:

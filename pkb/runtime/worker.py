@@ -100,15 +100,12 @@ class Worker:
                                                    + ", ".join(changed)}
         return {**reply, "collectives_used": sorted(self.recorder.used)}
 
-    def call(self, inputs: tuple, case: Case | None = None) -> tuple:
-        """(outputs, the inputs as called): the candidate's (recorded), or the reference's. In shared-gpu
-        mode the reference runs on CPU copies of the inputs (the expected values pkb trusts), except on
-        a case too slow on the CPU (``Case.slow_on_cpu``): there it runs on the GPU, as in cuda mode,
-        its collectives staged through host memory by the gloo bridge."""
+    def call(self, inputs: tuple) -> tuple:
+        """(outputs, the inputs as called): the candidate's (recorded), or the reference's. The reference
+        runs where the candidate does: on the GPU in shared-gpu mode too, its collectives staged through
+        host memory by the gloo bridge, so both round as upstream's GPU reference does."""
         if self.solution is not None:
             return self.recorder.run(self.solution, *inputs), inputs
-        if self.mode is Mode.SHARED_GPU and not (case is not None and case.slow_on_cpu):
-            inputs = tuple(_on_cpu(x) for x in inputs)
         if self.role == "candidate":
             return self.recorder.run(self.problem.reference, *inputs), inputs
         return self.problem.reference(*inputs), inputs
@@ -121,8 +118,7 @@ class Worker:
         return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
     def run(self, job: dict) -> dict:
-        case = self.problem.find_case(job["case"], job["precision"])
-        outputs, inputs = self.call(self.make_inputs(case.name, job["seeds"], job["precision"]), case)
+        outputs, inputs = self.call(self.make_inputs(job["case"], job["seeds"], job["precision"]))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dist.barrier()
@@ -132,7 +128,7 @@ class Worker:
 
     def time_prepare(self, job: dict) -> dict:
         case, precision = self.problem.find_case(job["case"]), job["precision"]
-        fn = (lambda *inputs: self.call(inputs, case)[0])
+        fn = (lambda *inputs: self.call(inputs)[0])
         self.timed = TimedLoop(fn, lambda seeds: self.make_inputs(case.name, seeds, precision), job["seeds"], self.device)
         return {"status": "ok", **self.timed.prepare(**job["protocol"])}
 
@@ -152,22 +148,6 @@ class Worker:
         timed, self.timed = self.timed, None
         outputs = timed.outputs()
         return self.guarded({"status": "ok", "outputs": to_plain(outputs, sample_seed=job["sample_seed"])})
-
-
-def _on_cpu(value):
-    """``value`` with its tensors (in lists, tuples, dicts and modules too) on the CPU: the reference's own
-    inputs, moved (a module in place)."""
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, torch.nn.Module):
-        return value.cpu()
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
-        return type(value)(*(_on_cpu(v) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_on_cpu(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _on_cpu(v) for k, v in value.items()}
-    return value
 
 
 def load_problem(ref: str):

@@ -114,6 +114,7 @@ PROBLEM = Problem(
     name="gnn_sparse_feature_fetch_projection", version=3, upstream_id=68, category="beyond_llm",
     source="GNN feature-store fetch (WholeGraph / DGL DistTensor row-sharded table) + linear projection",
     world_sizes=(2, 4, 8),
+    fills_a_gpu="upstream's table is 57 GB in bf16 per rank group: the reference's and the candidate's fill an H200",
     upstream=[
         Case("upstream", {"num_nodes": 111_000_000, "ids_per_rank": 20_000, "balanced": True, "dim": 256,
                           "dim_out": 256}, slow_on_cpu=True,
