@@ -149,6 +149,12 @@ class LocalExecutor(Executor):
             self._running[self._pool.submit(self._evaluate, task, slot)] = (task, slot)
 
     def _evaluate(self, task: Task, slot: int) -> EvalResult:
+        if task.problem.fills_a_gpu and task.config.mode.uses_gpu:  # it runs alone: the idle slots' warm rank
+            for other, idle in enumerate(self._slots):          # groups (a CUDA context each) give it their memory
+                if other != slot:
+                    for session in idle.values():
+                        session.close()
+                    idle.clear()
         sessions = self._slots[slot]
         key = session_key(task.config)
         if key not in sessions:
