@@ -708,17 +708,25 @@ def time_reference(session: Session, problem: Problem, case: Case, config: EvalC
 
 def _time_case(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, case: Case,
                config: EvalConfig) -> CaseTiming:
-    # One group at a time, so reference and candidate never share the devices while timed.
-    expected = time_reference(session, problem, case, config)
-    what = f"timing case {case.name}"
-    with _candidate_failures(what):
+    # One group at a time, so reference and candidate never share the devices while timed. A rank clock
+    # that disagrees with the parent's is timed again, both groups, before it counts: a fake clock
+    # disagrees every time, a passing burst of other work on the machine does not (seen in cpu mode at
+    # W = 4 on 2 cores: 4 of 7 runs of an honest all-reduce once, none twice in a row).
+    for attempt in (1, 2):
+        expected = time_reference(session, problem, case, config)
+        with _candidate_failures(f"timing case {case.name}"):
+            try:
+                got = _time_group(group, session, problem, case, config)
+            except RankError as exc:
+                _raise_candidate_error(exc.replies, exc.rank, {"case": case.name, "trial": "timing"}, config.mode)
+        reference_s = expected.per_call_s()
+        candidate_s = got.per_call_s(expected.refresh_allowance())
         try:
-            got = _time_group(group, session, problem, case, config)
-        except RankError as exc:
-            _raise_candidate_error(exc.replies, exc.rank, {"case": case.name, "trial": "timing"}, config.mode)
-    reference_s = expected.per_call_s()
-    candidate_s = got.per_call_s(expected.refresh_allowance())
-    _check_rank_clock(got, candidate_s, case, expected)
+            _check_rank_clock(got, candidate_s, case, expected)
+            break
+        except Verdict:
+            if attempt == 2:
+                raise
     _check_timed_outputs(expected, got, problem, case, config)
     cost = problem.cost(case, config.world_size)
     datasheet, calibrated = session.profiles
