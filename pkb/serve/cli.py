@@ -56,6 +56,7 @@ def cmd_serve(args) -> int:
     listener = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((args.host, args.port))
+    listener.listen(128)  # before the URL is out: a client that comes first waits in the backlog, not refused
     host, port = listener.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     print(f"pkb serve: listening on {url} ({service.health()['executor']}; results in {service.db})", file=sys.stderr)
