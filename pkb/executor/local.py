@@ -59,10 +59,14 @@ def default_parallel(mode: Mode, world_size: int) -> Parallelism:
     return Parallelism(slots, reason)
 
 
+def fills_a_gpu(task: Task) -> bool:
+    """Its inputs fill most of a GPU (``Problem.fills_a_gpu``) and it runs on GPUs."""
+    return bool(task.problem.fills_a_gpu and task.config.mode.uses_gpu)
+
+
 def runs_alone(task: Task) -> bool:
-    """A timed evaluation (timings need an otherwise idle node), or one whose inputs fill most of a GPU
-    (``Problem.fills_a_gpu``) where it runs on GPUs."""
-    return task.config.perf or bool(task.problem.fills_a_gpu and task.config.mode.uses_gpu)
+    """A timed evaluation (timings need an otherwise idle node), or one that fills a GPU."""
+    return task.config.perf or fills_a_gpu(task)
 
 
 class LocalExecutor(Executor):
@@ -149,7 +153,7 @@ class LocalExecutor(Executor):
             self._running[self._pool.submit(self._evaluate, task, slot)] = (task, slot)
 
     def _evaluate(self, task: Task, slot: int) -> EvalResult:
-        if task.problem.fills_a_gpu and task.config.mode.uses_gpu:  # it runs alone: the idle slots' warm rank
+        if fills_a_gpu(task):  # it runs alone: the idle slots' warm rank
             for other, idle in enumerate(self._slots):          # groups (a CUDA context each) give it their memory
                 if other != slot:
                     for session in idle.values():
