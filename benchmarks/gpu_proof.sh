@@ -2,7 +2,11 @@
 # What the GPU, roofline and multi-GPU issues ask to prove, on a device machine, by stage:
 #   bash benchmarks/gpu_proof.sh env tests timing calibrate fidelity solutions shipped baseline1 baseline2
 #                                setup corpus compat ray sandbox attacks overhead parallel_solutions parallel_corpus
-#                                paper_corpus (PAPER_WS: its world sizes, default "2 4")
+#                                paper_corpus (PAPER_WS: its world sizes, default "2 4"; PAPER_PROBLEMS: a selection)
+#                                compile_bound (COMPILE_COPIES variants of each own-extension CUDA solution, default 6;
+#                                COMPILE_ARM both|side|alone; COMPILE_PART i/n: that part of the folder only)
+#                                serve (SERVE_MODES, default "cpu shared-gpu": latency and throughput through pkb serve;
+#                                SERVE_SOAK evaluations of the soak in cpu mode, default 1000; 0: none)
 # (TESTS_K selects tests with -k, CORPUS the upstream reference folder (default ../shared/upstream/reference),
 #  CORPUS_MODE its mode (default cuda with 2 GPUs, else shared-gpu), TIMING_PARTS the parts of gpu_timing.py, BASELINE_PROBLEMS the problems,
 #  BASELINE_TIMEOUT the seconds one baseline case may take, OVERHEAD_PROBLEMS/OVERHEAD_ROUNDS the overhead stage's evaluations
@@ -30,7 +34,8 @@ for name in "$@"; do
   case "$name" in
     paper_corpus) for w in ${PAPER_WS:-2 4}; do  # every upstream file, both verdicts, side by side (issue 28)
         stage paper_corpus_w$w python3 -m pkb.cli run --solutions "${CORPUS:-../shared/upstream/reference}" --mode shared-gpu \
-          --world-size "$w" --db "$OUT/paper_w$w.sqlite" --quiet ${PARALLEL:+--parallel "$PARALLEL"}
+          --world-size "$w" --db "$OUT/paper_w$w.sqlite" --quiet ${PARALLEL:+--parallel "$PARALLEL"} \
+          ${PAPER_PROBLEMS:+--problems "$PAPER_PROBLEMS"}
         stage paper_corpus_w$w python3 benchmarks/paper_summary.py "$OUT/paper_w$w.sqlite" --json "$OUT/paper_w$w.json"
       done ;;
     env) stage env bash -c 'date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -83,6 +88,16 @@ for name in "$@"; do
     parallel_corpus) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"
         stage parallel_corpus python3 benchmarks/parallel_run.py "${CORPUS:-../shared/upstream/reference}" --mode "$mode" \
           --world-size 2 ${PARALLEL:+--parallel "$PARALLEL"} --timeout-s 280 --out "$OUT/parallel_corpus_${mode}.json" ;;
+    compile_bound) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"  # one cold build per file (issue 29)
+        folder="/tmp/compile-bound-${COMPILE_PART:-1/1}"; folder="${folder//\//-of-}"; rm -rf "$folder"
+        python3 benchmarks/compile_bound_folder.py "$folder" --copies "${COMPILE_COPIES:-6}" --part "${COMPILE_PART:-1/1}"
+        stage compile_bound python3 benchmarks/parallel_run.py "$folder" --mode "$mode" --world-size 2 --arm "${COMPILE_ARM:-both}" \
+          ${PARALLEL:+--parallel "$PARALLEL"} --timeout-s 580 --out "$OUT/compile_bound_${COMPILE_ARM:-both}_$(basename "$folder").json" ;;
+    serve) for mode in ${SERVE_MODES:-cpu shared-gpu}; do  # issue 27: one verdict's latency, throughput against 1-8 clients
+          stage serve python3 benchmarks/serve_latency.py --mode "$mode" --rounds 3 --out "$OUT/serve_$mode.json"
+        done
+        [ "${SERVE_SOAK:-1000}" -gt 0 ] && stage serve python3 benchmarks/serve_latency.py --mode cpu --skip-latency \
+          --clients "" --soak "${SERVE_SOAK:-1000}" --soak-clients 8 --out "$OUT/serve_soak_cpu.json" ;;
     overhead) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"
         stage overhead python3 benchmarks/sandbox_overhead.py --mode "$mode" --world-size 2 --problems "${OVERHEAD_PROBLEMS:-1-8}" \
           --rounds "${OVERHEAD_ROUNDS:-3}" ${OVERHEAD_BUILD---cuda-build} --out "$OUT/overhead_${mode}.json" ;;

@@ -9,7 +9,10 @@ compilers' files). The verdicts of the two arms are compared file by file: the s
 verdict (``upstream_ok``) must be the same.
 
     python benchmarks/parallel_run.py FOLDER [--mode cpu] [--world-size 2] [--parallel N] [--trials 3]
-        [--timeout-s 560] [--out FILE.json]
+        [--timeout-s 560] [--arm both|side|alone] [--out FILE.json]
+
+``--arm side`` or ``alone`` runs one arm only (a long one-at-a-time arm timed in parts: the parts' walls
+add up to it; compile_bound_folder.py --part writes them).
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, help="the side-by-side arm's --parallel (default: the machine's)")
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--timeout-s", type=float, default=560, help="seconds one arm may take")
-    parser.add_argument("--side-by-side-only", action="store_true", help="leave the one-at-a-time arm out (a diagnosis)")
+    parser.add_argument("--arm", default="both", choices=["both", "side", "alone"],
+                        help="both arms (default), or only the side-by-side or the one-at-a-time one")
     parser.add_argument("--out", help="write the numbers as JSON here")
     args = parser.parse_args()
     files = sorted(p.name for p in args.folder.glob("*.py") if not p.name.startswith("_"))
@@ -74,13 +78,16 @@ def main() -> None:
           f"{os.cpu_count()} cores" + (" (times in this mode are not GPU performance)" if args.mode != "cuda" else ""),
           flush=True)
     arms = []
-    for parallel in (args.parallel,) if args.side_by_side_only else (args.parallel, 1):
+    for parallel in {"both": (args.parallel, 1), "side": (args.parallel,), "alone": (1,)}[args.arm]:
         arm = run_arm(args.folder, args.mode, args.world_size, parallel, args.trials, args.timeout_s)
         arms.append(arm)
         print(f"--parallel {parallel or '(default)'}: {arm['wall_s']:.1f} s wall, {arm['evaluation_s']:.1f} s of evaluations "
               f"summed ({', '.join(f'{phase} {seconds:.1f}' for phase, seconds in arm['phase_s'].items())}); "
               f"{summary(arm)}; exit {arm['exit']}; {arm['executor']}", flush=True)
-    if args.side_by_side_only:
+    if args.arm != "both":
+        if args.out:
+            Path(args.out).write_text(json.dumps({"folder": args.folder.name, "mode": args.mode, "world_size": args.world_size,
+                                                  "trials": args.trials, "cores": os.cpu_count(), "arms": arms}, indent=1))
         return
     side, alone = arms
     differ = sorted(key for key in alone["verdicts"].keys() | side["verdicts"].keys()

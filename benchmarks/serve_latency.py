@@ -9,9 +9,13 @@ the same file, one at a time, interleaved round by round so load drifts hit ever
 Throughput: evaluations per minute with 1, 2, 4, 8 client threads, each submitting ``--per-client``
 files; every verdict is checked to be there exactly once (by job id and in the database) and the
 server's resident memory is printed before and after.
+Soak (``--soak N``): N more evaluations from ``--soak-clients`` threads, a correct, a wrong and a crashing
+file in turn, with the light options (``--soak-cases``, one trial); the resident memory of the server and of
+its whole process tree (its rank processes too) every tenth of the way, and every verdict checked: there
+once, the expected one, and stored once.
 
     python benchmarks/serve_latency.py [--problem 2] [--file F] [--mode cpu] [--world-size 2] [--rounds 7]
-        [--clients 1,2,4,8] [--per-client 4] [--parallel N] [--out FILE.json]
+        [--clients 1,2,4,8] [--per-client 4] [--parallel N] [--soak 1000] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -45,10 +49,83 @@ def timed(command: list[str]) -> tuple[float, dict]:
 
 
 def resident_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:  # gone meanwhile
+        pass
+    return 0.0
+
+
+def tree_mib(root: int) -> tuple[float, int]:
+    """Resident memory of ``root`` and every process below it (MiB), and how many processes that is."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return sum(resident_mib(pid) for pid in tree), len(tree)
+
+
+WRONG_TAIL = "\n\n_right = solution\n\n\ndef solution(*args, **kwargs):\n    out = _right(*args, **kwargs)\n" \
+             "    return out * 2 + 1 if hasattr(out, 'dtype') else out\n"
+CRASH_TAIL = "\n\n\ndef solution(*args, **kwargs):\n    raise RuntimeError('a crashing sample')\n"
+
+
+def soak(client: Client, args, source: str, server_pid: int, db: Path) -> dict:
+    """``args.soak`` evaluations (correct, wrong, crashing in turn) from ``args.soak_clients`` threads."""
+    samples = [("ok", source), ("mismatch", source + WRONG_TAIL), ("runtime_error", source + CRASH_TAIL)]
+    light = {"mode": args.mode, "world_size": args.world_size, "cases": args.soak_cases, "trials": 1,
+             "upstream_trials": 1, "solution_set": "soak"}
+    lock, next_index, outcomes, memory = threading.Lock(), [0], {}, []
+    began = time.monotonic()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                index = next_index[0]
+                next_index[0] += 1
+            if index >= args.soak:
+                return
+            expected, text = samples[index % 3]
+            result = client.evaluate(args.problem, text, name=f"soak-{index}", **light)
+            with lock:
+                outcomes.setdefault(index, []).append((expected, result["status"]))
+                done = len(outcomes)
+                if done % max(args.soak // 10, 1) == 0:
+                    memory.append({"evaluations": done, "server_mib": resident_mib(server_pid),
+                                   "tree_mib": tree_mib(server_pid)[0], "processes": tree_mib(server_pid)[1],
+                                   "elapsed_s": time.monotonic() - began})
+                    print(f"  soak {done}/{args.soak}: server {memory[-1]['server_mib']:.0f} MiB, tree "
+                          f"{memory[-1]['tree_mib']:.0f} MiB in {memory[-1]['processes']} processes, "
+                          f"{memory[-1]['elapsed_s']:.0f} s", flush=True)
+
+    threads = [threading.Thread(target=worker) for _ in range(args.soak_clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.monotonic() - began
+    with sqlite3.connect(db) as conn:
+        stored = dict(conn.execute("SELECT solution, COUNT(*) FROM results WHERE solution_set = 'soak' GROUP BY solution"))
+    wrong = {i: v for i, v in outcomes.items() if len(v) != 1 or v[0][0] != v[0][1]}
+    report = {"evaluations": args.soak, "clients": args.soak_clients, "answered": len(outcomes),
+              "unexpected_verdicts": len(wrong), "examples": dict(list(wrong.items())[:5]),
+              "stored_once": sum(stored.get(f"soak-{i}") == 1 for i in range(args.soak)), "wall_s": wall,
+              "per_minute": 60 * args.soak / wall, "memory": memory}
+    print(f"soak: {args.soak} evaluations in {wall:.0f} s ({report['per_minute']:.1f}/min) from {args.soak_clients} "
+          f"clients; answered {len(outcomes)}, unexpected verdicts {len(wrong)}, stored exactly once "
+          f"{report['stored_once']}; server {memory[0]['server_mib']:.0f} -> {memory[-1]['server_mib']:.0f} MiB, "
+          f"tree {memory[0]['tree_mib']:.0f} -> {memory[-1]['tree_mib']:.0f} MiB")
+    return report
 
 
 def main() -> None:
@@ -61,6 +138,10 @@ def main() -> None:
     parser.add_argument("--clients", default="1,2,4,8")
     parser.add_argument("--per-client", type=int, default=4)
     parser.add_argument("--parallel", type=int)
+    parser.add_argument("--soak", type=int, default=0, help="evaluations of the soak (0: none)")
+    parser.add_argument("--soak-clients", type=int, default=4)
+    parser.add_argument("--soak-cases", default="tests")
+    parser.add_argument("--skip-latency", action="store_true", help="throughput and soak only")
     parser.add_argument("--out")
     args = parser.parse_args()
     path = Path(args.file) if args.file else next(UPSTREAM.glob(f"{args.problem}_*.py"))
@@ -81,7 +162,7 @@ def main() -> None:
     client.evaluate(args.problem, source, mode=args.mode, world_size=args.world_size)  # warm: not measured
     arms: dict[str, list[float]] = {"cli": [], "client": [], "cli --server": []}
     statuses = set()
-    for _ in range(args.rounds):
+    for _ in range(0 if args.skip_latency else args.rounds):
         wall, result = timed([sys.executable, "-m", "pkb.cli", "eval", args.problem, str(path), *options])
         arms["cli"].append(wall)
         statuses.add(result["status"])
@@ -96,12 +177,12 @@ def main() -> None:
     report = {"problem": args.problem, "file": path.name, "mode": args.mode, "world_size": args.world_size,
               "machine": f"{os.cpu_count()} cores", "verdicts": sorted(statuses),
               "latency_s": {arm: {"median": statistics.median(v), "min": min(v), "max": max(v), "runs": v}
-                            for arm, v in arms.items()}}
-    for arm, values in arms.items():
+                            for arm, v in arms.items() if v}}
+    for arm, values in arms.items() if not args.skip_latency else ():
         print(f"{arm:>13}: median {statistics.median(values):.2f} s (min {min(values):.2f}, max {max(values):.2f}, "
               f"{len(values)} runs)")
     report["throughput"] = []
-    for clients in [int(c) for c in args.clients.split(",")]:
+    for clients in [int(c) for c in args.clients.split(",") if c]:
         rss_before = resident_mib(server.pid)
         ids: list[str] = []
         lock = threading.Lock()
@@ -131,6 +212,8 @@ def main() -> None:
         print(f"{clients} client(s): {row['per_minute']:.1f} evaluations/min ({len(ids)} in {wall:.1f} s; done "
               f"{row['done']}, stored {stored}, ids unique {row['unique_ids']}); server RSS {rss_before:.0f} -> "
               f"{row['server_rss_mib'][1]:.0f} MiB; verdicts {row['verdicts']}")
+    if args.soak:
+        report["soak"] = soak(client, args, source, server.pid, scratch / "served.sqlite")
     server.terminate()
     server.wait(timeout=60)
     if args.out:

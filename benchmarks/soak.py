@@ -16,14 +16,17 @@ import itertools
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from pkb.batch import EvaluationLoop, Job
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig, Session, evaluate
+from pkb.evaluate.evaluator import EvalConfig
 from pkb.problem import Status
 from pkb.registry import all_problems, get_problem
 from pkb.runtime.modes import Mode
+from pkb.store.db import ResultStore
 
 HERE = Path(__file__).resolve().parent
 HONEST_FILES = {"alltoall": ["tests/candidates/p2p_batched.py", "tests/candidates/p2p_isend_irecv.py",
@@ -44,22 +47,22 @@ def job_list(count: int, offset: int) -> list[tuple[str, str, int]]:
 
 
 def run_jobs(jobs: list[tuple[str, str, int]], trials: int) -> list[dict]:
-    sessions: dict[int, Session] = {}
+    """Evaluate ``jobs`` one after another through pkb's evaluation loop, each afresh (a repeat of a job is
+    judged again, never answered from the store), rank groups kept warm per world size."""
+    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=trials)
     rows = []
-    try:
-        for problem_name, candidate_name, world_size in jobs:
-            session = sessions.setdefault(world_size, Session(Mode.CPU, world_size))
+    with tempfile.TemporaryDirectory() as scratch, ResultStore(Path(scratch) / "soak.sqlite") as store, \
+            EvaluationLoop(store, config, reuse="never") as loop:
+        for index, (problem_name, candidate_name, world_size) in enumerate(jobs):
             problem = get_problem(problem_name)
             candidate = (Candidate.reference_of(problem) if candidate_name == "reference"
                          else Candidate.from_file(HERE.parent / candidate_name))
-            config = EvalConfig(world_size=world_size, mode=Mode.CPU, num_trials=trials)
-            result = evaluate(problem, candidate, config, session)
+            loop.submit(Job(problem, candidate, "soak", world_size=world_size), tag=index)
+        for done in loop.finished():
+            problem_name, candidate_name, world_size = jobs[done.tag]
             rows.append({"problem": problem_name, "candidate": candidate_name, "world_size": world_size,
-                         "status": result.status.value, "message": result.message[:300],
-                         "wall_s": round(result.wall_s, 3)})
-    finally:
-        for session in sessions.values():
-            session.close()
+                         "status": done.result.status.value, "message": done.result.message[:300],
+                         "wall_s": round(done.result.wall_s, 3)})
     return rows
 
 

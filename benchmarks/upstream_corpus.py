@@ -2,11 +2,13 @@
 
 Every file ``<n>_<name>.py`` in the corpus folder (default ``../shared/upstream/reference`` beside
 the project) is, by definition, a correct solution of upstream problem ``n``. This evaluates each
-against pkb's problem of that number and prints one line per file, then the counts by verdict;
-``--out`` writes every result as JSON (rewritten after each file, so a cut run keeps its rows).
+against pkb's problem of that number, through pkb's evaluation loop (pkb.batch.run_jobs: ``--parallel``
+side by side, every verdict stored in ``--db`` as it finishes, so a cut run resumes there), and prints
+one line per file, then the counts by verdict; ``--out`` writes every result as JSON (rewritten after
+each file).
 
     python benchmarks/upstream_corpus.py [--world-size 2] [--mode cpu] [--problems 1-87]
-        [--cases all|upstream|tests] [--trials 1] [--out results.json]
+        [--cases all|upstream|tests] [--trials 1] [--parallel N] [--db corpus.sqlite] [--out results.json]
 
 Exit status 0 when every file is ``ok`` or ``skipped``.
 """
@@ -16,14 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+import tempfile
 from pathlib import Path
 
+from pkb.batch import Job, run_jobs
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig, Session, evaluate
+from pkb.evaluate.evaluator import EvalConfig
+from pkb.executor import LocalExecutor
 from pkb.problem import Status
 from pkb.registry import get_problem, select
 from pkb.runtime.modes import Mode
+from pkb.store.db import ResultStore
 
 DEFAULT_CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "upstream" / "reference"
 
@@ -47,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default="all")
     parser.add_argument("--trials", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--parallel", type=int, help="evaluations side by side (default: what this machine holds)")
+    parser.add_argument("--db", type=Path, help="results database (default: a temporary one); a rerun resumes")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if not args.corpus.is_dir():
@@ -57,20 +64,23 @@ def main(argv: list[str] | None = None) -> int:
         files = {n: path for n, path in files.items() if n in wanted}
     config = EvalConfig(world_size=args.world_size, mode=Mode(args.mode), num_trials=args.trials,
                         timeout_s=args.timeout, cases=args.cases)
+    jobs = [Job(get_problem(number), Candidate.from_file(path), "upstream-corpus") for number, path in files.items()]
     rows = []
-    with Session(config.mode, config.world_size) as session:
-        for number, path in files.items():
-            problem = get_problem(number)
-            started = time.monotonic()
-            result = evaluate(problem, Candidate.from_file(path), config, session)
-            rows.append({"upstream_id": number, "problem": problem.name, "version": problem.version,
-                         "file": path.name, "status": result.status.value, "message": result.message,
-                         "cases": result.cases, "wall_s": round(time.monotonic() - started, 2)})
-            print(f"{number:3d} {problem.name:42s} {result.status.value:14s} {rows[-1]['wall_s']:6.1f}s "
-                  f"{result.message[:200]}", flush=True)
-            if args.out:
-                args.out.write_text(json.dumps({"world_size": args.world_size, "mode": args.mode,
-                                                "cases": args.cases, "results": rows}, indent=1))
+
+    def show(job: Job, result, resumed: bool) -> None:
+        problem = job.problem
+        rows.append({"upstream_id": problem.upstream_id, "problem": problem.name, "version": problem.version,
+                     "file": job.candidate.path.name, "status": result.status.value, "message": result.message,
+                     "upstream_ok": result.upstream_ok, "cases": result.cases, "wall_s": round(result.wall_s, 2)})
+        print(f"{problem.upstream_id:3d} {problem.name:42s} {result.status.value:14s} {rows[-1]['wall_s']:6.1f}s "
+              f"{result.message[:200]}", flush=True)
+        if args.out:
+            args.out.write_text(json.dumps({"world_size": args.world_size, "mode": args.mode, "cases": args.cases,
+                                            "results": sorted(rows, key=lambda row: row["upstream_id"])}, indent=1))
+
+    with tempfile.TemporaryDirectory() as scratch, ResultStore(args.db or Path(scratch) / "corpus.sqlite") as store, \
+            LocalExecutor(args.parallel) as executor:
+        run_jobs(jobs, config, store, show, executor)
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1

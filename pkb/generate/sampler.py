@@ -251,52 +251,38 @@ def _from_row(row: dict, resumed: bool) -> SampleResult:
 
 @dataclass
 class Evaluator:
-    """Evaluates generated files on an executor (pkb.executor; default: this machine), storing each
-    result as it finishes; a file already judged with the same settings (same run key, a verdict) is
-    not judged again."""
+    """Evaluates generated files through pkb's evaluation loop (pkb.batch.EvaluationLoop) on an executor
+    (pkb.executor; default: this machine), storing each result as it finishes; a file already judged with
+    the same settings (same run key, a verdict) is not judged again, and keeps the row it was first
+    stored under (reports take a generated result's set from the generation that links to it)."""
 
     store: object
     config: object  # pkb.evaluate.evaluator.EvalConfig
-    executor: object = None  # pkb.executor.Executor; None: a LocalExecutor owned (and closed) by this evaluator
-    _owned: bool = False
+    executor: object = None  # pkb.executor.Executor; None: a LocalExecutor owned (and closed) by the loop
 
     def __post_init__(self):
-        if self.executor is None:
-            from pkb.executor import LocalExecutor
+        from pkb.batch import EvaluationLoop
 
-            self.executor, self._owned = LocalExecutor(), True
+        self.loop = EvaluationLoop(self.store, self.config, self.executor, reuse="as_stored")
 
     def submit(self, problem: Problem, path: Path, name: str, solution_set: str, done: Callable) -> None:
         """Evaluate the file at ``path``, stored under ``solution_set``; ``done(result, row id, run key)``
-        once it is stored (now, if an earlier verdict is reused). A file judged before keeps the set it
-        was first stored under; reports take a generated result's set from the generation that links to it."""
-        from pkb.batch import evaluation_key
+        once it is stored (at the next ``collect`` where an earlier verdict is reused)."""
+        from pkb.batch import Job
         from pkb.evaluate.candidate import Candidate
-        from pkb.executor import Task
 
-        config = self.config
-        if config.world_size not in problem.world_sizes:
-            config = replace(config, world_size=min(problem.world_sizes))
-        candidate = Candidate.from_file(path, name=name)
-        key = evaluation_key(problem, candidate, config)
-        previous_id = self.store.latest_id(key)
-        if previous_id is not None:
-            previous = self.store.result_by_id(previous_id)
-            if previous.status.is_verdict:  # pkb's and the machine's failures are evaluated again
-                done(previous, previous_id, key)
-                return
-        self.executor.submit(Task(problem, candidate, config, tag=(key, solution_set, done)))
+        world_size = None if self.config.world_size in problem.world_sizes else min(problem.world_sizes)
+        self.loop.submit(Job(problem, Candidate.from_file(path, name=name), solution_set, world_size=world_size),
+                         tag=done)
 
     def collect(self, wait: bool) -> None:
-        """Store the evaluations that have finished (``wait``: all of them) and call their ``done``."""
-        for task, result in self.executor.finished(wait=wait):
-            key, solution_set, done = task.tag
-            result.solution_set = solution_set
-            done(result, self.store.add(result, key), key)
+        """Hand the evaluations that have finished (``wait``: all of them) to their ``done``."""
+        for finished in self.loop.finished(wait=wait):
+            finished.tag(finished.result, finished.result_id, finished.key)
 
     def evaluate(self, problem: Problem, path: Path, name: str, solution_set: str = ""):
         """(EvalResult, results row id, run key) of the file at ``path``, waited for."""
-        if self.executor.pending:
+        if self.loop.pending:
             raise RuntimeError("evaluate() waits for one evaluation; others are still pending")
         outcome = []
         self.submit(problem, path, name, solution_set, lambda *judged: outcome.append(judged))
@@ -304,5 +290,4 @@ class Evaluator:
         return outcome[0]
 
     def close(self) -> None:
-        if self._owned:
-            self.executor.close()
+        self.loop.close()

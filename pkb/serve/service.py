@@ -1,12 +1,14 @@
 """The evaluation service's scheduler: requests in, verdicts out, one evaluation loop, one store writer.
 
 ``EvaluationService`` takes evaluation requests (what ``pkb eval`` takes, as a dict; ``Request``) into a
-bounded queue and answers ``Busy`` when it is full rather than growing without limit. One thread, the
-loop, owns everything that runs evaluations: it hands requests to an executor (pkb.executor: on this
-machine, ``LocalExecutor``, whose warm rank groups and shared build broker are reused across requests;
-or a Ray cluster), collects verdicts as they finish and writes each to the results database, which it
-alone writes. The executor runs correctness evaluations side by side up to its capacity and a timed one
-(``perf``) alone, with nothing beside it (pkb.executor.local).
+bounded queue and answers ``Busy`` when it is full rather than growing without limit. One thread owns
+everything that runs evaluations: it submits requests to pkb's evaluation loop (pkb.batch.EvaluationLoop,
+the one ``pkb run`` and generation use), which hands them to an executor (pkb.executor: on this machine,
+``LocalExecutor``, whose warm rank groups and shared build broker are reused across requests; or a Ray
+cluster) and writes each verdict to the results database as it finishes, its only writer. Every request
+is judged afresh (with its own secret seeds), never answered from an earlier row. The executor runs
+correctness evaluations side by side up to its capacity and a timed one (``perf``) alone, with nothing
+beside it (pkb.executor.local).
 
 A finished job is kept for ``keep_jobs`` more jobs (then only the database has it), so memory stays
 flat over any number of requests.
@@ -26,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from pkb import protocol
-from pkb.batch import evaluation_key
+from pkb import batch
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.evaluator import CASE_SELECTIONS, POLICIES, EvalConfig
 from pkb.evaluate.result import EvalResult
-from pkb.executor import Executor, Task
+from pkb.executor import Executor
 from pkb.registry import get_problem
 from pkb.runtime.modes import ModeUnavailable, choose_mode
 from pkb.store.db import ResultStore
@@ -174,7 +176,7 @@ class EvaluationService:
 
     # -- the loop --------------------------------------------------------------------------------------
 
-    def _task(self, request: Request) -> Task:
+    def _task(self, request: Request) -> tuple[batch.Job, EvalConfig]:
         try:
             problem = get_problem(request.problem)
         except KeyError as exc:
@@ -192,36 +194,34 @@ class EvaluationService:
         folder = Path(tempfile.mkdtemp(dir=self._scratch.name))
         path = folder / f"{problem.upstream_id or 0}_{problem.name}.py"
         path.write_text(request.source, encoding="utf-8")
-        return Task(problem, Candidate.from_file(path, name=request.name), config)
+        return batch.Job(problem, Candidate.from_file(path, name=request.name), request.solution_set), config
 
     def _run(self) -> None:
         with ResultStore(self.db) as store:
+            loop = batch.EvaluationLoop(store, executor=self.executor, reuse="never", keep_paths=False)
             while not self._stop.is_set():
-                self._take_new(block=not self.executor.pending)
-                finished = list(self.executor.finished(wait=False))
-                for task, result in finished:
-                    self._finish(store, task, result)
-                if self.executor.pending and not finished:
+                self._take_new(loop, block=not loop.pending)
+                finished = list(loop.finished(wait=False))
+                for done in finished:
+                    self._finish(done)
+                if loop.pending and not finished:
                     time.sleep(0.02)
 
-    def _take_new(self, block: bool) -> None:
+    def _take_new(self, loop: batch.EvaluationLoop, block: bool) -> None:
         try:
             item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
             while item is not None:
-                job, task = item
+                job, (task, config) = item
                 job.state = "running"
-                self.executor.submit(Task(task.problem, task.candidate, task.config, tag=job))
+                loop.submit(task, tag=job, config=config)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
 
-    def _finish(self, store: ResultStore, task: Task, result: EvalResult) -> None:
-        job: Job = task.tag
-        shutil.rmtree(Path(task.candidate.path).parent, ignore_errors=True)  # the request's scratch copy
-        result.solution_set = job.request.solution_set
-        result.details.pop("solution_path", None)  # the server's scratch copy: meaningless to the client
-        store.add(result, evaluation_key(task.problem, task.candidate, task.config))
-        job.result = result.to_dict()
+    def _finish(self, done: batch.Done) -> None:
+        job: Job = done.tag
+        shutil.rmtree(Path(done.job.candidate.path).parent, ignore_errors=True)  # the request's scratch copy
+        job.result = done.result.to_dict()
         job.state = "done"
         with self._lock:
             self._waiting -= 1

@@ -286,8 +286,13 @@ class ResultStore:
         row = self.conn.execute("SELECT result_json FROM results WHERE id = ?", (result_id,)).fetchone()
         return EvalResult.from_dict(json.loads(row[0])) if row else None
 
-    def latest_id(self, key: str) -> int | None:
-        row = self.conn.execute("SELECT id FROM results WHERE run_key = ? ORDER BY id DESC LIMIT 1", (key,)).fetchone()
+    def latest_id(self, key: str, solution_set: str | None = None, solution: str | None = None) -> int | None:
+        """The newest row stored under ``key`` (and under that set and solution name, where given)."""
+        query, args = "SELECT id FROM results WHERE run_key = ?", [key]
+        for column, value in (("solution_set", solution_set), ("solution", solution)):
+            if value is not None:
+                query, args = query + f" AND {column} = ?", args + [value]
+        row = self.conn.execute(query + " ORDER BY id DESC LIMIT 1", args).fetchone()
         return row[0] if row else None
 
     def close(self) -> None:
