@@ -14,7 +14,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from pkb import __version__, protocol
 from pkb.console import UsageError, print_table  # noqa: F401  (subsystem commands import them from here too)
@@ -185,7 +184,7 @@ def _eval_on_server(args) -> int:
     """``pkb eval --server URL``: the file's text to the service, its verdict printed as here."""
     import os
 
-    from pkb.client import Client, ServerError
+    from pkb.client import Client, ServerError, result_view
 
     if args.candidate == "reference" or not Path(args.candidate).is_file():
         raise UsageError(f"candidate file {args.candidate} not found (with --server, give a .py file defining `solution`)")
@@ -206,8 +205,7 @@ def _eval_on_server(args) -> int:
     if args.json:
         print(json.dumps(result, default=str))
     else:
-        print_verdict(SimpleNamespace(**{**result, "status": SimpleNamespace(value=result["status"]),
-                                         "timings": [SimpleNamespace(**t) for t in result.get("timings") or []]}))
+        print_verdict(result_view(result))
     status = result["status"]
     return 0 if status == "ok" else HARNESS_FAILURE if status in ("harness_error", "infra_error") else 1
 

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from types import SimpleNamespace
 from typing import Any
 
 
@@ -93,3 +94,12 @@ class Client:
         except (urllib.error.URLError, OSError) as exc:
             raise ServerError(f"{self.url}: cannot reach the server ({getattr(exc, 'reason', exc)}); is `pkb serve` "
                               "running there?") from None
+
+
+def result_view(result: dict) -> SimpleNamespace:
+    """A verdict's JSON (``pkb eval --json``, a job's ``result``) with the attributes of the EvalResult it
+    was made from that pkb's printers and messages read (``status.value``, ``ok``, ``timings[i].speedup``,
+    ...), without importing torch as ``EvalResult.from_dict`` would."""
+    return SimpleNamespace(**{**result, "ok": result["status"] == "ok",
+                              "status": SimpleNamespace(value=result["status"]),
+                              "timings": [SimpleNamespace(**timing) for timing in result.get("timings") or []]})
