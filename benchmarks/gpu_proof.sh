@@ -6,7 +6,8 @@
 #                                compile_bound (COMPILE_COPIES variants of each own-extension CUDA solution, default 6;
 #                                COMPILE_ARM both|side|alone; COMPILE_PART i/n: that part of the folder only)
 #                                serve (SERVE_MODES, default "cpu shared-gpu": latency and throughput through pkb serve;
-#                                SERVE_SOAK evaluations of the soak in cpu mode, default 1000; 0: none)
+#                                SERVE_SOAK evaluations of the soak in cpu mode, default 1000; 0: none; SERVE_ROUNDS
+#                                latency rounds, default 3; starlette and uvicorn installed from .whl/ where the node lacks them)
 # (TESTS_K selects tests with -k, CORPUS the upstream reference folder (default ../shared/upstream/reference),
 #  CORPUS_MODE its mode (default cuda with 2 GPUs, else shared-gpu), TIMING_PARTS the parts of gpu_timing.py, BASELINE_PROBLEMS the problems,
 #  BASELINE_TIMEOUT the seconds one baseline case may take, OVERHEAD_PROBLEMS/OVERHEAD_ROUNDS the overhead stage's evaluations
@@ -93,11 +94,17 @@ for name in "$@"; do
         python3 benchmarks/compile_bound_folder.py "$folder" --copies "${COMPILE_COPIES:-6}" --part "${COMPILE_PART:-1/1}"
         stage compile_bound python3 benchmarks/parallel_run.py "$folder" --mode "$mode" --world-size 2 --arm "${COMPILE_ARM:-both}" \
           ${PARALLEL:+--parallel "$PARALLEL"} --timeout-s 580 --out "$OUT/compile_bound_${COMPILE_ARM:-both}_$(basename "$folder").json" ;;
-    serve) for mode in ${SERVE_MODES:-cpu shared-gpu}; do  # issue 27: one verdict's latency, throughput against 1-8 clients
-          stage serve python3 benchmarks/serve_latency.py --mode "$mode" --rounds 3 --out "$OUT/serve_$mode.json"
+    serve) if ! python3 -c "import starlette, uvicorn" 2>/dev/null && [ -d .whl ]; then  # an offline node: carried wheels
+          python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-serve .whl/*.whl
+          export PYTHONPATH="/tmp/site-serve:$PYTHONPATH"
+        fi
+        for mode in ${SERVE_MODES:-cpu shared-gpu}; do  # issue 27: one verdict's latency, throughput against 1-8 clients
+          stage serve python3 benchmarks/serve_latency.py --mode "$mode" --rounds "${SERVE_ROUNDS:-3}" \
+            --file "${CORPUS:-../shared/upstream/reference}/2_allgather.py" --out "$OUT/serve_$mode.json"
         done
         [ "${SERVE_SOAK:-1000}" -gt 0 ] && stage serve python3 benchmarks/serve_latency.py --mode cpu --skip-latency \
-          --clients "" --soak "${SERVE_SOAK:-1000}" --soak-clients 8 --out "$OUT/serve_soak_cpu.json" ;;
+          --clients "" --soak "${SERVE_SOAK:-1000}" --soak-clients 8 --file "${CORPUS:-../shared/upstream/reference}/2_allgather.py" \
+          --out "$OUT/serve_soak_cpu.json" ;;
     overhead) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"
         stage overhead python3 benchmarks/sandbox_overhead.py --mode "$mode" --world-size 2 --problems "${OVERHEAD_PROBLEMS:-1-8}" \
           --rounds "${OVERHEAD_ROUNDS:-3}" ${OVERHEAD_BUILD---cuda-build} --out "$OUT/overhead_${mode}.json" ;;

@@ -368,10 +368,12 @@ def reduction_tolerance(dtype: torch.dtype, num_terms: int, scale: float = 1.0) 
     """Tolerance for a sum of ``num_terms`` values of magnitude ``scale`` (e.g. one per rank) in ``dtype``.
 
     An honest kernel may accumulate in ``dtype`` in any order (a ring rounds after each of the
-    ``num_terms - 1`` additions) while the reference rounds once from fp32. Measured on 4M N(0,1)
-    elements in bf16, the largest error beyond ``rtol * |ref|`` was 0.030 at 4 terms, 0.066 at 8 and
-    0.18 at 16; ``atol = u * n * (2 + sqrt(n)) * scale`` is about twice that at each size, and a
-    result missing even one term of magnitude ``scale`` is off by far more.
+    ``num_terms - 1`` additions) while the reference rounds once from fp32, or itself sums in ``dtype``
+    in another order (references that round as upstream's do). Measured on 4M N(0,1) elements in bf16,
+    the largest error beyond ``rtol * |ref|`` was 0.030 at 4 terms, 0.066 at 8 and 0.18 at 16 against a
+    reference rounded once, and 0.031 at 4 and 0.086 at 8 between two bf16 orders; ``atol = u * n *
+    (2 + sqrt(n)) * scale`` is about twice the first at each size, and a result missing even one term of
+    magnitude ``scale`` is off by far more.
     """
     u = _UNIT_ROUNDOFF.get(dtype)
     if u is None:

@@ -10,10 +10,12 @@ the filter is zero-padded (or cut) to the FFT length 2L, so any L_h works (L_h =
   1. all-to-all each input: scatter channels, gather sequence -> [B, D/W, L] in natural order
      (rank r now owns channels [r*D/W, (r+1)*D/W)).
   2. z = x2 * v; y = causal_conv(z, h[channel group]) + conv_bias * z, the convolution by rfft/irfft
-     of length 2L in fp32 (y[t] = sum_{s<=t} h[t-s] z[s]); out = x1 * y.
+     of length 2L (y[t] = sum_{s<=t} h[t-s] z[s]); out = x1 * y. Rounded as upstream's reference
+     rounds: z and out in the input dtype, y in fp32 from z (the filter's spectrum scaled by 1/2L,
+     the inverse transform unscaled) and rounded once to the input dtype.
   3. all-to-all back: scatter sequence (same layout as the inputs), gather channels; rearrange to
      sequence-major.
-  ->  [B, L_local, D] in x1_seq's dtype (fp32 throughout, rounded once).
+  ->  [B, L_local, D] in x1_seq's dtype.
 
 Cost per rank: four all-to-alls of B*D*L_local*2 bytes: link 4*(W-1)/W * B*D*L_local*2. Flops: three real
 FFTs of length 2L per local channel (forward z, forward h, inverse), 2.5*N*log2(N) each with N = 2L,
@@ -78,17 +80,18 @@ def _to_split(y, group, zigzag):
 
 def reference(x1_seq, x2_seq, v_seq, h, conv_bias, num_groups, group_dim, group=None, with_zigzag_splitting=True):
     me = group_rank(group)
-    x1, x2, v = (_to_full(t, group, with_zigzag_splitting).float() for t in (x1_seq, x2_seq, v_seq))
+    x1, x2, v = (_to_full(t, group, with_zigzag_splitting) for t in (x1_seq, x2_seq, v_seq))
     D_local, L = x1.shape[1], x1.shape[2]
     channels = torch.arange(me * D_local, (me + 1) * D_local, device=x1.device)
     filters = h.float()[channels // group_dim]  # [D/W, L]
     bias = conv_bias.float()[channels]
-    z = x2 * v
-    n = 2 * L
-    y = torch.fft.irfft(torch.fft.rfft(z, n=n) * torch.fft.rfft(filters, n=n), n=n)[..., :L]
-    y = y + z * bias[:, None]
-    out = _to_split(x1 * y, group, with_zigzag_splitting)
-    return out.transpose(1, 2).contiguous().to(x1_seq.dtype)
+    z = x2 * v  # in the input dtype, as upstream
+    z_fp32, n = z.float(), 2 * L
+    spectrum = torch.fft.rfft(z_fp32, n=n) * (torch.fft.rfft(filters, n=n) / n)
+    y = torch.fft.irfft(spectrum, n=n, norm="forward")[..., :L]
+    y = (y + z_fp32 * bias[:, None]).to(z.dtype)
+    out = _to_split(x1 * y, group, with_zigzag_splitting)  # x1 * y in the input dtype, as upstream
+    return out.transpose(1, 2).contiguous()
 
 
 def cost(case, world_size):
@@ -125,13 +128,14 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="hyena_forward_cp", version=2, upstream_id=72, category="context_parallel",
+    name="hyena_forward_cp", version=3, upstream_id=72, category="context_parallel",
     source="Savanna / Evo 2 ParallelHyenaOperator with context parallelism (AllToAllSingleFunction, fftconv)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
-    # A bf16 pipeline (upstream's reference) rounds z = x2*v, y and x1*y: where the convolution and the
+    # The reference (upstream's bf16 pipeline) rounds z = x2*v, y and x1*y: where the convolution and the
     # skip term bias*z (|bias*z| up to ~30) cancel, out = x1*y is near 0 but carries 2^-9 of |x1*bias*z|.
-    # Measured against the fp32 reference: up to 0.025 beyond 1.6e-2*|out| in 2M-element draws of the
-    # upstream case at W = 2, 4, 8; atol 0.05 leaves 2x. A missing rank's share moves outputs by ~1.
+    # A kernel that keeps fp32 throughout and rounds once: up to 0.025 beyond 1.6e-2*|out| in 2M-element
+    # draws of the upstream case at W = 2, 4, 8; atol 0.05 leaves 2x. A missing rank's share moves
+    # outputs by ~1.
     tolerance=Tolerance(atol=5e-2, rtol=1.6e-2),
     reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -7,8 +7,9 @@ experts processed, so the three gradients are summed over the group.
 Per rank: grad_fc1_1_lora_A [*, r, H], grad_fc1_2_lora_A [*, r, H], grad_fc2_lora_B [*, H, r] in the
 run's precision (bf16 by default; random, distinct per rank; a leading dimension stacks several layers'
 adapters), group None  ->  the same three
-tensors, all-reduced in place (each becomes the sum over ranks, accumulated in fp32 and rounded
-once) and returned, as the upstream does: the inputs after the call are checked like the outputs.
+tensors, all-reduced in place in their own dtype (each becomes the sum over ranks, rounded to that
+dtype at each step of the reduction, as upstream's reference sums them) and returned, as the upstream
+does: the inputs after the call are checked like the outputs.
 The upstream case: r = 8, H = 1024 ([8, 1024], [8, 1024], [1024, 8] bf16).
 
 Cost: three all-reduces; with S the bytes of the three gradients together, link bytes 2(W-1)/W * S.
@@ -36,16 +37,11 @@ def make_inputs(case, rank, world_size, gen):
     return (*(randn(gen, *shape, dtype=dtype_of(case)) for shape in _shapes(case)), None)
 
 
-def _all_reduce_(grad, group):
-    """Sum ``grad`` over the group in place, through an fp32 buffer; returns ``grad``."""
-    total = grad.float()
-    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
-    return grad.copy_(total)
-
-
 def reference(grad_fc1_1_lora_A, grad_fc1_2_lora_A, grad_fc2_lora_B, group=None):
-    return (_all_reduce_(grad_fc1_1_lora_A, group), _all_reduce_(grad_fc1_2_lora_A, group),
-            _all_reduce_(grad_fc2_lora_B, group))
+    grads = (grad_fc1_1_lora_A, grad_fc1_2_lora_A, grad_fc2_lora_B)
+    for grad in grads:  # in place, in the gradients' dtype, as upstream
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=group)
+    return grads
 
 
 def cost(case, world_size):
@@ -75,7 +71,7 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="moe_epgroupgemm_lora_backward", version=3, upstream_id=30, category="expert_parallel",
+    name="moe_epgroupgemm_lora_backward", version=4, upstream_id=30, category="expert_parallel",
     source="VeOmni EPGroupGemm LoRA backward (all-reduce of the shared LoRA gradients)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=tolerance,
     reference=reference, make_inputs=make_inputs, cost=cost,

@@ -3,11 +3,10 @@ all-reduce fusion: the row-parallel output is reduce-scattered over tokens and n
 
 Per rank: rs_input_1d [W*rows*H] (flat; block r = rows r*rows ... of this rank's partial output
 [W*rows, H]), gamma [H] (the norm weight, replicated), eps (float)  ->  [rows, H]:
-    y = (sum over ranks of block r) / W        (the mean, as upstream; fp32)
-    out = gamma * y * rsqrt(mean(y^2, -1) + eps)
-fp32 throughout, rounded once to the input dtype. H = gamma.numel(); rows = numel / (W*H).
-(Upstream reduce-scatters and divides in the input dtype before the fp32 norm; that rounding is
-within the tolerance below.)
+    y = (sum over ranks of block r) / W        (the mean, as upstream)
+    out = y * rsqrt(mean(y^2, -1) + eps) * gamma
+Rounded as upstream's reference rounds: the reduce-scatter and the division by W in the input dtype,
+the norm in fp32 from that y, rounded once to the input dtype. H = gamma.numel(); rows = numel / (W*H).
 gloo has no AVG reduction, so the reference sums and divides; a kernel may do either.
 
 Cost per rank: the reduce-scatter moves (W-1)/W of the W*rows*H input (input dtype); flops about
@@ -41,10 +40,10 @@ def make_inputs(case, rank, world_size, gen):
 def reference(rs_input_1d, gamma, eps):
     world_size = dist.get_world_size()
     hidden = gamma.numel()
-    summed = torch.empty(rs_input_1d.numel() // world_size, dtype=torch.float32, device=rs_input_1d.device)
-    dist.reduce_scatter_tensor(summed, rs_input_1d.float(), op=dist.ReduceOp.SUM)
-    y = summed.view(-1, hidden) / world_size
-    out = gamma.float() * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps))
+    summed = torch.empty(rs_input_1d.numel() // world_size, dtype=rs_input_1d.dtype, device=rs_input_1d.device)
+    dist.reduce_scatter_tensor(summed, rs_input_1d, op=dist.ReduceOp.SUM)  # in the input dtype, as upstream
+    y = (summed / world_size).view(-1, hidden).float()
+    out = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps) * gamma.float()
     return out.to(rs_input_1d.dtype)
 
 
@@ -61,7 +60,7 @@ def tolerance(case, world_size):
 
 
 PROBLEM = Problem(
-    name="reducescatter_fused_rmsnorm", version=2, upstream_id=45, category="tensor_parallel",
+    name="reducescatter_fused_rmsnorm", version=3, upstream_id=45, category="tensor_parallel",
     source="TensorRT-LLM / vLLM fused reduce-scatter + RMSNorm (sequence-parallel all-reduce fusion)",
     world_sizes=(2, 4, 8),
     upstream=[
