@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from pkb.client import Client
+from pkb.client import Client, ServerError
 
 ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM = ROOT.parent / "shared" / "upstream" / "reference"
@@ -96,9 +96,12 @@ def soak(client: Client, args, source: str, server_pid: int, db: Path) -> dict:
             if index >= args.soak:
                 return
             expected, text = samples[index % 3]
-            result = client.evaluate(args.problem, text, name=f"soak-{index}", **light)
+            try:
+                status = client.evaluate(args.problem, text, name=f"soak-{index}", **light)["status"]
+            except ServerError as exc:  # counted as a lost verdict, and the client goes on
+                status = f"lost: {exc}"
             with lock:
-                outcomes.setdefault(index, []).append((expected, result["status"]))
+                outcomes.setdefault(index, []).append((expected, status))
                 done = len(outcomes)
                 if done % max(args.soak // 10, 1) == 0:
                     memory.append({"evaluations": done, "server_mib": resident_mib(server_pid),
@@ -150,14 +153,16 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="pkb-serve-bench-"))
     serve = [sys.executable, "-m", "pkb.cli", "serve", "--url-file", str(scratch / "url"), "--db",
              str(scratch / "served.sqlite"), "--max-queue", "256"]
-    server = subprocess.Popen(serve + (["--parallel", str(args.parallel)] if args.parallel else []),
-                              stderr=subprocess.PIPE, text=True)
+    server_log = scratch / "serve.log"  # a file, not a pipe: a server that logs much never blocks on it
+    with server_log.open("w") as log:
+        server = subprocess.Popen(serve + (["--parallel", str(args.parallel)] if args.parallel else []),
+                                  stderr=log, text=True)
     while not (scratch / "url").is_file() or not (scratch / "url").read_text().strip():
         if server.poll() is not None:
-            raise SystemExit(server.stderr.read())
+            raise SystemExit(server_log.read_text())
         time.sleep(0.2)
     url = (scratch / "url").read_text().strip()
-    print(server.stderr.readline().strip())
+    print(server_log.read_text().splitlines()[0])
     client = Client(url)
     client.evaluate(args.problem, source, mode=args.mode, world_size=args.world_size)  # warm: not measured
     arms: dict[str, list[float]] = {"cli": [], "client": [], "cli --server": []}
@@ -216,6 +221,9 @@ def main() -> None:
         report["soak"] = soak(client, args, source, server.pid, scratch / "served.sqlite")
     server.terminate()
     server.wait(timeout=60)
+    errors = server_log.read_text().count("Traceback")
+    report["server_errors"] = errors
+    print(f"server log: {errors} tracebacks" + (f"; its tail:\n{server_log.read_text()[-4000:]}" if errors else ""))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 

@@ -22,6 +22,7 @@ import hmac
 import inspect
 import json
 import time
+import traceback
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
@@ -47,6 +48,10 @@ def create_app(service: EvaluationService, token: str | None = None) -> Starlett
                 return _json({"error": str(exc)}, 400)
             except Busy as exc:
                 return _json({"error": str(exc)}, 429, {"Retry-After": "1"})
+            except Exception as exc:  # pkb's own failure: said so to the client, its traceback in the server's log
+                traceback.print_exc()
+                return _json({"error": f"pkb serve failed: {type(exc).__name__}: {exc} (its traceback is in the "
+                                       "server's log)"}, 500)
         return endpoint
 
     async def submit(http: HttpRequest) -> Response:
