@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from pkb import syntax
 from pkb.problem import Problem
 from pkb.runtime.modes import Mode
 
@@ -88,7 +89,7 @@ class Candidate:
 
 def _declared_requirements(source: str) -> tuple[str, ...] | None:
     try:
-        tree = ast.parse(source)
+        tree = syntax.parse(source)
     except (SyntaxError, ValueError):
         return None
     for node in tree.body:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from pkb import syntax
+
 # module prefixes whose attributes a candidate has no business assigning
 _PATCHABLE = ("torch", "dist", "time", "os", "sys", "builtins", "triton", "pkb", "np", "numpy", "functools")
 _SUSPICIOUS_MODULES = {
@@ -63,7 +65,7 @@ def _dotted(node: ast.AST) -> str:
 def scan(source: str) -> list[Label]:
     """Labels for the suspicious constructs in ``source`` (empty for unparsable source)."""
     try:
-        tree = ast.parse(source)
+        tree = syntax.parse(source)
     except (SyntaxError, ValueError):
         return []
     labels: list[Label] = []

@@ -16,6 +16,8 @@ import ast
 import re
 from dataclasses import dataclass
 
+from pkb import syntax
+
 _FENCE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})[^\n]*\n(?P<body>.*?)(?:^[ \t]*(?P=fence)[ \t]*$|\Z)",
                     re.MULTILINE | re.DOTALL)
 _DEFINES_SOLUTION = re.compile(r"^(?:async\s+)?def\s+solution\s*\(|^solution\s*=", re.MULTILINE)
@@ -36,7 +38,7 @@ def code_blocks(text: str) -> list[str]:
 
 def defines_solution(source: str) -> bool:
     try:
-        tree = ast.parse(source)
+        tree = syntax.parse(source)
     except (SyntaxError, ValueError):
         return bool(_DEFINES_SOLUTION.search(source))  # broken code still counts: the verdict will say why
     for node in tree.body:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pkb import syntax
 from pkb.generate import templates
 
 if TYPE_CHECKING:  # importing pkb.problem means torch: not needed to build the CLI's parser
@@ -259,7 +260,7 @@ def _reference_with_docstring(problem: Problem) -> str:
 def _helper_modules(module) -> list:
     """The suite's private modules (``pkb.problems.*._name``) that a problem module imports from."""
     found = []
-    for node in ast.parse(inspect.getsource(module)).body:
+    for node in syntax.parse(inspect.getsource(module)).body:
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("pkb.problems"):
             helper = importlib.import_module(node.module)
             if helper.__name__.rsplit(".", 1)[-1].startswith("_") and helper not in found:

@@ -27,6 +27,7 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pkb import syntax
 from pkb.generate.prompt import Prompt, PromptError, build_prompt, default_world_size
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ def _system(config: dict, backend: str, root: Path) -> str:
         return custom.strip()
     path = root / GENERATOR
     if path.is_file():
-        for node in ast.parse(path.read_text()).body:
+        for node in syntax.parse(path.read_text()).body:
             if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SYSTEM_PROMPT" for t in node.targets) \
                     and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
                 return node.value.value
