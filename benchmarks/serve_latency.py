@@ -104,9 +104,9 @@ def soak(client: Client, args, source: str, server_pid: int, db: Path) -> dict:
                 outcomes.setdefault(index, []).append((expected, status))
                 done = len(outcomes)
                 if done % max(args.soak // 10, 1) == 0:
-                    memory.append({"evaluations": done, "server_mib": resident_mib(server_pid),
-                                   "tree_mib": tree_mib(server_pid)[0], "processes": tree_mib(server_pid)[1],
-                                   "elapsed_s": time.monotonic() - began})
+                    tree, processes = tree_mib(server_pid)
+                    memory.append({"evaluations": done, "server_mib": resident_mib(server_pid), "tree_mib": tree,
+                                   "processes": processes, "elapsed_s": time.monotonic() - began})
                     print(f"  soak {done}/{args.soak}: server {memory[-1]['server_mib']:.0f} MiB, tree "
                           f"{memory[-1]['tree_mib']:.0f} MiB in {memory[-1]['processes']} processes, "
                           f"{memory[-1]['elapsed_s']:.0f} s", flush=True)

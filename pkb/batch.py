@@ -273,14 +273,15 @@ class EvaluationLoop:
             result.solution_set = job.solution_set
             if not self.keep_paths:
                 result.details.pop("solution_path", None)
-            yield Done(job, result, self.store.add(result, key), key, False, tag)
+            result_id = self.store.add(result, key)
+            yield Done(job, result, result_id, key, False, tag)
             waiting = self._twins.pop(key, [])
             if waiting and not result.status.is_verdict:  # no verdict to repeat: the next twin gets its own attempt
                 (twin, twin_tag), self._twins[key] = waiting[0], waiting[1:]
                 self.executor.submit(Task(twin.problem, twin.candidate, task.config, tag=(twin, twin_tag, key)))
             else:
                 for twin, twin_tag in waiting:
-                    self._ready.append(self._reused(twin, twin_tag, key, result, self.store.latest_id(key)))
+                    self._ready.append(self._reused(twin, twin_tag, key, result, result_id))
             while self._ready:
                 yield self._ready.popleft()
 

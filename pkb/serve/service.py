@@ -27,11 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pkb import protocol
-from pkb import batch
+from pkb import batch, protocol
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.evaluator import CASE_SELECTIONS, POLICIES, EvalConfig
-from pkb.evaluate.result import EvalResult
 from pkb.executor import Executor
 from pkb.registry import get_problem
 from pkb.runtime.modes import ModeUnavailable, choose_mode
@@ -211,9 +209,9 @@ class EvaluationService:
         try:
             item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
             while item is not None:
-                job, (task, config) = item
+                job, (work, config) = item
                 job.state = "running"
-                loop.submit(task, tag=job, config=config)
+                loop.submit(work, tag=job, config=config)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
