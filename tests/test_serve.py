@@ -122,6 +122,19 @@ def test_bad_requests_get_a_clear_error(server):
     refused = connection.getresponse()
     assert refused.status == 413 and "over" in json.loads(refused.read())["error"]
     connection.close()
+    # a chunked body declares no length: refused by the running count once it passes 2 MiB (all of it
+    # written before the answer is read, so the refusal cannot race the writes)
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.putrequest("POST", "/v1/evaluations")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Transfer-Encoding", "chunked")
+    connection.endheaders()
+    chunk = b" " * (64 << 10)
+    for _ in range((2 << 20) // len(chunk) + 1):
+        connection.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+    refused = connection.getresponse()
+    assert refused.status == 413 and "over" in json.loads(refused.read())["error"]
+    connection.close()
 
 
 def test_problems_and_prompts(server):
