@@ -82,6 +82,8 @@ def _bridge_checks(rank: int, world_size: int) -> list[str]:
         work = dist.all_gather_into_tensor(scalars, torch.tensor(float(rank)), async_op=True)
         work.wait()
         assert scalars.tolist() == [float(r) for r in range(W)]
+        assert [t.data_ptr() for t in work.result()] == [scalars.data_ptr()]  # NCCL's work gives its outputs
+        assert work.get_future().wait()[0].tolist() == scalars.tolist()
 
     def uneven_all_gather():
         outs = [torch.empty(r + 1, 3) for r in range(W)]

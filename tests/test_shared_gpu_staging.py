@@ -64,6 +64,7 @@ def _staging_checks(rank: int, world_size: int) -> list[str]:
         work = dist.all_reduce(y, op=dist.ReduceOp.MAX, async_op=True)
         assert y.item() == W - 1 and work.is_completed()  # finished before it returned, like every bridged call
         work.wait()
+        assert work.result()[0] is y and work.get_future().wait()[0] is y  # the caller's tensor, as NCCL's work
 
     def all_gather_into_a_strided_view_and_in_place():
         out = dev(torch.zeros(3, W * 2).t())  # [W * 2, 3], not contiguous
@@ -85,7 +86,7 @@ def _staging_checks(rank: int, world_size: int) -> list[str]:
         sizes_out = [peer + rank + 1 for peer in range(W)]
         send = dev(torch.cat([torch.full((n,), float(rank)) for n in sizes_in]))
         received = dev(torch.empty(sum(sizes_out)))
-        dist.all_to_all_single(received, send, sizes_out, sizes_in, async_op=True).wait()
+        assert dist.all_to_all_single(received, send, sizes_out, sizes_in, async_op=True).result()[0] is received
         assert torch.equal(received, torch.cat([torch.full((n,), float(peer)) for peer, n in enumerate(sizes_out)]))
 
     def lists_broadcast_reduce_gather_scatter():
@@ -116,6 +117,7 @@ def _staging_checks(rank: int, world_size: int) -> list[str]:
         for work in works:
             work.wait()
         assert torch.equal(received, torch.full((4,), float((rank - 1) % W)))
+        assert works[1].result()[0] is received
 
     def host_tensors_are_not_staged():
         x = mine(2)  # not a stand-in: gloo gets it as it is

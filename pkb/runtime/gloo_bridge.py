@@ -22,7 +22,8 @@ versions that reproduce NCCL's behaviour on top of gloo's own calls:
   included: pkb.runtime.worker) needs no CUDA path of gloo's.
 
 A bridged call that NCCL would run asynchronously completes before it returns and gives back a
-finished work object. What is not bridged (and so fails in ``cpu`` mode as gloo fails) is listed in
+finished work object (``wait``, ``result()`` and ``get_future()`` as NCCL's: the result is the tensors
+the call writes). What is not bridged (and so fails in ``cpu`` mode as gloo fails) is listed in
 docs/architecture.md, "cpu mode and NCCL".
 """
 
@@ -46,10 +47,12 @@ _bridges: dict[str, Callable] = {}
 
 
 class DoneWork:
-    """The work object of a bridged call that finished before it returned."""
+    """The work object of a bridged call that finished before it returned. ``outputs``: the tensors the
+    call writes (or sends), which ``result()`` and the future's value give back, as NCCL's work does."""
 
-    def __init__(self, on_wait: Callable[[], None] | None = None):
+    def __init__(self, on_wait: Callable[[], None] | None = None, outputs: list[torch.Tensor] = ()):
         self._on_wait = on_wait
+        self._outputs = list(outputs)
 
     def wait(self, timeout=None) -> bool:
         if self._on_wait is not None:
@@ -69,18 +72,22 @@ class DoneWork:
     def synchronize(self) -> None:
         self.wait()
 
-    def get_future(self):
+    def result(self) -> list[torch.Tensor]:
         self.wait()
+        return list(self._outputs)
+
+    def get_future(self):
         future = torch.futures.Future()
-        future.set_result(None)
+        future.set_result(self.result())
         return future
 
 
 class StagedWork(DoneWork):
     """A gloo work on a host copy; ``wait`` waits for it, then runs ``then`` (copy back to the GPU)."""
 
-    def __init__(self, work, then: Callable[[], None] | None = None, keep: Any = None):
-        super().__init__(self._finish)
+    def __init__(self, work, then: Callable[[], None] | None = None, keep: Any = None,
+                 outputs: list[torch.Tensor] = ()):
+        super().__init__(self._finish, outputs)
         self._work, self._then, self._keep = work, then, keep
 
     def _finish(self) -> None:
@@ -127,8 +134,10 @@ def _group_rank_of(group, global_rank: int | None, group_rank: int | None) -> in
     return global_rank if group is None or group is c10d.GroupMember.WORLD else dist.get_group_rank(group, global_rank)
 
 
-def _done(async_op: bool):
-    return DoneWork() if async_op else None
+def _done(async_op: bool, *written) -> DoneWork | None:
+    """What a bridged call returns: a finished work object whose ``result()`` is the ``written`` tensors
+    (tensors or lists of them), or None for a blocking call."""
+    return DoneWork(outputs=_tensors(written)) if async_op else None
 
 
 def _tensors(values) -> list[torch.Tensor]:
@@ -148,7 +157,7 @@ def _through_flat(name: str, out: torch.Tensor, tensor: torch.Tensor, async_op: 
     _call(name, flat.view(tensor.dtype), tensor.reshape(-1).contiguous(), **kwargs)
     if flat.data_ptr() != out.data_ptr() or not out.is_contiguous():
         out.copy_(flat.view(out.shape))
-    return _done(async_op)
+    return _done(async_op, out)
 
 
 # -- gathers and scatters of whole tensors ---------------------------------------------------------------
@@ -182,7 +191,7 @@ def all_gather(*args, **kwargs):
         return _call("all_gather", *args, **kwargs)
     if not uneven:
         _call("all_gather", [_bytes(t) for t in outs], _bytes(tensor), group=group)
-        return _done(a["async_op"])
+        return _done(a["async_op"], outs)
     rank = dist.get_rank(group)
     for source, out in enumerate(outs):  # NCCL's way with uneven shapes: one broadcast per rank
         if out.numel() == 0 and (source != rank or tensor.numel() == 0):
@@ -191,7 +200,7 @@ def all_gather(*args, **kwargs):
                                                                                     device=out.device)
         _call("broadcast", _bytes(buffer), src=_global_rank(group, source), group=group)
         out.copy_(buffer.view(out.shape))
-    return _done(a["async_op"])
+    return _done(a["async_op"], outs)
 
 
 @_bridge("all_reduce")
@@ -215,7 +224,7 @@ def all_to_all(*args, **kwargs):
           input_split_sizes=[t.numel() for t in ins], group=group)
     for out, piece in zip(outs, received.split([t.numel() for t in outs])):
         out.copy_(piece.view(out.dtype).view(out.shape))
-    return _done(a["async_op"])
+    return _done(a["async_op"], outs)
 
 
 @_bridge("all_to_all_single")
@@ -241,7 +250,7 @@ def reduce(*args, **kwargs):
     if is_root:
         return _call("reduce", *args, **kwargs)
     _call("reduce", **{**a, "tensor": a["tensor"].clone(), "async_op": False})  # NCCL only reads it here
-    return _done(a["async_op"])
+    return _done(a["async_op"], a["tensor"])
 
 
 def _rooted(name: str, args: tuple, kwargs: dict, root_name: str) -> tuple[dict, Any, int, bool]:
@@ -265,13 +274,13 @@ def gather(*args, **kwargs):
     tensor = a["tensor"]
     if not is_root:
         _bridges["send"](tensor.contiguous(), dst=_global_rank(group, root), group=group)
-        return _done(a["async_op"])
+        return _done(a["async_op"], tensor)
     for source, out in enumerate(a["gather_list"]):
         if source == root:
             out.copy_(tensor.reshape(out.shape))
         else:
             _receive_into(out, source, group)
-    return _done(a["async_op"])
+    return _done(a["async_op"], a["gather_list"])
 
 
 @_bridge("scatter")
@@ -281,13 +290,13 @@ def scatter(*args, **kwargs):
     tensor = a["tensor"]
     if not is_root:
         _receive_into(tensor, root, group)
-        return _done(a["async_op"])
+        return _done(a["async_op"], tensor)
     for target, piece in enumerate(a["scatter_list"]):
         if target == root:
             tensor.copy_(piece.reshape(tensor.shape))
         else:
             _bridges["send"](piece.contiguous(), dst=_global_rank(group, target), group=group)
-    return _done(a["async_op"])
+    return _done(a["async_op"], tensor)
 
 
 # -- CUDA tensors in shared-gpu mode: staged through host memory ------------------------------------------
@@ -348,7 +357,7 @@ def _staged(name: str, bridge: Callable) -> Callable:
         bridge(**{**host, "async_op": False})
         for key in _WRITES[name]:
             _copy_back(a[key], host[key])
-        return _done(a["async_op"])
+        return _done(a["async_op"], *(a[key] for key in _WRITES[name]))
 
     return staged
 
@@ -370,20 +379,20 @@ def _send_to_self(tensor: torch.Tensor, key: tuple) -> DoneWork:
         work.wait()
     else:
         _self_sent[key].append(tensor.clone())
-    return DoneWork()
+    return DoneWork(outputs=[tensor])
 
 
 def _receive_from_self(tensor: torch.Tensor, key: tuple) -> DoneWork:
     if _self_sent[key]:
         tensor.copy_(_self_sent[key].popleft())
-        return DoneWork()
+        return DoneWork(outputs=[tensor])
     filled = []
 
     def check():
         if not filled:
             raise RuntimeError("irecv from this rank itself was never matched by an isend to itself")
 
-    work = DoneWork(check)
+    work = DoneWork(check, [tensor])
     _self_waiting[key].append((tensor, DoneWork(lambda: filled.append(True))))
     return work
 
@@ -423,7 +432,7 @@ def _point_to_point(name: str, sends: bool, blocking: bool):
             if then:
                 then()
             return result
-        return StagedWork(result, then, keep=host)
+        return StagedWork(result, then, keep=host, outputs=[tensor])
 
     return bridged
 
