@@ -91,7 +91,7 @@ for name in "$@"; do
           --world-size 2 ${PARALLEL:+--parallel "$PARALLEL"} --timeout-s 280 --out "$OUT/parallel_corpus_${mode}.json" ;;
     compile_bound) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"  # one cold build per file (issue 29)
         part="${COMPILE_PART:-1/1}"; folder="/tmp/compile-bound-${part//\//-of-}"; rm -rf "$folder"
-        python3 benchmarks/compile_bound_folder.py "$folder" --copies "${COMPILE_COPIES:-6}" --part "${COMPILE_PART:-1/1}"
+        python3 benchmarks/compile_bound_folder.py "$folder" --copies "${COMPILE_COPIES:-6}" --part "$part"
         stage compile_bound python3 benchmarks/parallel_run.py "$folder" --mode "$mode" --world-size 2 --arm "${COMPILE_ARM:-both}" \
           ${PARALLEL:+--parallel "$PARALLEL"} --timeout-s 580 --out "$OUT/compile_bound_${COMPILE_ARM:-both}_$(basename "$folder").json" ;;
     serve) if ! python3 -c "import starlette, uvicorn" 2>/dev/null && [ -d .whl ]; then  # an offline node: carried wheels

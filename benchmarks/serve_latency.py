@@ -221,9 +221,10 @@ def main() -> None:
         report["soak"] = soak(client, args, source, server.pid, scratch / "served.sqlite")
     server.terminate()
     server.wait(timeout=60)
-    errors = server_log.read_text().count("Traceback")
+    logged = server_log.read_text()
+    errors = logged.count("Traceback")
     report["server_errors"] = errors
-    print(f"server log: {errors} tracebacks" + (f"; its tail:\n{server_log.read_text()[-4000:]}" if errors else ""))
+    print(f"server log: {errors} tracebacks" + (f"; its tail:\n{logged[-4000:]}" if errors else ""))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 

@@ -113,28 +113,22 @@ def test_bad_requests_get_a_clear_error(server):
         assert error.value.status == 400 and words in str(error.value)
     # a body over 2 MiB is refused from its declared length, before it is read (sent here without the body:
     # a client still writing 3 MiB when the refusal comes would see a broken pipe instead of the answer)
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    connection = http.client.HTTPConnection(host, int(port), timeout=60)
-    connection.putrequest("POST", "/v1/evaluations")
-    connection.putheader("Content-Type", "application/json")
-    connection.putheader("Content-Length", str(3 << 20))
-    connection.endheaders()
-    refused = connection.getresponse()
-    assert refused.status == 413 and "over" in json.loads(refused.read())["error"]
-    connection.close()
-    # a chunked body declares no length: refused by the running count once it passes 2 MiB (all of it
-    # written before the answer is read, so the refusal cannot race the writes)
-    connection = http.client.HTTPConnection(host, int(port), timeout=60)
-    connection.putrequest("POST", "/v1/evaluations")
-    connection.putheader("Content-Type", "application/json")
-    connection.putheader("Transfer-Encoding", "chunked")
-    connection.endheaders()
+    # a chunked body declares no length: refused by the running count once it passes 2 MiB (all of it written
+    # before the answer is read, so the refusal cannot race the writes)
     chunk = b" " * (64 << 10)
-    for _ in range((2 << 20) // len(chunk) + 1):
-        connection.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-    refused = connection.getresponse()
-    assert refused.status == 413 and "over" in json.loads(refused.read())["error"]
-    connection.close()
+    chunked = [b"%x\r\n%s\r\n" % (len(chunk), chunk)] * ((2 << 20) // len(chunk) + 1)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    for header, value, body in (("Content-Length", str(3 << 20), []), ("Transfer-Encoding", "chunked", chunked)):
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        connection.putrequest("POST", "/v1/evaluations")
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader(header, value)
+        connection.endheaders()
+        for piece in body:
+            connection.send(piece)
+        refused = connection.getresponse()
+        assert refused.status == 413 and "over" in json.loads(refused.read())["error"], header
+        connection.close()
 
 
 def test_problems_and_prompts(server):

@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -50,7 +50,7 @@ class DoneWork:
     """The work object of a bridged call that finished before it returned. ``outputs``: the tensors the
     call writes (or sends), which ``result()`` and the future's value give back, as NCCL's work does."""
 
-    def __init__(self, on_wait: Callable[[], None] | None = None, outputs: list[torch.Tensor] = ()):
+    def __init__(self, on_wait: Callable[[], None] | None = None, outputs: Sequence[torch.Tensor] = ()):
         self._on_wait = on_wait
         self._outputs = list(outputs)
 
@@ -86,7 +86,7 @@ class StagedWork(DoneWork):
     """A gloo work on a host copy; ``wait`` waits for it, then runs ``then`` (copy back to the GPU)."""
 
     def __init__(self, work, then: Callable[[], None] | None = None, keep: Any = None,
-                 outputs: list[torch.Tensor] = ()):
+                 outputs: Sequence[torch.Tensor] = ()):
         super().__init__(self._finish, outputs)
         self._work, self._then, self._keep = work, then, keep
 
