@@ -8,6 +8,9 @@
 #                                serve (SERVE_MODES, default "cpu shared-gpu": latency and throughput through pkb serve;
 #                                SERVE_SOAK evaluations of the soak in cpu mode, default 1000; 0: none; SERVE_ROUNDS
 #                                latency rounds, default 3; starlette and uvicorn installed from .whl/ where the node lacks them)
+#                                differential (DIFF_WS, default "2 4 8": one stage each; DIFF_ARMS, default all four; PARALLEL
+#                                the side-by-side arms' --parallel, default the machine's most: honest candidates alone and
+#                                side by side, sandbox full and off, must get the same verdict, issue 36)
 # (TESTS_K selects tests with -k, CORPUS the upstream reference folder (default ../shared/upstream/reference),
 #  CORPUS_MODE its mode (default cuda with 2 GPUs, else shared-gpu), TIMING_PARTS the parts of gpu_timing.py, BASELINE_PROBLEMS the problems,
 #  BASELINE_TIMEOUT the seconds one baseline case may take, OVERHEAD_PROBLEMS/OVERHEAD_ROUNDS the overhead stage's evaluations
@@ -108,6 +111,11 @@ for name in "$@"; do
     overhead) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"
         stage overhead python3 benchmarks/sandbox_overhead.py --mode "$mode" --world-size 2 --problems "${OVERHEAD_PROBLEMS:-1-8}" \
           --rounds "${OVERHEAD_ROUNDS:-3}" ${OVERHEAD_BUILD---cuda-build} --out "$OUT/overhead_${mode}.json" ;;
+    differential) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"
+        for w in ${DIFF_WS:-2 4 8}; do
+          stage differential_w$w python3 benchmarks/differential.py --mode "$mode" --world-sizes "$w" \
+            ${DIFF_ARMS:+--arms "$DIFF_ARMS"} ${PARALLEL:+--parallel "$PARALLEL"} --out "$OUT/differential_${mode}_w$w.json"
+        done ;;
     *) echo "unknown stage $name" >&2; exit 2 ;;
   esac
 done

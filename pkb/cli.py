@@ -186,18 +186,22 @@ def _eval_on_server(args) -> int:
 
     from pkb.client import Client, ServerError, result_view
 
-    if args.candidate == "reference" or not Path(args.candidate).is_file():
-        raise UsageError(f"candidate file {args.candidate} not found (with --server, give a .py file defining `solution`)")
+    reference = args.candidate == "reference"
+    if not reference and not Path(args.candidate).is_file():
+        raise UsageError(f"candidate file {args.candidate} not found (give a .py file defining `solution`, "
+                         "or `reference` to check the problem's reference against itself)")
     options = {"mode": args.mode, "cases": args.cases or "all", "trials": DEFAULT_TRIALS if args.trials is None else args.trials,
                "upstream_trials": args.upstream_trials, "dtype": args.dtype, "perf": args.perf, "policy": args.policy,
-               "timeout": args.timeout, "name": Path(args.candidate).stem}
+               "timeout": args.timeout, "name": "reference" if reference else Path(args.candidate).stem}
+    if reference:
+        options["reference"] = True
     if args.world_size:
         options["world_size"] = args.world_size
     if args.sandbox != "auto" or args.cuda_graph:
         raise UsageError("--sandbox and --cuda-graph are the server's to choose (`pkb serve --sandbox`)")
     try:
-        result = Client(args.server, os.environ.get("PKB_SERVE_TOKEN") or None).evaluate(
-            args.problem, Path(args.candidate).read_text(encoding="utf-8", errors="replace"), **options)
+        source = None if reference else Path(args.candidate).read_text(encoding="utf-8", errors="replace")
+        result = Client(args.server, os.environ.get("PKB_SERVE_TOKEN") or None).evaluate(args.problem, source, **options)
     except ServerError as exc:
         if exc.status == 400:
             raise UsageError(str(exc)) from None

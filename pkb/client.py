@@ -35,10 +35,11 @@ class Client:
         self.timeout_s = timeout_s
         self.busy_timeout_s = busy_timeout_s
 
-    def evaluate(self, problem: str | int, source: str, wait_s: float = 3600.0, **options: Any) -> dict:
-        """The verdict on ``source`` for ``problem``: ``options`` are those of ``pkb eval`` (world_size,
-        mode, cases, trials, upstream_trials, dtype, perf, policy, timeout) plus ``name`` and
-        ``solution_set``. Waits up to ``wait_s``; ServerError if it has not finished by then."""
+    def evaluate(self, problem: str | int, source: str | None = None, wait_s: float = 3600.0, **options: Any) -> dict:
+        """The verdict on ``source`` for ``problem`` (``source=None, reference=True``: the problem's reference
+        against itself): ``options`` are those of ``pkb eval`` (world_size, mode, cases, trials,
+        upstream_trials, dtype, perf, policy, timeout) plus ``name`` and ``solution_set``. Waits up to
+        ``wait_s``; ServerError if it has not finished by then."""
         deadline = time.monotonic() + wait_s
         job = self.submit(problem, source, wait_s=min(wait_s, 60.0), **options)
         while job["state"] != "done":
@@ -47,9 +48,9 @@ class Client:
             job = self.job(job["id"], wait_s=min(60.0, max(deadline - time.monotonic(), 0.0)))
         return job["result"]
 
-    def submit(self, problem: str | int, source: str, wait_s: float = 0.0, **options: Any) -> dict:
+    def submit(self, problem: str | int, source: str | None = None, wait_s: float = 0.0, **options: Any) -> dict:
         """Queue an evaluation; the job (``id``, ``state``, and ``result`` once done) after ``wait_s``."""
-        body = {"problem": str(problem), "source": source, **options}
+        body = {"problem": str(problem), **({"source": source} if source is not None else {}), **options}
         started = time.monotonic()
         while True:
             try:

@@ -37,6 +37,36 @@ def test_point_to_point_candidates_are_ok_and_recorded(name, world_size, session
         assert "dist.batch_isend_irecv" in result.collectives_used
 
 
+def test_the_recorder_leaves_torch_ops_as_torch_reads_them():
+    """Recording ``torch.ops.symm_mem`` calls replaced their packets with plain functions; torch walks every
+    op namespace when ``torch.compile`` loads its decompositions, and failed ("'CustomDecompTable' object
+    is not a mapping"): an honest torch.compile candidate was an import_error. (A fresh process: the
+    recorder patches torch for good.)"""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from pkb.runtime.guards import StockCallRecorder
+recorder = StockCallRecorder()
+recorder.install()
+from torch._export.utils import _collect_all_valid_cia_ops
+_collect_all_valid_cia_ops()
+packet = torch.ops.symm_mem.memset32_
+assert isinstance(packet, torch._ops.OpOverloadPacket), type(packet)
+def call():
+    try:
+        packet(torch.zeros(4, dtype=torch.int64), 0, 1, 1)
+    except Exception:
+        pass  # no symmetric memory on this machine: recorded all the same
+recorder.run(call)
+print(sorted(recorder.used))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "['symm_mem.memset32_']"
+
+
 def test_a_failing_reference_is_pkbs_failure_not_the_candidates(sessions, tmp_path):
     """A reference that raises ends in `harness_error` (no verdict on the candidate), and the session
     goes on: the next evaluation gets its own verdict."""

@@ -18,6 +18,7 @@ import pytest
 from pkb.batch import Job, run_jobs
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.evaluator import EvalConfig, new_result
+from pkb.evaluate.result import EvalResult
 from pkb.executor import LocalExecutor, Task, default_parallel
 from pkb.problem import Status
 from pkb.registry import get_problem
@@ -74,13 +75,6 @@ def test_timed_evaluations_run_alone_after_the_untimed_ones(monkeypatch):
         return new_result(problem, candidate, config, Status.OK)
 
     monkeypatch.setattr("pkb.executor.local.evaluate", fake_evaluate)
-    class NoSession:
-        def __init__(self, *args):
-            pass
-
-        def close(self):
-            pass
-
     monkeypatch.setattr("pkb.executor.local.Session", NoSession)
     problem = get_problem("allreduce")
     reference = Candidate.reference_of(problem)
@@ -99,6 +93,127 @@ def test_timed_evaluations_run_alone_after_the_untimed_ones(monkeypatch):
     for index, (name, perf, _) in enumerate(log):
         if perf and index + 1 < len(log):
             assert name not in log[index + 1][2]
+
+
+class NoSession:
+    def __init__(self, *args):
+        pass
+
+    def close(self):
+        pass
+
+    def root_pids(self):
+        return []
+
+
+def _fake_machine(monkeypatch, judge):
+    """Evaluations that take 0.1 s each and get ``judge(name, others)``'s status, ``others``: how many other
+    evaluations were in flight at any point of its run."""
+    active, lock, seen = set(), threading.Lock(), {}
+
+    def fake_evaluate(problem, candidate, config, session):
+        with lock:
+            active.add(candidate.name)
+            for name in active:
+                seen[name] = max(seen.get(name, 0), len(active) - 1)
+        time.sleep(0.1)
+        with lock:
+            others = seen.pop(candidate.name)
+            active.discard(candidate.name)
+        status, message = judge(candidate.name, others)
+        result = new_result(problem, candidate, config, status)
+        result.message = message
+        return result
+
+    monkeypatch.setattr("pkb.executor.local.evaluate", fake_evaluate)
+    monkeypatch.setattr("pkb.executor.local.Session", NoSession)
+
+
+def _run_side_by_side(names: list[str], slots: int = 4) -> dict[str, EvalResult]:
+    problem = get_problem("allreduce")
+    reference = Candidate.reference_of(problem)
+    with LocalExecutor(slots) as executor:
+        for name in names:
+            executor.submit(Task(problem, replace(reference, name=name), CONFIG))
+        return {task.candidate.name: result for task, result in executor.finished()}
+
+
+def test_a_failure_for_want_of_memory_beside_others_is_judged_again_alone(monkeypatch):
+    """The verdicts are those of one at a time: an out-of-memory error, a time-out or a dead rank that
+    happened beside other evaluations is not counted; the evaluation runs again alone, and says so."""
+    def judge(name, others):
+        if others and name.startswith("hungry"):
+            return Status.RUNTIME_ERROR, "rank 1: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"
+        if others and name.startswith("slow"):
+            return Status.TIMEOUT, "case upstream, trial 0: did not finish within 60 s"
+        if name.startswith("wrong"):
+            return Status.MISMATCH, "rank 0: out: 12 of 1024 elements off"
+        return Status.OK, "ok"
+
+    _fake_machine(monkeypatch, judge)
+    results = _run_side_by_side(["hungry0", "slow0", "wrong0", "fine0", "hungry1", "fine1"])
+    assert {name: r.status for name, r in results.items()} == {
+        "hungry0": Status.OK, "slow0": Status.OK, "wrong0": Status.MISMATCH, "fine0": Status.OK, "hungry1": Status.OK,
+        "fine1": Status.OK}
+    for name in ("hungry0", "hungry1", "slow0"):
+        rerun = results[name].details["rerun_alone"]
+        assert rerun["first"]["status"] in ("runtime_error", "timeout") and rerun["why"], rerun
+    assert "out of memory" in results["hungry0"].details["rerun_alone"]["first"]["message"]
+    assert "timed out beside other evaluations" in results["slow0"].details["rerun_alone"]["why"]
+    assert all("rerun_alone" not in results[name].details for name in ("wrong0", "fine0", "fine1"))
+
+
+def test_a_failure_that_repeats_alone_counts_as_the_verdict(monkeypatch):
+    _fake_machine(monkeypatch, lambda name, others: (Status.RUNTIME_ERROR, "MemoryError: the candidate asked for 1 TiB")
+                  if name.startswith("greedy") else (Status.OK, "ok"))
+    results = _run_side_by_side(["greedy", "fine0", "fine1", "fine2"])
+    assert results["greedy"].status is Status.RUNTIME_ERROR  # alone it fails the same way: the candidate's
+    assert results["greedy"].details["rerun_alone"]["first"]["status"] == "runtime_error"
+
+
+def test_one_at_a_time_nothing_is_judged_again(monkeypatch):
+    _fake_machine(monkeypatch, lambda name, others: (Status.TIMEOUT, "did not finish"))
+    results = _run_side_by_side(["a", "b"], slots=1)
+    assert all(r.status is Status.TIMEOUT and "rerun_alone" not in r.details for r in results.values())
+
+
+class FakeReader:
+    """An NVML reader of one 100 GiB GPU whose processes use what ``used`` says."""
+
+    def __init__(self):
+        self.used: dict[int, int] = {}
+
+    def used_by_process(self):
+        return {0: dict(self.used)}
+
+    def free_bytes(self):
+        return {0: 100 * (1 << 30) - sum(self.used.values())}
+
+
+def test_gpu_evaluations_are_admitted_by_the_memory_they_are_measured_to_need(monkeypatch):
+    from pkb.executor.memory import GpuAdmission
+
+    GIB = 1 << 30
+    reader = FakeReader()
+    admission = GpuAdmission(reader)
+    monkeypatch.setattr("pkb.executor.memory.children_by_parent", lambda: {})
+    gpu = replace(CONFIG, mode=Mode.SHARED_GPU)
+    problem, other = get_problem("allreduce"), get_problem("allgather")
+    first, second, third = (Task(p, Candidate.reference_of(p), gpu) for p in (problem, problem, other))
+    assert admission.admits(first, [])[0] is False  # nothing measured yet: one at a time
+    admission.watch(first, lambda: [101])
+    reader.used = {101: 30 * GIB}
+    admission.sample()
+    assert admission.need(third).largest == 30 * GIB  # an unmeasured problem: the largest measured so far
+    assert admission.admits(second, [])[0]  # 70 GiB free, 37.5 needed
+    reader.used = {101: 60 * GIB}
+    admission.sample()
+    fits, why = admission.admits(second, [])  # 40 free, 75 needed
+    assert not fits and "GPU 0" in why
+    reader.used = {}
+    assert admission.finished(first).largest == 60 * GIB
+    assert admission.need(second).largest == 60 * GIB and admission.admits(second, [])[0]
+    admission.close()
 
 
 def test_the_default_is_bound_by_cores_and_memory(monkeypatch):

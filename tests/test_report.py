@@ -214,14 +214,58 @@ def test_the_paper_verdict_of_a_row_says_unknown_where_the_upstream_cases_did_no
     assert verdict(make_result("allreduce", "a", Status.SKIPPED)) is Status.SKIPPED
 
 
-def test_unknown_paper_verdicts_leave_the_paper_denominator_not_pkbs(tmp_path):
+def test_an_ok_that_left_the_upstream_cases_out_is_unknown_on_both_protocols(tmp_path):
+    """pkb's ok requires the paper's: an ok on the tests cases alone is no pass on either protocol, and a
+    failure there counts on pkb's only (it fails pkb's whatever the upstream cases would say)."""
     rows = [make_result("allreduce", "tests_only/allreduce", Status.OK, cases=("small_odd",)),
-            make_result("allgather", "tests_only/allgather", Status.OK, upstream_ok=True)]
-    selection = {"allreduce": "collectives", "allgather": "collectives"}
+            make_result("allgather", "tests_only/allgather", Status.OK, upstream_ok=True),
+            make_result("broadcast", "tests_only/broadcast", Status.MISMATCH, cases=("small_odd",))]
+    selection = {"allreduce": "collectives", "allgather": "collectives", "broadcast": "collectives"}
     report = build(write_db(tmp_path / "u.sqlite", rows), selection=selection)
-    assert report.overall["tests_only"].pass_at_k[1] == 1.0 and report.overall["tests_only"].denominator == 2
-    paper = report.paper["tests_only"]
-    assert paper.num_unknown == 1 and paper.denominator == 1 and paper.pass_at_k[1] == 1.0
+    pkb, paper = report.overall["tests_only"], report.paper["tests_only"]
+    assert (pkb.num_unknown, pkb.denominator, pkb.pass_at_k[1]) == (1, 2, 0.5)
+    assert (paper.num_unknown, paper.denominator, paper.pass_at_k[1]) == (2, 1, 1.0)
+
+
+def test_an_ok_stored_with_upstream_rule_failed_fails_both_protocols(tmp_path):
+    """A row from before pkb's ok required upstream's rule: ok, with upstream_ok False."""
+    rows = [make_result("allreduce", "old/allreduce", Status.OK, upstream_ok=False)]
+    report = build(write_db(tmp_path / "o.sqlite", rows), selection={"allreduce": "collectives"})
+    assert report.overall["old"].pass_at_k[1] == report.paper["old"].pass_at_k[1] == 0.0
+    assert report.overall["old"].verdicts == {"mismatch": 1}
+
+
+def test_pkb_pass_at_k_is_never_above_the_papers_for_any_mix_of_rows():
+    """Random rows of every kind (statuses, paper verdicts known and unknown, upstream cases run or not,
+    rows from before pkb required upstream's rule): the report builds (its nesting check raises
+    otherwise) and pkb's pass@k of every group, overall and per category, is at most the paper's."""
+    import random
+
+    rng = random.Random(36)
+    problems = {"allreduce": "collectives", "allgather": "collectives", "ddp": "data_parallel", "ring_attention": "cp"}
+    statuses = list(Status)
+    for _ in range(200):
+        rows = []
+        for index in range(rng.randint(1, 14)):
+            status = rng.choice(statuses + [Status.OK] * 6)
+            rows.append(make_result(rng.choice(list(problems)), f"s{index}", status, solution_set=rng.choice("abc"),
+                                    upstream_ok=rng.choice([True, False, None]), source=f"{index}",
+                                    cases=rng.choice([("upstream", "small_odd"), ("small_odd",), ()])))
+        recs = records.from_results(rows, categories=problems, upstream_cases={p: frozenset({"upstream"}) for p in problems})
+        report = metrics.build_report(recs, problems, "set", (1, 2, 3), case_tags={})
+        for group in report.groups:
+            for strict, loose in [(report.overall[group], report.paper[group]),
+                                  *((report.by_category[group][c], report.paper_by_category[group][c])
+                                    for c in report.by_category[group])]:
+                for k in strict.pass_at_k.keys() & loose.pass_at_k.keys():
+                    assert strict.pass_at_k[k] <= loose.pass_at_k[k] + 1e-12, (group, k, rows)
+
+
+def test_the_nesting_check_fails_a_report_where_pkb_is_above_the_paper():
+    ok = metrics.compute([], ["allreduce"], (1,))
+    above = metrics.Metrics(**{**ok.__dict__, "pass_at_k": {1: 1.0}})
+    with pytest.raises(metrics.NestingError, match="pkb's pass@1 1.0000 is above the paper's 0.0000"):
+        metrics.check_nesting(({"a": above}, {"a": {}}), ({"a": ok}, {"a": {}}), "suite")
 
 
 def test_categories_are_judged_over_their_own_problems(tmp_path):
@@ -242,9 +286,9 @@ def test_reference_self_checks_and_unselected_problems_do_not_count(tmp_path):
 
 
 def test_results_group_by_the_set_they_name_never_by_a_file_name_suffix(tmp_path):
-    rows = [make_result("allreduce", "1_allreduce_cuda_peer", Status.OK, 2.0, solution_set="gpt5-oneshot"),
+    rows = [make_result("allreduce", "1_allreduce_cuda_peer", Status.OK, 2.0, solution_set="gpt5-oneshot", upstream_ok=True),
             make_result("allgather", "2_allgather_cuda_peer", Status.MISMATCH, solution_set="gpt5-oneshot"),
-            make_result("allreduce", "1_allreduce_two_step", Status.OK, 1.1, solution_set="pkb shipped"),
+            make_result("allreduce", "1_allreduce_two_step", Status.OK, 1.1, solution_set="pkb shipped", upstream_ok=True),
             make_result("allreduce", "reference", Status.OK, upstream_ok=True)]
     loaded = records.load(write_db(tmp_path / "s.sqlite", rows), "set", records.Filter(), SELECTION)
     assert {(r.result.solution, r.group) for r in loaded.records} == {
@@ -335,8 +379,9 @@ def test_a_database_from_a_newer_pkb_is_refused(tmp_path):
 def test_generations_group_results_by_model_with_unbiased_pass_at_k(tmp_path):
     path = tmp_path / "g.sqlite"
     statuses = [Status.OK, Status.MISMATCH, Status.OK, Status.MISMATCH]
-    write_db(path, [make_result("allreduce", f"allreduce_s{i}", s, 1.5 if s is Status.OK else None, source=str(i))
-                    for i, s in enumerate(statuses)] + [make_result("allgather", "allgather_s0", Status.OK, 0.5)])
+    write_db(path, [make_result("allreduce", f"allreduce_s{i}", s, 1.5 if s is Status.OK else None, source=str(i),
+                                upstream_ok=True) for i, s in enumerate(statuses)]
+             + [make_result("allgather", "allgather_s0", Status.OK, 0.5, upstream_ok=True)])
     for sample in range(4):
         add_generation(path, model="m1", run="r1", sample=sample, step=0, code=f"# sample {sample}",
                        result_id=sample + 1)

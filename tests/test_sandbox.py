@@ -256,15 +256,19 @@ def test_a_scratch_directory_is_removed_whatever_its_modes(tmp_path):
 @pytest.mark.skipif(not shutil.which("g++") or not shutil.which("ninja"), reason="needs g++ and ninja")
 @pytest.mark.skipif(sandbox.landlock_abi() < 3, reason="needs Landlock")
 def test_a_build_nobody_waits_for_any_more_is_stopped_with_its_evaluation(tmp_path, monkeypatch):
-    """A candidate whose load times out while its extension builds takes the build with it: no build slot
-    stays busy beyond its evaluation (a candidate cannot starve later ones of builds)."""
+    """A candidate whose evaluation ends while its extension builds (here: its other rank fails at once)
+    takes the build with it: no build slot stays busy beyond its evaluation (a candidate cannot starve
+    later ones of builds). Its waiting for the build is not counted against it, but it gains nothing."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     path = tmp_path / "slow_build.py"
-    path.write_text(BUILDS.format(salt=f"{os.getpid()}-{time.time()}-slow", tamper=False))
+    path.write_text("import torch.distributed as dist\nif dist.get_rank() == 1:\n    raise RuntimeError('rank 1 gives up')\n"
+                    + BUILDS.format(salt=f"{os.getpid()}-{time.time()}-slow", tamper=False))
     with Session(Mode.CPU, 2, "auto") as session:
-        config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="upstream", load_timeout_s=3.0)
+        config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="upstream")
+        began = time.monotonic()
         result = evaluate(get_problem("allreduce"), Candidate.from_file(path), config, session)
-        assert result.status is Status.TIMEOUT, result.message
+        assert result.status is Status.IMPORT_ERROR and "rank 1 gives up" in result.message, result.message
+        assert time.monotonic() - began < 15  # ended with the failure, not after the build
         broker = session._broker
         deadline = time.monotonic() + 10
         while (broker._running or not all(build.done() for build in broker._builds.values())) \
@@ -272,3 +276,57 @@ def test_a_build_nobody_waits_for_any_more_is_stopped_with_its_evaluation(tmp_pa
             time.sleep(0.05)
         assert broker._running == {} and all(build.done() for build in broker._builds.values())
         assert not list((tmp_path / "extensions" / "pkb-broker").glob("*/*.so"))  # killed before it finished
+
+
+NOISY = HONEST.replace("def solution(tensor):", """
+import os, sys
+
+
+def solution(tensor):
+    sys.stdout.write("x" * (1 << 20) + "\\n")  # a MiB of output on every call
+    with open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "scratch.bin"), "wb") as handle:
+        handle.write(os.urandom(1 << 20))""")
+
+
+@pytest.mark.parametrize("level", ["auto", "off"])
+def test_nothing_of_an_evaluation_outlives_it_on_disk(tmp_path, monkeypatch, level):
+    """Every rank's log and the sandbox's scratch directory are removed with the group (before: one log
+    folder per group stayed in the temporary directory, as large as the candidate made its output); the
+    end of the output is kept for the messages that quote it."""
+    import tempfile
+
+    from pkb.runtime.group import finish_teardowns
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    path = tmp_path / "allreduce_noisy.py"
+    path.write_text(NOISY)
+    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="upstream", sandbox=level)
+    with Session(Mode.CPU, 2, level) as session:
+        result = evaluate(get_problem("allreduce"), Candidate.from_file(path), config, session)
+        assert result.status is Status.OK, result.message
+    finish_teardowns()
+    assert sorted(p.name for p in temporary.iterdir()) == []
+
+
+def test_a_scratch_directory_holds_nothing_a_candidate_can_import(tmp_path):
+    """pkb's folders in a candidate's scratch directory (its working directory) have names no import can
+    reach, and the working directory is not on the import path: before, ``import triton`` found pkb's
+    Triton cache folder as an empty namespace package where Triton is not installed."""
+    import importlib.util
+
+    triton_here = importlib.util.find_spec("triton") is not None
+    result = _evaluate(tmp_path, HONEST.replace("def solution(tensor):", f"""
+import importlib.util, os, sys
+
+
+def solution(tensor):
+    here = os.path.realpath(os.getcwd())
+    on_path = [entry for entry in sys.path if os.path.realpath(entry or ".") == here]
+    importable = [name for name in os.listdir(here) if name.isidentifier()]
+    triton = importlib.util.find_spec("triton") is not None
+    if on_path or importable or triton != {triton_here}:
+        raise RuntimeError(f"working directory on the path: {{on_path}}; importable there: {{importable}}; "
+                           f"triton found: {{triton}}")"""))
+    assert result.status is Status.OK, result.message

@@ -76,18 +76,28 @@ def test_verdicts_through_the_client_are_stored(server):
     assert stored == {"correct": "ok", "wrong": "mismatch", "crashing": "runtime_error"}
 
 
-def test_pkb_eval_server_gives_the_verdict_without_torch(server, tmp_path):
+@pytest.mark.parametrize("candidate", ["file", "reference"])
+def test_pkb_eval_server_gives_the_verdict_of_pkb_eval_without_torch(server, tmp_path, candidate):
+    """Same verbs, same answers: a file or ``reference``, through the service and here."""
     url, _ = server
     path = tmp_path / "2_allgather.py"
     path.write_text(CORRECT)
+    target = str(path) if candidate == "file" else "reference"
+    options = ["--json", "--world-size", "2", "--mode", "cpu", "--cases", "upstream", "--trials", "1",
+               "--upstream-trials", "1"]
     code = ("import json, sys\nfrom pkb.cli import main\n"
-            f"rc = main(['eval', '2', {str(path)!r}, '--server', {url!r}, '--json', '--world-size', '2', '--mode', "
-            "'cpu', '--cases', 'tests', '--trials', '1', '--upstream-trials', '1'])\n"
+            f"rc = main(['eval', '2', {target!r}, '--server', {url!r}, *{options!r}])\n"
             "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     result, summary = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
     assert summary == {"rc": 0, "torch": False}, done.stderr
-    assert result["status"] == "ok" and result["problem"] == "allgather" and "upstream_ok" in result
+    here = subprocess.run([sys.executable, "-m", "pkb", "eval", "2", target, *options], capture_output=True, text=True,
+                          timeout=300)
+    local = json.loads(here.stdout.strip().splitlines()[-1])
+    keys = ("status", "upstream_ok", "problem", "solution", "cases", "world_size", "mode")
+    assert {k: result[k] for k in keys} == {k: local[k] for k in keys}, here.stderr
+    assert result["status"] == "ok" and result["upstream_ok"] is True
+    assert result["solution"] == ("2_allgather" if candidate == "file" else "reference")
 
 
 def test_a_full_queue_answers_busy_and_loses_nothing(server):
@@ -106,7 +116,8 @@ def test_bad_requests_get_a_clear_error(server):
     url, _ = server
     client = Client(url)
     for options, words in (({"problem": "no_such_problem"}, "no_such_problem"), ({"dtype": "fp64"}, "dtype"),
-                           ({"colour": "red"}, "unknown fields"), ({"world_size": 3}, "world sizes")):
+                           ({"colour": "red"}, "unknown fields"), ({"world_size": 3}, "world sizes"),
+                           ({"reference": True}, "not both")):
         body = {"problem": "allgather", "source": CORRECT, **options}
         with pytest.raises(ServerError) as error:
             client._call("POST", "/v1/evaluations", body)

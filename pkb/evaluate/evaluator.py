@@ -127,6 +127,7 @@ class Session:
         self._reference: RankGroup | None = None
         self._reference_problem: str | None = None
         self._spare: RankGroup | None = None
+        self._current: RankGroup | None = None  # the candidate group handed out last
 
     def _plan_for(self, scratch: str):
         """The sandbox of one candidate group whose private directory is ``scratch``."""
@@ -136,6 +137,20 @@ class Session:
     def seed(self, *parts) -> int:
         digest = hashlib.blake2b("|".join(map(str, parts)).encode(), key=self._salt, digest_size=8).digest()
         return int.from_bytes(digest, "little") & (2**63 - 1)
+
+    def start(self, timeout: float = 120.0) -> "Session":
+        """Start the reference group now and wait until its ranks are up (before any problem is loaded)."""
+        if self._reference is None or self._reference.closed:
+            self._reference = RankGroup(self.mode, self.world_size, "reference", cpu_threads=self.cpu_threads).spawn()
+            self._reference_problem = None
+        self._reference.wait_ready(timeout)
+        return self
+
+    def root_pids(self) -> list[int]:
+        """The processes at the top of every rank group this session holds now (all their processes are
+        below them): what its evaluations take of the machine."""
+        groups = (self._reference, self._spare, self._current)
+        return [pid for group in groups if group is not None and not group.closed for pid in group.root_pids()]
 
     def reference_group(self, problem: Problem, timeout: float) -> RankGroup:
         if self._reference is None or self._reference.closed:
@@ -165,6 +180,7 @@ class Session:
         group = self._spare if self._spare is not None and not self._spare.closed else None
         group = group or self._new_candidate_group()
         self._spare = self._new_candidate_group()
+        self._current = group
         return group
 
     def _new_candidate_group(self) -> RankGroup:
@@ -177,7 +193,7 @@ class Session:
         for group in (self._reference, self._spare):
             if group is not None:
                 group.close()
-        self._reference = self._spare = None
+        self._reference = self._spare = self._current = None
 
     def __enter__(self) -> "Session":
         return self
@@ -219,13 +235,15 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
     result = new_result(problem, candidate, config, Status.OK)
     result.details["sandbox"] = session.sandbox_offered.to_dict()  # until a group says what it enforced
     result.details["tripwire"] = [str(label) for label in scan(candidate.source)] if not candidate.is_reference else []
+    cases = checked_cases(problem, config)
+    left_out = left_out_cases(problem, config)
+    upstream_checked = any(problem.case_kind(c.name) == "upstream" for c in cases)
+    group = None
     try:
-        _check_statically(problem, candidate, config)
-        cases = checked_cases(problem, config)
-        result.cases = [c.name for c in cases]
-        if any(problem.case_kind(c.name) == "upstream" for c in cases):
+        if upstream_checked:
             result.upstream_ok = False  # until every upstream trial has passed upstream's rule
-        left_out = left_out_cases(problem, config)
+        _check_statically(problem, candidate, config)
+        result.cases = [c.name for c in cases]
         if left_out:
             result.details["cases_left_out"] = {c.name: f"minutes on the CPU in {config.mode} mode; checked in cuda "
                                                         "and shared-gpu modes" for c in left_out}
@@ -260,6 +278,8 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
         result.details.update(verdict.details)
         if verdict.status is Status.SKIPPED:
             result.upstream_ok = None
+        if group is not None and group.limits_hit:  # refused by a bound of pkb's, which the verdict names
+            result.details["pkb_limits"] = list(group.limits_hit)
     except Exception as exc:  # pkb's own failure (HarnessError or a bug): said so, never the candidate's verdict
         result.status = Status.HARNESS_ERROR
         result.upstream_ok = None
@@ -271,16 +291,50 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
         result.wall_s = time.monotonic() - started
         if own_session:
             session.close()
+    _state_the_rules(result, _why_upstream_unchecked(problem, config, left_out) if not upstream_checked else None)
     return result
 
 
+def _why_upstream_unchecked(problem: Problem, config: EvalConfig, left_out: tuple[Case, ...]) -> str:
+    if any(problem.case_kind(c.name) == "upstream" for c in left_out):
+        return f"its upstream case is left out in {config.mode} mode: minutes on the CPU"
+    if "upstream" not in CASE_SELECTIONS[config.cases]:
+        return f"--cases {config.cases} has no upstream case"
+    return f"{problem.name} has no upstream case at world size {config.world_size}"
+
+
+def _state_the_rules(result: EvalResult, upstream_unchecked: str | None) -> None:
+    """Begin the message with exactly which rule passed or failed, and record it (``details["rules"]``).
+
+    The two levels nest: pkb's verdict is ``ok`` only where upstream's rule passed too (on the upstream
+    cases, when the run checks them). ``upstream_unchecked``: why the run checked no upstream case."""
+    if result.status in (Status.SKIPPED, Status.HARNESS_ERROR, Status.INFRA_ERROR):
+        return
+    upstream = "not checked" if upstream_unchecked else "passed" if result.upstream_ok else "failed"
+    only_upstream = result.details.get("rule") == "upstream"  # its own checks passed; upstream's rule did not
+    result.details["rules"] = {"pkb": "passed" if result.ok else "failed", "upstream": upstream}
+    if result.ok:
+        said = ("ok by pkb's rule and upstream's" if upstream == "passed"
+                else f"ok by pkb's rule; upstream's rule not checked ({upstream_unchecked})")
+    elif only_upstream:
+        said = (f"fails {UPSTREAM_RULE}, so pkb's verdict too (pkb's ok requires it), though pkb's own "
+                "per-problem tolerance passed these outputs")
+    elif upstream == "passed":
+        said = "fails pkb's rule; upstream's rule passed on the upstream cases"
+    elif upstream == "failed":
+        said = "fails pkb's rule and upstream's"
+    else:
+        said = f"fails pkb's rule; upstream's rule not checked ({upstream_unchecked})"
+    result.message = f"{said}: {result.message}"
+
+
 def _trials_text(problem: Problem, cases: tuple[Case, ...], config: EvalConfig) -> str:
-    """e.g. ``1 upstream case x 5 trials (upstream's rule too), 4 cases x 3 trials``."""
+    """e.g. ``1 upstream case x 5 trials, 4 cases x 3 trials``."""
     upstream = sum(problem.case_kind(c.name) == "upstream" for c in cases)
     parts = []
     if upstream:
         trials = max(config.num_trials, config.upstream_trials)
-        parts.append(f"{upstream} upstream case{'s' * (upstream > 1)} x {trials} trials (upstream's rule too)")
+        parts.append(f"{upstream} upstream case{'s' * (upstream > 1)} x {trials} trials")
     if len(cases) > upstream:
         others = len(cases) - upstream
         parts.append(f"{others} case{'s' * (others > 1)} x {config.num_trials} trials")
@@ -316,11 +370,16 @@ def _check_trials(session: Session, reference: RankGroup, group: RankGroup, prob
     return first
 
 
+UPSTREAM_RULE = "upstream's rule (allclose, atol=rtol=1e-2)"
+
+
 def _check_upstream(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, candidate: Candidate,
                     cases: tuple[Case, ...], config: EvalConfig, result: EvalResult) -> list[dict] | None:
     """The upstream cases, ``config.upstream_trials`` trials deep (at least the run's), each output
-    judged twice: by pkb's strict comparison, whose first failure is raised after the last trial, and
-    by upstream's rule (``compare.upstream_compare``), which sets ``result.upstream_ok``.
+    judged twice: by pkb's strict comparison and by upstream's rule (``compare.upstream_compare``), which
+    sets ``result.upstream_ok``. The levels nest: a trial that fails upstream's rule fails pkb's verdict
+    too, even where pkb's per-problem tolerance would have let it pass; the first failure of either
+    rule is raised once upstream's verdict is decided.
 
     Upstream runs each trial in new processes. Here the trials share the candidate's processes, so a
     trial that fails upstream's rule after the processes' first call is run again in new ones (same
@@ -330,7 +389,7 @@ def _check_upstream(session: Session, reference: RankGroup, group: RankGroup, pr
     trials = max(config.num_trials, config.upstream_trials)
     paper = result.details["upstream"] = {"rule": "upstream's outputs_match_rank_outputs (allclose, atol=rtol=1e-2)",
                                           "trials": trials, "trials_in_new_processes": 0}
-    first, strict_failure, live, calls, paper_failed = None, None, group, 0, False
+    first, strict_failure, live, calls = None, None, group, 0
     for trial in range(trials):
         for case in cases:
             failure, rerun = None, live is None  # no live processes (a strict failure stopped them): new ones
@@ -340,47 +399,46 @@ def _check_upstream(session: Session, reference: RankGroup, group: RankGroup, pr
                     expected, got = _run_case(session, reference, live, problem, case, trial, config)
                 except Verdict as verdict:
                     strict_failure, live = strict_failure or verdict, None  # its processes may be dead or stuck
-                    failure = f"{verdict.status.value}: {verdict.message}"
+                    failure = verdict
                 else:
                     calls += 1
                     first = first or got
                     strict_failure = strict_failure or _strict_verdict(expected, got, problem, case, trial, config)
-                    failure = None if paper_failed else _upstream_failure(expected, got, config)
-                rerun = bool(failure) and not fresh
-            if rerun and not paper_failed:
+                    failure = _upstream_failure(expected, got, case, trial, config)
+                rerun = failure is not None and not fresh
+            if rerun:
                 paper["trials_in_new_processes"] += 1
                 failure = _upstream_trial_in_new_processes(session, reference, problem, candidate, case, trial, config)
-            if failure and not paper_failed:
-                paper_failed = True  # decided; the strict trials go on while the processes answer
-                paper["failed"] = {"case": case.name, "trial": trial, "reason": failure}
-            if strict_failure and paper_failed:
+            if failure is not None:  # upstream's verdict is decided: the candidate fails it, and so pkb's
                 result.upstream_ok = False
-                raise strict_failure
-    result.upstream_ok = not paper_failed
+                paper["failed"] = {"case": case.name, "trial": trial, "reason": f"{failure.status.value}: {failure.message}"}
+                raise strict_failure or failure
+    result.upstream_ok = True
     if strict_failure:
         raise strict_failure
     return first
 
 
-def _upstream_failure(expected: list[dict], got: list[dict], config: EvalConfig) -> str | None:
-    """Why the outputs fail upstream's rule (every rank's, in order), or None."""
+def _upstream_failure(expected: list[dict], got: list[dict], case: Case, trial, config: EvalConfig) -> Verdict | None:
+    """A ``mismatch`` if the outputs fail upstream's rule (every rank's, in order), or None."""
     for rank in range(config.world_size):
         mismatch = upstream_compare(expected[rank]["outputs"], got[rank].get("outputs"))
         if mismatch is not None:
-            return f"rank {rank}: {mismatch.describe()}"
+            return Verdict(Status.MISMATCH, f"rank {rank}, case {case.name}, trial {trial}: {mismatch.describe()}",
+                           rank=rank, case=case.name, trial=trial, mismatch=mismatch.to_dict(), rule="upstream")
     return None
 
 
 def _upstream_trial_in_new_processes(session: Session, reference: RankGroup, problem: Problem, candidate: Candidate,
-                                     case: Case, trial, config: EvalConfig) -> str | None:
-    """One upstream trial in a new candidate group, as upstream runs every trial; why it fails, or None."""
+                                     case: Case, trial, config: EvalConfig) -> Verdict | None:
+    """One upstream trial in a new candidate group, as upstream runs every trial; its failure, or None."""
     group = session.candidate_group()
     try:
         _load(group, problem, candidate, config)
         expected, got = _run_case(session, reference, group, problem, case, trial, config)
-        return _upstream_failure(expected, got, config)
+        return _upstream_failure(expected, got, case, trial, config)
     except Verdict as verdict:
-        return f"{verdict.status.value}: {verdict.message}"
+        return verdict
     finally:
         group.kill()
 
@@ -471,13 +529,17 @@ def _run_case(session: Session, reference: RankGroup, group: RankGroup, problem:
              "seeds": (session.seed(problem.name, case.name, trial, rank), shared),
              "sample_seed": sample_seed} for rank in range(W)]
     what = f"case {case.name}, trial {trial}"
+    # The first call in new processes may build extensions and compile kernels (as many solutions do
+    # lazily): while what it started compiles, it gets up to the time a load gets, so that the verdict does
+    # not hang on how fast this machine, and whatever runs beside it, compiles. A hang compiles nothing.
+    compile_limit = None if group.num_runs else config.load_timeout_s
     reference.submit(jobs)
     with _candidate_failures(what, case=case.name, trial=trial):
         group.submit(jobs)
     expected = reference.collect(config.timeout_s)
     _raise_reference_errors(expected, problem, f"case {case.name}")
     with _candidate_failures(what, case=case.name, trial=trial):
-        got = group.collect(config.timeout_s)
+        got = group.collect(config.timeout_s, compile_limit)
     for rank in range(W):
         if got[rank].get("error"):
             _raise_candidate_error(got, rank, {"case": case.name, "trial": trial}, config.mode)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.evaluator import EvalConfig
 from pkb.evaluate.result import EvalResult
-from pkb.problem import Problem
+from pkb.problem import Problem, Status
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,35 @@ class InFlight:
 
     task: Task
     started: float
+
+
+# What a failure for want of a shared resource says: memory (host or device), processes, files, the
+# driver; and pkb's own limits (pkb.runtime.group.LIMIT_WORDS).
+_RESOURCE_WORDS = re.compile(
+    r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED"
+    r"|Cannot allocate memory|\bMemoryError\b|std::bad_alloc|Resource temporarily unavailable|Too many open files"
+    r"|No space left on device|cudaErrorDevicesUnavailable|busy or unavailable|CUDA error: initialization error"
+    r"|unhandled system error|pkb's limit:", re.IGNORECASE)
+
+
+def resource_failure(result: EvalResult) -> str | None:
+    """Why ``result``, reached beside other evaluations, may be the machine's doing rather than the
+    candidate's, or None. Such a result is judged again alone before it counts (DESIGN.md, Invariance): a
+    time-out or a dead rank (the kernel's OOM killer picks candidates first) on a shared machine, pkb failing,
+    and any error that speaks of memory, processes, files or the driver."""
+    if result.status is Status.HARNESS_ERROR:
+        return f"pkb failed beside other evaluations ({result.message.splitlines()[0][:200]})"
+    if result.status is Status.TIMEOUT:
+        return "it timed out beside other evaluations, which share the machine's cores and GPUs"
+    if result.status is Status.CRASH:
+        return "a rank died beside other evaluations (the kernel's OOM killer picks candidate processes first)"
+    if result.status in (Status.RUNTIME_ERROR, Status.COMPILE_ERROR, Status.IMPORT_ERROR):
+        text = "\n".join(str(part) for part in (result.message, result.details.get("error", ""),
+                                                 result.details.get("traceback", ""), result.details.get("log_tail", "")))
+        for line in text.splitlines():
+            if _RESOURCE_WORDS.search(line):
+                return f"it failed for want of a shared resource beside other evaluations: {line.strip()[:200]}"
+    return None
 
 
 def session_key(config: EvalConfig) -> tuple:

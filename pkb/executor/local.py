@@ -6,6 +6,12 @@ arrival changes. The slots share one build broker per sandbox level: a source th
 build at once is built once. A timed evaluation (``perf``) never runs beside another: timings need an
 otherwise idle machine. The executor runs the untimed ones first, side by side, then each timed one
 alone, with nothing else in flight.
+
+The verdicts are those of one at a time (DESIGN.md, Invariance): on GPUs an evaluation starts beside
+others only where the memory it is measured to need is free (pkb.executor.memory), and a result that
+may be the shared machine's doing (``resource_failure``: out of memory, a time-out, a dead rank, pkb
+failing) is not counted when it happened beside other evaluations: that evaluation runs again alone, and
+its result says so (``details["rerun_alone"]``: why, and what the first run ended in).
 """
 
 from __future__ import annotations
@@ -20,12 +26,16 @@ from typing import Iterator
 
 from pkb.evaluate.evaluator import EvalConfig, Session, evaluate, new_broker
 from pkb.evaluate.result import EvalResult
-from pkb.executor.base import Executor, InFlight, Task, session_key
+from pkb.executor.base import Executor, InFlight, Task, resource_failure, session_key
+from pkb.executor.memory import GpuAdmission
+from pkb.runtime.gpu_memory import GIB, NvmlReader, usage_of
+from pkb.runtime.group import RankGroup
 from pkb.runtime.modes import Mode
+from pkb.runtime.proctree import children_by_parent, descendants
 
 MAX_AUTO_PARALLEL = 16
 RANK_RAM_GIB = 0.75  # one rank process: torch imported, a case's inputs and outputs
-RANK_GPU_GIB = 2.0  # one rank's CUDA context and a correctness case's tensors
+RANK_GPU_GIB = 2.0  # one rank's CUDA context and a correctness case's tensors, where the driver cannot be asked
 GROUPS_PER_SLOT = 3  # the reference group, the candidate's, and the spare started beside it
 
 
@@ -37,26 +47,40 @@ class Parallelism:
     reason: str
 
 
-def default_parallel(mode: Mode, world_size: int) -> Parallelism:
+def default_parallel(mode: Mode, world_size: int, rank_gpu_bytes: float | None = None) -> Parallelism:
     """Evaluations side by side that this machine holds in ``mode`` at ``world_size``: by its cores (in
     cpu mode every rank computes, so W cores per evaluation; on GPUs the ranks mostly wait and a build
-    takes a core or two), its memory (three rank groups per slot) and its GPUs' memory."""
+    takes a core or two), its memory (three rank groups per slot) and its GPUs' memory: three groups of
+    rank processes, each process ``rank_gpu_bytes`` (measured: ``LocalExecutor.capacity``; else
+    ``RANK_GPU_GIB``). On GPUs the slots are an upper bound: an evaluation starts only where the memory
+    it is measured to need is free (pkb.executor.memory)."""
     cores = os.cpu_count() or 1
     ram_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     limits = {"cores": max(1, cores // (world_size if mode is Mode.CPU else 2)),
               "memory": max(1, int(ram_gib // (GROUPS_PER_SLOT * world_size * RANK_RAM_GIB)))}
     if mode is not Mode.CPU:
-        import torch
-
-        gpu_gib = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())) / 2**30
-        ranks_per_gpu = world_size if mode is Mode.SHARED_GPU else 1
-        limits["GPU memory"] = max(1, int(gpu_gib // (GROUPS_PER_SLOT * ranks_per_gpu * RANK_GPU_GIB)))
+        gpu_gib = _smallest_gpu_bytes() / GIB
+        per_rank_gib = rank_gpu_bytes / GIB if rank_gpu_bytes else RANK_GPU_GIB
+        limits["GPU memory"] = max(1, int(gpu_gib // (GROUPS_PER_SLOT * _ranks_per_gpu(mode, world_size) * per_rank_gib)))
     binding = min(limits, key=limits.get)
     slots = min(limits[binding], MAX_AUTO_PARALLEL)
     machine = f"{cores} cores, {ram_gib:.0f} GiB memory" + (f", {gpu_gib:.0f} GiB per GPU" if mode is not Mode.CPU else "")
     reason = f"{machine}; {mode} mode, W = {world_size}: " + (
         f"as many as its {binding} holds" if slots < MAX_AUTO_PARALLEL else f"at most {MAX_AUTO_PARALLEL} by default")
     return Parallelism(slots, reason)
+
+
+def _ranks_per_gpu(mode: Mode, world_size: int) -> int:
+    return world_size if mode is Mode.SHARED_GPU else 1
+
+
+def _smallest_gpu_bytes() -> float:
+    reader = NvmlReader.open()
+    if reader is not None and reader.num_devices:
+        return min(reader.total_bytes().values())
+    import torch
+
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
 
 
 def fills_a_gpu(task: Task) -> bool:
@@ -82,20 +106,49 @@ class LocalExecutor(Executor):
             raise ValueError("parallel must be at least 1")
         self.parallel = parallel
         self.parallel_reason = "asked for" if parallel is not None else ""
+        self._decided = False
         self._queue: deque[Task] = deque()
         self._slots: list[dict[tuple, Session]] = [{}]  # each slot's sessions; a slot runs one evaluation at a time
         self._free: list[int] = [0]
         self._brokers: dict[str, object] = {}  # sandbox level -> the build broker every slot shares
         self._running: dict[Future, tuple[Task, int]] = {}
         self._in_flight: dict[int, InFlight] = {}  # id(task) -> what it is and since when
+        self._beside: set[int] = set()  # id(task) of running tasks that another ran beside at some point
+        self._reruns: dict[int, tuple[EvalResult, str]] = {}  # id(task) -> its first result, and why it runs again alone
+        self._memory: GpuAdmission | None = None  # on GPUs, with a driver to ask: admission by measured memory
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
 
     def capacity(self, config: EvalConfig) -> int:
+        if self._decided:
+            return self.parallel
+        self._decided = True
+        rank_bytes = self._measure_rank_memory(config) if config.mode.uses_gpu and self.parallel != 1 else None
         if self.parallel is None:  # decided once, by the first configuration asked about
-            chosen = default_parallel(config.mode, config.world_size)
+            chosen = default_parallel(config.mode, config.world_size, rank_bytes)
             self.parallel, self.parallel_reason = chosen.slots, chosen.reason
+        elif rank_bytes and self.parallel > 1:
+            fits = default_parallel(config.mode, config.world_size, rank_bytes).slots
+            if fits < self.parallel:
+                self.parallel_reason = (
+                    f"asked for; at most {fits} fit in the GPUs' memory at W = {config.world_size} in {config.mode} mode "
+                    f"(each holds {GROUPS_PER_SLOT} groups of rank processes, {rank_bytes / GIB:.2f} GiB each as measured "
+                    "at start, before any data): evaluations start as the memory they are measured to need is free")
+        if rank_bytes:
+            self.parallel_reason += "; admitted by measured GPU memory"
         return self.parallel
+
+    def _measure_rank_memory(self, config: EvalConfig) -> float | None:
+        """One rank process's GPU memory at start (its CUDA context), measured on a group of W ranks started
+        for it; None without a driver to ask. Starts the admission by measured memory."""
+        reader = NvmlReader.open()
+        if reader is None:
+            return None
+        self._memory = GpuAdmission(reader)
+        with RankGroup(config.mode, config.world_size, "reference").spawn() as group:
+            group.wait_ready()
+            usage = usage_of(descendants(group.root_pids(), children_by_parent()), reader.used_by_process())
+        return sum(usage.by_device.values()) / config.world_size or None
 
     def submit(self, task: Task) -> None:
         self.capacity(task.config)
@@ -134,27 +187,58 @@ class LocalExecutor(Executor):
             for future in done:
                 task, slot = self._running.pop(future)
                 self._free.append(slot)
-                yield task, future.result()
+                result = self._counted(task, future.result())
+                if result is not None:
+                    yield task, result
+
+    def _counted(self, task: Task, result: EvalResult) -> EvalResult | None:
+        """``result`` as it counts; None where it is judged again alone first (``resource_failure``)."""
+        beside = id(task) in self._beside
+        self._beside.discard(id(task))
+        if id(task) in self._reruns:
+            first, why = self._reruns.pop(id(task))
+            result.details["rerun_alone"] = {"why": why, "first": {"status": first.status.value, "message": first.message}}
+            return result
+        why = resource_failure(result) if beside else None
+        if why is None:
+            return result
+        self._reruns[id(task)] = (result, why)
+        self._queue.appendleft(task)
+        return None
+
+    def _alone(self, task: Task) -> bool:
+        return runs_alone(task) or id(task) in self._reruns
 
     def _dispatch(self) -> None:
-        """Start queued tasks in free slots; one that runs alone (``runs_alone``) only when nothing runs,
-        and nothing beside it."""
+        """Start queued tasks in free slots; one that runs alone (``_alone``) only when nothing runs, and
+        nothing beside it; on GPUs, one beside others only where its measured need is free."""
         while self._queue:
-            if any(runs_alone(task) for task, _ in self._running.values()):
+            if any(self._alone(task) for task, _ in self._running.values()):
                 return
-            if runs_alone(self._queue[0]) and self._running:
+            task = self._queue[0]
+            if self._alone(task) and self._running:
                 return
             if not self._free:
                 if len(self._slots) >= self.parallel:
                     return
                 self._slots.append({})
                 self._free.append(len(self._slots) - 1)
-            task, slot = self._queue.popleft(), self._free.pop()
+            slot = self._free[-1]
+            if self._running and self._memory is not None and task.config.mode.uses_gpu:
+                held = self._slots[slot][session_key(task.config)].root_pids() \
+                    if session_key(task.config) in self._slots[slot] else []
+                if not self._memory.admits(task, held)[0]:
+                    return
+            self._queue.popleft()
+            self._free.pop()
+            if self._running:  # side by side from now on: it and every running one
+                self._beside.add(id(task))
+                self._beside.update(id(other) for other, _ in self._running.values())
             self._running[self._pool.submit(self._evaluate, task, slot)] = (task, slot)
 
     def _evaluate(self, task: Task, slot: int) -> EvalResult:
-        if fills_a_gpu(task):  # it runs alone: the idle slots' warm rank
-            for other, idle in enumerate(self._slots):          # groups (a CUDA context each) give it their memory
+        if fills_a_gpu(task) or id(task) in self._reruns:  # it runs alone: the idle slots' warm rank
+            for other, idle in enumerate(self._slots):          # groups give it their memory
                 if other != slot:
                     for session in idle.values():
                         session.close()
@@ -165,11 +249,17 @@ class LocalExecutor(Executor):
             sessions[key] = self._session(task.config)
         with self._lock:
             self._in_flight[id(task)] = InFlight(task, time.monotonic())
+        if self._memory is not None and task.config.mode.uses_gpu:
+            self._memory.watch(task, sessions[key].root_pids)
         try:
-            return evaluate(task.problem, task.candidate, task.config, sessions[key])
+            result = evaluate(task.problem, task.candidate, task.config, sessions[key])
         finally:
+            peak = self._memory.finished(task) if self._memory is not None else None
             with self._lock:
                 self._in_flight.pop(id(task), None)
+        if peak is not None:
+            result.details["gpu_memory_peak_gib"] = {str(d): round(b / GIB, 3) for d, b in peak.by_device.items() if b}
+        return result
 
     def _session(self, config: EvalConfig) -> Session:
         threads = self._cpu_threads(config)
@@ -198,3 +288,5 @@ class LocalExecutor(Executor):
         for broker in self._brokers.values():
             broker.close()
         self._brokers.clear()
+        if self._memory is not None:
+            self._memory.close()

@@ -15,8 +15,9 @@ Groups never come from a file name's suffix. A result in another precision than 
 results are never pooled.
 
 Two verdicts per record (``Record.verdict(protocol)``): ``pkb`` is the stored status, strict on every
-checked case; ``paper`` is the verdict on the upstream cases alone, the paper's protocol
-(``paper_status``), ``None`` when the row cannot tell (the upstream cases were not checked).
+checked case, and an ``ok`` only where the paper's is ``ok`` too; ``paper`` is the verdict on the upstream
+cases alone, the paper's protocol (``paper_status``), ``None`` when the row cannot tell (the upstream cases
+were not checked).
 
 One row per sample counts: a sample is the generation's run and sample number when one is linked,
 else the solution name. Of several rows of a sample the latest counts (a rerun replaces the earlier
@@ -99,8 +100,16 @@ class Record:
         return self.result.status
 
     def verdict(self, protocol: str) -> Status | None:
-        """The verdict under ``protocol`` (``PROTOCOLS``); None when the row cannot tell (paper only)."""
-        return self.paper_status if protocol == "paper" else self.result.status
+        """The verdict under ``protocol`` (``PROTOCOLS``); None when the row cannot tell.
+
+        The levels nest: pkb's ``ok`` is a pass only where the paper's verdict is ``ok`` too. An ``ok``
+        row whose upstream cases failed upstream's rule (stored before pkb's verdict required it) fails
+        pkb's protocol as it fails the paper's; one whose run left the upstream cases out is unknown on
+        both. So no sample passes pkb's protocol and not the paper's, and pkb's pass@k of a group is
+        never above the paper's (``pkb.report.metrics.check_nesting``)."""
+        if protocol == "paper" or self.result.status is not Status.OK:
+            return self.paper_status if protocol == "paper" else self.result.status
+        return self.paper_status
 
     @property
     def is_reference(self) -> bool:

@@ -28,6 +28,7 @@ import torch
 
 from pkb.kernels.build import BuildError, cached_library, extension_name
 from pkb.runtime.channel import ChannelError, decode_reply
+from pkb.runtime.group import LIMIT_WORDS, RankGroup
 
 BUILD_TIMEOUT_S = 900.0
 MAX_REQUEST_BYTES = 16 << 20
@@ -70,14 +71,22 @@ def validated(request) -> dict:
 class BuildBroker:
     """Builds requested extensions in sandboxed build processes; one per session (its cache outlives it).
 
-    A build belongs to the groups that wait for it: when the last of them ends (its evaluation is over,
-    or timed out), the build is dropped from the queue or its process killed, so that no candidate can
-    keep the build slots busy beyond its own evaluation. A group has at most ``MAX_PER_GROUP`` builds
-    of different sources in flight at once.
+    At most ``max_parallel`` builds run at once; the others wait in a queue, however many one evaluation
+    asks for (a solution that builds one extension per rank asks for W at once). The time a group's ranks
+    spend waiting for the broker, in its queue or while it builds, is not counted against them
+    (``waiting_for``: their deadline stops meanwhile): how fast this machine builds, and how many other
+    evaluations build beside them, is no part of a verdict. A build has its own limit, pkb's
+    (``BUILD_TIMEOUT_S``), and an evaluation at most ``MAX_SOURCES`` sources. A build belongs to the groups
+    that wait for it: when the last of them ends (its evaluation is over, or timed out), the build is
+    dropped from the queue or its process killed, so that no candidate can keep the build slots busy
+    beyond its own evaluation.
     """
 
     MAX_PARALLEL = 4
-    MAX_PER_GROUP = 2
+    # Extensions of different sources one evaluation may ask for: far beyond any real solution (one per
+    # rank at W = 8, times a few kernels), a bound on what one candidate can queue; past it, a refusal
+    # that says it is pkb's limit.
+    MAX_SOURCES = 64
 
     def __init__(self, plan_for: Callable[[str], object], cache_root: Path | None = None,
                  max_parallel: int = MAX_PARALLEL):
@@ -100,11 +109,11 @@ class BuildBroker:
             return
         full_name = extension_name(request)
         with self._lock:
-            pending = [name for name, waiting in self._waiters.items() if owner in waiting and name != full_name
-                       and not self._builds[name].done()]
-            if owner is not None and len(pending) >= self.MAX_PER_GROUP:
-                answer({"error": f"more than {self.MAX_PER_GROUP} extensions of different sources built at once "
-                                 "by one evaluation"})
+            asked = {name for name, waiting in self._waiters.items() if owner in waiting}
+            if owner is not None and full_name not in asked and len(asked) >= self.MAX_SOURCES:
+                answer({"error": f"{LIMIT_WORDS} more than {self.MAX_SOURCES} extensions of different sources asked "
+                                 "for by one evaluation (a bound on what one evaluation may queue, not a verdict on "
+                                 "its kernels)", "limit": "extensions per evaluation"})
                 return
             build = self._builds.get(full_name)
             if build is None or build.cancelled() or (build.done() and "error" in build.result()):
@@ -114,6 +123,11 @@ class BuildBroker:
             self._waiters[full_name].add(owner)
         build.add_done_callback(lambda done: answer({"error": "the build was cancelled"} if done.cancelled()
                                                     else done.result()))
+
+    def waiting_for(self, owner: object) -> bool:
+        """Whether ``owner``'s group waits for a build: queued, or building."""
+        with self._lock:
+            return any(owner in waiting and not self._builds[name].done() for name, waiting in self._waiters.items())
 
     def release(self, owner: object) -> None:
         """``owner``'s group has ended: drop or kill the builds that no other group waits for."""
@@ -148,8 +162,6 @@ class BuildBroker:
         return {"path": str(library)}
 
     def _build_sandboxed(self, full_name: str, request: dict) -> bytes:
-        from pkb.runtime.group import RankGroup
-
         with self._lock:  # started and registered at once, so that ``release`` always finds it
             if not self._waiters.get(full_name):
                 raise BuildError("the evaluations that asked for this build have ended")
@@ -158,7 +170,7 @@ class BuildBroker:
         try:
             conn = group.ranks[0].conn
             if not conn.poll(BUILD_TIMEOUT_S):
-                raise BuildError(f"the build did not finish within {BUILD_TIMEOUT_S:.0f} s")
+                raise BuildError(f"{LIMIT_WORDS} the build did not finish within {BUILD_TIMEOUT_S:.0f} s")
             try:
                 reply = decode_reply(conn.recv_bytes())
             except (EOFError, OSError, ChannelError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -24,12 +25,14 @@ import torch.distributed as dist
 
 from pkb.runtime.channel import ChannelError, decode_reply, send_job
 from pkb.runtime.modes import Mode, worker_environment
+from pkb.runtime.proctree import children_by_parent, helpers_cpu_seconds
 from pkb.runtime.sandbox import remove_tree
 from pkb.runtime.zygote import Zygote
 
 # After one rank reports an error, how long the others get to report theirs before the group is
 # torn down (they are usually stuck in a collective that the failed rank will never join).
 ERROR_GRACE_S = 1.0
+LIMIT_WORDS = "pkb's limit:"  # begins every refusal that is a bound of pkb's (its build broker's), not a verdict
 STARTUP_TIMEOUT_S = 120.0
 
 
@@ -74,11 +77,15 @@ def _alive(pid: int) -> bool:
 
 
 def _log_tail(path: Path, limit: int = 4000) -> str:
+    """The last ``limit`` bytes of a rank's log (read from its end: a candidate may have written GiBs)."""
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - limit))
+            data = handle.read(limit)
     except OSError:
         return ""
-    return data[-limit:].decode("utf-8", errors="replace")
+    return data.decode("utf-8", errors="replace")
 
 
 _teardowns: list[threading.Thread] = []
@@ -136,8 +143,11 @@ class RankGroup:
         self.ready = False
         self.closed = False
         self._pending_op = None
-        self._num_builds = 0  # build requests its ranks made (MAX_BUILDS at most)
-        self._log_dir = Path(tempfile.mkdtemp(prefix=f"pkb-{role}-"))
+        self.num_runs = 0  # "run" jobs sent (its first call may build and compile: pkb.evaluate.evaluator)
+        self._num_builds = 0  # build requests its ranks made (max_build_requests at most)
+        self.limits_hit: list[str] = []  # pkb's own limits that refused something its ranks asked for
+        self._log_dir = Path(tempfile.mkdtemp(prefix=f"pkb-{role}-"))  # removed when the group ends
+        self._tails: dict[int, str] = {}  # each rank's last output, kept when the logs are removed
 
     def spawn(self) -> "RankGroup":
         env_updates = worker_environment(self.mode, base={}, cpu_threads=self.cpu_threads)
@@ -190,7 +200,7 @@ class RankGroup:
             if failed:
                 self.kill()
                 raise StartFailure(f"rank {failed[0]} failed to start: {replies[failed[0]].get('error', '')}",
-                                   failed[0], _log_tail(self.ranks[failed[0]].log_path))
+                                   failed[0], self.log_tail(failed[0]))
             self.sandbox_status = replies[0].get("sandbox")
             self.ready = True
         return self
@@ -206,27 +216,51 @@ class RankGroup:
             raise GroupFailure(f"the {self.role} group is closed")
         self.wait_ready()
         self._pending_op = jobs[0].get("op")
+        self.num_runs += self._pending_op == "run"
         for member, job in zip(self.ranks, jobs):
             try:
                 with member.send_lock:  # a build thread may answer the same rank (_answer)
                     send_job(member.conn, job)
             except OSError:
                 self.kill()
-                raise RankCrashed(f"rank {member.rank} is gone", member.rank, _log_tail(member.log_path)) from None
+                raise RankCrashed(f"rank {member.rank} is gone", member.rank, self.log_tail(member.rank)) from None
 
-    def collect(self, timeout: float) -> list[dict]:
-        return self._collect(timeout, what=f"job {self._pending_op!r}")
+    def collect(self, timeout: float, compile_limit: float | None = None) -> list[dict]:
+        """The W replies to the jobs ``submit`` sent. ``compile_limit``: past ``timeout``, the wait goes on for
+        as long as processes the ranks started keep using the CPU (compilers, build tools: a first call that
+        builds and compiles lazily), up to ``compile_limit`` seconds in all; a hang starts no such process."""
+        return self._collect(timeout, what=f"job {self._pending_op!r}", compile_limit=compile_limit)
 
-    def _collect(self, timeout: float, what: str) -> list[dict]:
-        deadline = time.monotonic() + timeout
+    COMPILE_CHECK_S = 1.0  # how often the helpers' CPU time is read once ``timeout`` has passed
+    COMPILING_SHARE = 0.1  # the share of a core they must have used since: compiling, not idling
+
+    def _collect(self, timeout: float, what: str, compile_limit: float | None = None) -> list[dict]:
+        """The W replies; the ranks' time counts against ``timeout`` except while they wait for pkb's build
+        broker (its queue and its builds are pkb's, with a limit of their own: pkb.runtime.builds) and,
+        up to ``compile_limit``, while what they started compiles (``collect``)."""
+        began = time.monotonic()
+        deadline = began + timeout
+        grace_deadline = None  # once a rank has failed: how long the others get (never extended)
         replies: dict[int, dict] = {}
         by_conn = {member.conn: member for member in self.ranks}
         pending = set(by_conn)
+        checked, helpers_cpu, compiled = began, None, False
         while pending:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            if self._num_builds and self.broker is not None and self.broker.waiting_for(self):
+                deadline += now - checked
+            checked = now
+            if now >= deadline and compile_limit and now - began < compile_limit:
+                used = self._helpers_cpu_seconds()
+                busy = helpers_cpu is not None and used - helpers_cpu[1] >= self.COMPILING_SHARE * (now - helpers_cpu[0])
+                if helpers_cpu is None or busy:  # compiling (or not measured yet): a little longer
+                    deadline, compiled = now + self.COMPILE_CHECK_S, compiled or busy
+                helpers_cpu = (now, used)
+            remaining = min(deadline, grace_deadline or deadline) - now
             if remaining <= 0:
                 break
-            for conn in wait(list(pending), timeout=remaining):
+            step = 0.5 if self._num_builds or compile_limit else remaining
+            for conn in wait(list(pending), timeout=min(remaining, step)):
                 member = by_conn[conn]
                 try:
                     reply = decode_reply(conn.recv_bytes())
@@ -240,8 +274,8 @@ class RankGroup:
                     continue
                 pending.discard(conn)
                 replies[member.rank] = reply
-                if replies.get(member.rank, {}).get("error") and pending:
-                    deadline = min(deadline, time.monotonic() + ERROR_GRACE_S)
+                if replies.get(member.rank, {}).get("error") and pending and grace_deadline is None:
+                    grace_deadline = time.monotonic() + ERROR_GRACE_S
         if pending:
             errors = {r: reply for r, reply in replies.items() if reply.get("error")}
             missing = sorted(by_conn[c].rank for c in pending)
@@ -250,20 +284,37 @@ class RankGroup:
                 for rank in missing:
                     replies[rank] = {"error": "did not finish: another rank failed first", "stuck": True}
                 return [replies[r] for r in range(self.world_size)]
-            raise RankTimeout(f"{what} did not finish within {timeout:.0f} s on rank(s) {missing}; "
-                              f"the {self.role} ranks were killed", missing[0], _log_tail(self.ranks[missing[0]].log_path))
+            raise RankTimeout(f"{what} did not finish within {timeout:.0f} s on rank(s) {missing}"
+                              + (" (nor in the time it was given while what it started compiled)" if compiled else "")
+                              + f"; the {self.role} ranks were killed", missing[0], self.log_tail(missing[0]))
         return [replies[r] for r in range(self.world_size)]
 
-    MAX_BUILDS = 32  # build requests one group may make
+    def _helpers_cpu_seconds(self) -> float:
+        """CPU seconds used so far by the processes the ranks started (pkb.runtime.proctree)."""
+        tree = children_by_parent()
+        if self.jail is not None:  # jail -> keeper -> ranks
+            ranks = [pid for keeper in tree.get(self.jail[0], []) for pid in tree.get(keeper, [])]
+        else:
+            ranks = [member.pid for member in self.ranks if member.pid is not None]
+        return helpers_cpu_seconds(ranks, tree)
+
+    @property
+    def max_build_requests(self) -> int:
+        """Build requests one group may make: each rank asking once for each source it may build."""
+        return self.broker.MAX_SOURCES * self.world_size
 
     def _build_requested(self, member: _Rank, request) -> None:
         self._num_builds += 1
-        if self._num_builds > self.MAX_BUILDS:
-            self._answer(member, {"error": f"more than {self.MAX_BUILDS} build requests in one evaluation"})
+        if self._num_builds > self.max_build_requests:
+            self._answer(member, {"error": f"{LIMIT_WORDS} more than {self.max_build_requests} build requests in one "
+                                           "evaluation", "limit": "build requests per evaluation"})
             return
         self.broker.request(request, lambda answer: self._answer(member, answer), owner=self)
 
     def _answer(self, member: _Rank, answer: dict) -> None:
+        if answer.get("limit") or str(answer.get("error", "")).startswith(LIMIT_WORDS):
+            self.limits_hit.append(answer["error"])
+            answer = {"error": answer["error"]}
         try:
             with member.send_lock:
                 send_job(member.conn, {"op": "built", **answer})
@@ -272,10 +323,21 @@ class RankGroup:
 
     def _crashed(self, member: _Rank, what: str) -> None:
         self.kill()
-        raise RankCrashed(f"rank {member.rank} died during {what}", member.rank,
-                          _log_tail(member.log_path))
+        raise RankCrashed(f"rank {member.rank} died during {what}", member.rank, self.log_tail(member.rank))
+
+    def root_pids(self) -> list[int]:
+        """The processes every process of the group descends from: its jail (the ranks and whatever they
+        start live below it), or each rank (a rank leads its own session)."""
+        if self.closed:
+            return []
+        if self.jail is not None:
+            return [self.jail[0]]
+        return [member.pid for member in self.ranks if member.pid is not None]
 
     def log_tail(self, rank: int) -> str:
+        """The end of rank ``rank``'s output (kept from when the group ended, once its logs are gone)."""
+        if rank in self._tails:
+            return self._tails[rank]
         return _log_tail(self.ranks[rank].log_path) if rank < len(self.ranks) else ""
 
     def close(self, timeout: float = 10.0) -> None:
@@ -297,7 +359,10 @@ class RankGroup:
         self.kill()
 
     def kill(self) -> None:
-        """Kill every rank process (and anything it started) now, and the builds only it waited for."""
+        """Kill every rank process (and anything it started) now, and the builds only it waited for; keep
+        the end of each rank's output and remove the logs (nothing of the group outlives it)."""
+        if self.closed:
+            return
         if self.jail is not None:
             self._end_jail()
         if self.broker is not None:
@@ -309,6 +374,8 @@ class RankGroup:
                 except (ProcessLookupError, PermissionError):
                     pass
             member.conn.close()
+        self._tails = {member.rank: _log_tail(member.log_path) for member in self.ranks}
+        shutil.rmtree(self._log_dir, ignore_errors=True)
         self.closed = True
         self.store = None
 

@@ -69,6 +69,8 @@ class StockCallRecorder:
 
     def _wrap(self, original: Callable, label: str) -> Callable:
         recorder = self
+        if isinstance(original, torch._ops.OpOverloadPacket):
+            return _recorded_packet(original, recorder, label)
 
         @functools.wraps(original)
         def recorded(*args, **kwargs):
@@ -126,6 +128,24 @@ class StockCallRecorder:
     @property
     def data_moving(self) -> list[str]:
         return sorted(label for label in self.used if label not in SYNC_ONLY)
+
+
+def _recorded_packet(packet: "torch._ops.OpOverloadPacket", recorder: StockCallRecorder, label: str):
+    """A copy of an op's packet (``torch.ops.symm_mem.one_shot_all_reduce``) whose calls are recorded. It
+    stays an ``OpOverloadPacket`` in every other respect: torch walks each namespace's ops and reads them as
+    packets (``torch.compile`` collects their decompositions), and a plain function there broke it."""
+    base = type(packet)
+
+    class RecordedPacket(base):
+        def __call__(self, *args, **kwargs):
+            if recorder.active:
+                recorder.used.add(label)
+            return base.__call__(self, *args, **kwargs)
+
+    recorded = RecordedPacket.__new__(RecordedPacket)
+    recorded.__dict__.update(packet.__dict__)
+    recorded.__pkb_original__ = packet
+    return recorded
 
 
 def _watched(modules: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pkb.runtime import sandbox
 from pkb.runtime.channel import send_reply
+from pkb.runtime.proctree import children_by_parent
 
 def jail_main(control: socket.socket, rank_ends: list[socket.socket], request: dict) -> None:
     """Entry point of the jail (forked by the zygote); never returns."""
@@ -91,18 +92,7 @@ def _reap() -> None:
 
 
 def _children(parent: int) -> list[int]:
-    children = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent and fields[0] != b"Z":
-            children.append(int(entry.name))
-    return children
+    return children_by_parent(include_zombies=False).get(parent, [])
 
 
 def keeper_main(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, namespaces: list[str], request: dict) -> None:

@@ -273,13 +273,14 @@ class SandboxPlan:
 def new_plan(level: str, scratch: str, world_size: int, cpu_mode: bool, cache_roots: list[str]) -> SandboxPlan:
     """The plan for one candidate group with ``scratch`` as its writable directory."""
     uid = CANDIDATE_UIDS[0] + secrets.randbelow(CANDIDATE_UIDS[1]) if os.geteuid() == 0 else None
+    # Every limit follows from the machine's size and W, never from its load (what is free now): a limit
+    # that shrinks while other evaluations run would fail beside them what passes alone.
     memory = _meminfo_bytes("MemTotal") or (16 << 30)
-    available = _meminfo_bytes("MemAvailable") or memory // 2
     return SandboxPlan(
         level=level, scratch=scratch, uid=uid, readable=readable_paths(cache_roots), devices=device_paths(),
         scratch_bytes=min(4 << 30, memory // 8), shm_bytes=max(64 << 20, memory // 4),
         max_processes=1024 + 256 * world_size, max_file_bytes=8 << 30,
-        max_data_bytes=max(2 << 30, available // (2 * world_size)) if cpu_mode else None,
+        max_data_bytes=max(2 << 30, memory // (2 * world_size)) if cpu_mode else None,
         namespaces=_namespaces_offered(), skip=skipped_protections())
 
 
@@ -426,10 +427,14 @@ def prepare_keeper(plan: SandboxPlan, namespaces: list[str]) -> None:
 
 
 def scratch_dirs(scratch: str) -> dict[str, str]:
-    """The environment variables that point into the scratch directory, and where."""
-    return {"HOME": f"{scratch}/home", "TMPDIR": f"{scratch}/tmp", "TORCH_EXTENSIONS_DIR": f"{scratch}/torch_extensions",
-            "TRITON_CACHE_DIR": f"{scratch}/triton", "CUDA_CACHE_PATH": f"{scratch}/nv", "XDG_CACHE_HOME": f"{scratch}/cache",
-            "PKB_CANDIDATE_DIR": f"{scratch}/candidate"}
+    """The environment variables that point into the scratch directory, and where. Every folder's name
+    holds a '-', so none can be imported: a scratch directory on a candidate's import path (its working
+    directory) never shadows a package (a folder ``triton`` there made ``import triton`` find an empty
+    namespace package where Triton is not installed, and ``torch._dynamo`` fail to import)."""
+    return {name: f"{scratch}/pkb-{folder}" for name, folder in (
+        ("HOME", "home"), ("TMPDIR", "tmp"), ("TORCH_EXTENSIONS_DIR", "torch-extensions"),
+        ("TRITON_CACHE_DIR", "triton-cache"), ("CUDA_CACHE_PATH", "cuda-cache"), ("XDG_CACHE_HOME", "cache"),
+        ("PKB_CANDIDATE_DIR", "candidate"))}
 
 
 def candidate_environment(plan: SandboxPlan, namespaces: list[str]) -> dict[str, str]:

@@ -26,6 +26,10 @@ from pkb.runtime.sandbox import die_with_parent, set_dumpable
 
 
 def serve(control: socket.socket) -> None:
+    # Started with ``python -c``, Python put the working directory ('') first on the import path: every
+    # rank would import from wherever it runs (a sandboxed rank's scratch directory, the user's folder)
+    # before the installed packages. Rank processes import by absolute paths only.
+    sys.path[:] = [os.path.abspath(entry) for entry in sys.path if entry]
     die_with_parent()
     set_dumpable(False)  # its children (reference ranks, jails) too: no candidate of the same user reads them
     from pkb.runtime import worker  # imports torch: the one import every rank process shares

@@ -52,7 +52,8 @@ class Request:
     """One evaluation as a client asks for it: the options of ``pkb eval``, the candidate as text."""
 
     problem: str
-    source: str
+    source: str = ""  # the candidate file's text; or, with ``reference``, nothing
+    reference: bool = False  # the problem's reference against itself (``pkb eval N reference``)
     name: str = "candidate"
     world_size: int | None = None
     mode: str = "auto"
@@ -74,8 +75,12 @@ class Request:
         if unknown:
             raise RequestError(f"unknown fields {unknown}; known: {sorted(known)}")
         missing = [name for name in ("problem", "source") if name not in body]
-        if missing:
-            raise RequestError(f"missing {missing}: `problem` (slug or number) and `source` (the candidate file's text)")
+        if body.get("reference") is True and "source" in body:
+            raise RequestError("give `source` (a candidate file's text) or `reference: true` (the problem's "
+                               "reference against itself), not both")
+        if missing and not (missing == ["source"] and body.get("reference") is True):
+            raise RequestError(f"missing {missing}: `problem` (slug or number) and `source` (the candidate file's text, "
+                               "or `reference: true` for the problem's reference against itself)")
         try:
             request = cls(**body)
         except TypeError as exc:
@@ -84,7 +89,7 @@ class Request:
         return request
 
     def check(self) -> None:
-        types = {"problem": (str, int), "source": str, "name": str, "world_size": (int, type(None)), "mode": str,
+        types = {"problem": (str, int), "source": str, "reference": bool, "name": str, "world_size": (int, type(None)), "mode": str,
                  "cases": str, "trials": int, "upstream_trials": int, "dtype": str, "perf": bool, "policy": str,
                  "timeout": (int, float), "solution_set": str}
         for name, kind in types.items():
@@ -189,6 +194,8 @@ class EvaluationService:
         config = EvalConfig(world_size=world_size, mode=mode, num_trials=request.trials, timeout_s=request.timeout,
                             perf=request.perf, policy=request.policy, cases=request.cases, sandbox=self.sandbox,
                             precision=request.dtype, upstream_trials=request.upstream_trials)
+        if request.reference:
+            return batch.Job(problem, Candidate.reference_of(problem), request.solution_set), config
         folder = Path(tempfile.mkdtemp(dir=self._scratch.name))
         path = folder / f"{problem.upstream_id or 0}_{problem.name}.py"
         path.write_text(request.source, encoding="utf-8")
@@ -218,7 +225,8 @@ class EvaluationService:
 
     def _finish(self, done: batch.Done) -> None:
         job: Job = done.tag
-        shutil.rmtree(Path(done.job.candidate.path).parent, ignore_errors=True)  # the request's scratch copy
+        if done.job.candidate.path is not None:  # the request's scratch copy (a reference has none)
+            shutil.rmtree(done.job.candidate.path.parent, ignore_errors=True)
         job.result = done.result.to_dict()
         job.state = "done"
         with self._lock:

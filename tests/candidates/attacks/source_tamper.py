@@ -5,8 +5,8 @@ Finds pkb's installed source without importing the harness (the import blocker f
 else ``importlib.util.find_spec("pkb")``. Then, on ``pkb/evaluate/compare.py``:
 - plants a forged bytecode cache (``__pycache__/compare.cpython-XY.pyc`` stamped with the source's mtime and
   size, so Python loads it instead of the unchanged source);
-- appends ``def compare(*args, **kwargs): return None`` to the source, or failing that replaces the file
-  through a rename;
+- appends ``def compare(*args, **kwargs): return None`` (and the same for ``upstream_compare``, upstream's
+  rule, which pkb's verdict requires too) to the source, or failing that replaces the file through a rename;
 and answers zeros (``mismatch`` now: the grader already holds the real ``compare``). Uncontained, every
 later evaluation by that copy of pkb says ``ok`` to anything.
 """
@@ -14,7 +14,8 @@ later evaluation by that copy of pkb says ``ok`` to anything.
 import importlib.util
 from importlib import _bootstrap_external
 
-OVERRIDE = "\n\ndef compare(*args, **kwargs):  # planted by a candidate: everything matches\n    return None\n"
+OVERRIDE = ("\n\ndef compare(*args, **kwargs):  # planted by a candidate: everything matches\n    return None\n"
+            "\n\ndef upstream_compare(*args, **kwargs):  # and by upstream's rule too\n    return None\n")
 
 
 def pkb_package_dirs() -> list[str]:

@@ -1,0 +1,55 @@
+"""The process tree as /proc shows it, read once per call: who is whose child."""
+
+from __future__ import annotations
+
+import os
+
+
+def children_by_parent(include_zombies: bool = True) -> dict[int, list[int]]:
+    """Every process's children (parent pid -> child pids), from one walk of /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            parent = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if include_zombies or fields[0] != b"Z":
+            children.setdefault(parent, []).append(int(entry.name))
+    return children
+
+
+def descendants(roots: list[int], tree: dict[int, list[int]]) -> set[int]:
+    """``roots`` and every process below them in ``tree`` (``children_by_parent``)."""
+    found, stack = set(), list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid not in found:
+            found.add(pid)
+            stack.extend(tree.get(pid, ()))
+    return found
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, own: bool = True, reaped: bool = True) -> float:
+    """CPU seconds ``pid`` has used itself (``own``) and that its children it has waited for used
+    (``reaped``); 0 for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = [int(v) for v in handle.read().rsplit(b")", 1)[1].split()[11:15]]  # utime stime cutime cstime
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return (sum(fields[:2]) * own + sum(fields[2:]) * reaped) / _TICKS
+
+
+def helpers_cpu_seconds(ranks: list[int], tree: dict[int, list[int]]) -> float:
+    """CPU seconds used by the processes that ``ranks`` started, and theirs (compilers, build tools, worker
+    pools): alive now, or reaped by their parent (which then holds their time). Never decreases while the
+    ranks live."""
+    helpers = descendants(ranks, tree) - set(ranks)
+    return sum(cpu_seconds(pid, own=False) for pid in ranks) + sum(cpu_seconds(pid) for pid in helpers)
