@@ -16,6 +16,7 @@ its result says so (``details["rerun_alone"]``: why, and what the first run ende
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -231,6 +232,8 @@ class LocalExecutor(Executor):
                     return
             self._queue.popleft()
             self._free.pop()
+            if self._memory is not None and task.config.mode.uses_gpu:  # from now on its need counts as taken
+                self._memory.watch(task, functools.partial(self._slot_pids, slot, session_key(task.config)))
             if self._running:  # side by side from now on: it and every running one
                 self._beside.add(id(task))
                 self._beside.update(id(other) for other, _ in self._running.values())
@@ -249,8 +252,6 @@ class LocalExecutor(Executor):
             sessions[key] = self._session(task.config)
         with self._lock:
             self._in_flight[id(task)] = InFlight(task, time.monotonic())
-        if self._memory is not None and task.config.mode.uses_gpu:
-            self._memory.watch(task, sessions[key].root_pids)
         try:
             result = evaluate(task.problem, task.candidate, task.config, sessions[key])
         finally:
@@ -260,6 +261,11 @@ class LocalExecutor(Executor):
         if peak is not None:
             result.details["gpu_memory_peak_gib"] = {str(d): round(b / GIB, 3) for d, b in peak.by_device.items() if b}
         return result
+
+    def _slot_pids(self, slot: int, key: tuple) -> list[int]:
+        """The processes at the top of a slot's rank groups for ``key`` (none before its session exists)."""
+        session = self._slots[slot].get(key) if slot < len(self._slots) else None
+        return session.root_pids() if session is not None else []
 
     def _session(self, config: EvalConfig) -> Session:
         threads = self._cpu_threads(config)
