@@ -1,5 +1,5 @@
 """Differential verdict testing: the same honest candidates judged in every arrangement pkb offers, where
-every verdict must be the same (DESIGN.md, "Invariance"; issue 36).
+every verdict must be the same (docs/architecture.md, "Invariance"; issue 36).
 
 The corpus (default ``tests/candidates/differential``) holds honest candidates that lean on pkb's own
 limits; each declares the verdict it must get per mode (``EXPECTED``). Every file is judged in each *arm*
@@ -26,9 +26,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pkb.batch import Job, match_file, run_jobs
+from pkb.loop import Job, run_jobs
+from pkb.solution_files import match_file
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig
+from pkb.evaluate.config import EvalConfig
 from pkb.executor import LocalExecutor, default_parallel
 from pkb.registry import all_problems
 from pkb.runtime.modes import Mode

@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from pkb.batch import Job, run_jobs
+from pkb.loop import Job, run_jobs
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig
+from pkb.evaluate.config import EvalConfig
 from pkb.executor import LocalExecutor
 from pkb.registry import select
 from pkb.runtime.modes import Mode

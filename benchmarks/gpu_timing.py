@@ -24,9 +24,12 @@ import time
 import torch
 
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig, Session, evaluate, spread, time_reference
-from pkb.hardware.probes import COPY, GEMM
-from pkb.problem import Status
+from pkb.evaluate.config import EvalConfig
+from pkb.evaluate.evaluator import evaluate
+from pkb.evaluate.session import Session
+from pkb.evaluate.timing import spread, time_reference
+from pkb.measure.probes import COPY, GEMM
+from pkb.options import Status
 from pkb.runtime.modes import Mode
 
 

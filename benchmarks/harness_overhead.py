@@ -23,10 +23,14 @@ from pathlib import Path
 
 import torch
 
-from pkb.batch import plan, run_jobs
+from pkb.loop import run_jobs
+from pkb.solution_files import plan
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig, Session, evaluate
-from pkb.problem import Case, Status
+from pkb.evaluate.config import EvalConfig
+from pkb.evaluate.evaluator import evaluate
+from pkb.evaluate.session import Session
+from pkb.options import Status
+from pkb.problem import Case
 from pkb.registry import all_problems, get_problem
 from pkb.runtime.modes import Mode
 from pkb.store.db import ResultStore

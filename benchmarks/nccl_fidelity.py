@@ -1,12 +1,12 @@
 """Timing fidelity on several GPUs: the harness's busbw for NCCL all-reduce and all-gather against a
 plain CUDA-event loop over the same calls. Prints measured numbers; asserts nothing.
 
-For each NCCL probe of ``pkb.hardware.probes`` (in-place ``dist.all_reduce``; ``all_gather_into_tensor``
+For each NCCL probe of ``pkb.measure.probes`` (in-place ``dist.all_reduce``; ``all_gather_into_tensor``
 into a new buffer) and each size from 64 MiB to 1 GiB per rank, in cuda mode on ``--world-size`` GPUs:
 
 - the harness: ``time_reference`` (parent clock, rotating fresh inputs, aligned starts; the protocol
   every result uses), measured ``--measurements`` times in one session: median and spread;
-- a plain loop: ``pkb.hardware.calibrate.time_collectives_plainly``, a spawned group calling the same
+- a plain loop: ``pkb.measure.calibrate.time_collectives_plainly``, a spawned group calling the same
   function on one buffer between two CUDA events, warm-up first; per repeat the slowest rank, the
   median of 7 repeats as one measurement;
 - harness busbw / plain-loop busbw (1.0 = the same).
@@ -22,9 +22,11 @@ import statistics
 
 import torch
 
-from pkb.evaluate.evaluator import EvalConfig, Session, spread, time_reference
-from pkb.hardware.calibrate import time_collectives_plainly
-from pkb.hardware.probes import NCCL_PROBES
+from pkb.evaluate.config import EvalConfig
+from pkb.evaluate.session import Session
+from pkb.evaluate.timing import spread, time_reference
+from pkb.measure.calibrate import time_collectives_plainly
+from pkb.measure.probes import NCCL_PROBES
 from pkb.runtime.modes import Mode
 
 

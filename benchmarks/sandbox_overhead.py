@@ -23,9 +23,11 @@ import textwrap
 import time
 from pathlib import Path
 
-from pkb.batch import plan
-from pkb.evaluate.evaluator import EvalConfig, Session, evaluate
-from pkb.problem import Status
+from pkb.solution_files import plan
+from pkb.evaluate.config import EvalConfig
+from pkb.evaluate.evaluator import evaluate
+from pkb.evaluate.session import Session
+from pkb.options import Status
 from pkb.registry import select
 from pkb.runtime.modes import Mode
 from pkb.runtime.sandbox import offered

@@ -20,10 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from pkb.batch import EvaluationLoop, Job
+from pkb.loop import EvaluationLoop, Job
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig
-from pkb.problem import Status
+from pkb.evaluate.config import EvalConfig
+from pkb.options import Status
 from pkb.registry import all_problems, get_problem
 from pkb.runtime.modes import Mode
 from pkb.store.db import ResultStore

@@ -2,7 +2,7 @@
 
 Every file ``<n>_<name>.py`` in the corpus folder (default ``../shared/upstream/reference`` beside
 the project) is, by definition, a correct solution of upstream problem ``n``. This evaluates each
-against pkb's problem of that number, through pkb's evaluation loop (pkb.batch.run_jobs: ``--parallel``
+against pkb's problem of that number, through pkb's evaluation loop (pkb.loop.run_jobs: ``--parallel``
 side by side, every verdict stored in ``--db`` as it finishes, so a cut run resumes there), and prints
 one line per file, then the counts by verdict; ``--out`` writes every result as JSON (rewritten after
 each file).
@@ -21,11 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pkb.batch import Job, run_jobs
+from pkb.loop import Job, run_jobs
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig
+from pkb.evaluate.config import EvalConfig
 from pkb.executor import LocalExecutor
-from pkb.problem import Status
+from pkb.options import Status
 from pkb.registry import get_problem, select
 from pkb.runtime.modes import Mode
 from pkb.store.db import ResultStore

@@ -15,14 +15,14 @@ import sys
 import time
 from pathlib import Path
 
-from pkb import __version__, protocol
-from pkb.console import UsageError, print_table  # noqa: F401  (subsystem commands import them from here too)
+from pkb import __version__
+from pkb.commands import SELF_CHECK_TRIALS, add_eval_options, make_config, make_executor, served_options
+from pkb.console import UsageError, print_table
+from pkb.describe import describe, human_bytes, shapes_of_inputs
 
 USAGE_ERROR = 2
 HARNESS_FAILURE = 3  # pkb itself failed: no verdict on the candidate
 QUIET_STATUSES = ("ok", "skipped")  # Status values (a str enum): this module imports no torch
-DEFAULT_TRIALS = 3
-SELF_CHECK_TRIALS = 1  # `pkb run`'s self-check of each reference, unless --trials says otherwise
 
 
 # -- list / show -----------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def cmd_show(args) -> int:
                                          for c in getattr(problem, kind)) or "-"))
     print()
     print(inspect.getsource(module))
-    print(f"## {problem.case_kind(case.name)} case {case.name} at world size {world_size}: {dict(case.params)}" + (f"  ({case.note})" if case.note else ""))
+    print(f"## {case.kind} case {case.name} at world size {world_size}: {dict(case.params)}" + (f"  ({case.note})" if case.note else ""))
     for rank in range(world_size):
         described = ", ".join(f"{name}={describe(value)}" for name, value in
                               zip(problem.argument_names, shapes_of_inputs(problem, case, rank, world_size)))
@@ -78,78 +78,7 @@ def cmd_show(args) -> int:
     return 0
 
 
-def shapes_of_inputs(problem, case, rank: int, world_size: int) -> tuple:
-    """A rank's inputs without allocating them (fake tensors), so GiB-sized benchmark cases show instantly."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from pkb.problem import make_generator
-
-    gen = make_generator(0, 1)
-    try:
-        with FakeTensorMode():
-            return tuple(problem.make_inputs(case, rank, world_size, gen))
-    except Exception:
-        return tuple(problem.make_inputs(case, rank, world_size, gen))
-
-
-def describe(value) -> str:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return f"{str(value.dtype).replace('torch.', '')}{list(value.shape)}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(describe(v) for v in value) + "]"
-    return repr(value)
-
-
-def human_bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:.4g} {unit}"
-        count /= 1024
-    return f"{count:.4g} TiB"
-
-
 # -- eval / run ------------------------------------------------------------------------------------
-
-
-def make_config(args, world_size: int, executor=None):
-    """The evaluation settings of ``args``; ``--mode auto`` decides by the GPUs of ``executor``'s machines
-    (a Ray cluster's largest node) or, without one, of this machine. The mode and the sandbox candidates
-    get are said on stderr (unless ``--json``)."""
-    from pkb.evaluate.evaluator import EvalConfig
-    from pkb.runtime.modes import ModeUnavailable, choose_mode
-
-    gpus = executor.gpus_per_node() if executor is not None else None
-    try:
-        choice = choose_mode(args.mode, world_size, num_gpus=gpus)
-    except ModeUnavailable as exc:
-        raise UsageError(str(exc) + (" (GPUs counted on the largest node of the Ray cluster)" if gpus is not None else "")) from None
-    sandbox = sandbox_line(args.sandbox, choice.mode, on_ray=executor is not None and executor.name == "ray")
-    if not args.json:
-        print(f"mode: {choice.mode} ({choice.reason})", file=sys.stderr)
-        print(f"sandbox: {sandbox}", file=sys.stderr)
-    trials = DEFAULT_TRIALS if args.trials is None else args.trials
-    return EvalConfig(world_size=world_size, mode=choice.mode, num_trials=trials, timeout_s=args.timeout,
-                      perf=args.perf, cuda_graph=args.cuda_graph, policy=args.policy, cases=args.cases or "all",
-                      sandbox=args.sandbox, precision=args.dtype, upstream_trials=args.upstream_trials)
-
-
-def sandbox_line(level: str, mode, on_ray: bool = False) -> str:
-    """What ``--sandbox level`` gives candidates here, e.g. ``auto (full: landlock-fs, ...)``; on a Ray
-    cluster each node checks for itself (a node that cannot honour ``required`` ends its tasks as
-    ``infra_error``). Raises UsageError where ``required`` cannot be honoured on this machine."""
-    from pkb.runtime.sandbox import SandboxStatus, SandboxUnavailable, check_sandbox
-
-    if level == "off":
-        return SandboxStatus.off().describe()
-    if on_ray:
-        return f"{level} (checked on each node of the Ray cluster)"
-    try:
-        status = check_sandbox(level, mode)
-    except SandboxUnavailable as exc:
-        raise UsageError(str(exc)) from None
-    return status.describe()
 
 
 def cmd_eval(args) -> int:
@@ -190,15 +119,9 @@ def _eval_on_server(args) -> int:
     if not reference and not Path(args.candidate).is_file():
         raise UsageError(f"candidate file {args.candidate} not found (give a .py file defining `solution`, "
                          "or `reference` to check the problem's reference against itself)")
-    options = {"mode": args.mode, "cases": args.cases or "all", "trials": DEFAULT_TRIALS if args.trials is None else args.trials,
-               "upstream_trials": args.upstream_trials, "dtype": args.dtype, "perf": args.perf, "policy": args.policy,
-               "timeout": args.timeout, "name": "reference" if reference else Path(args.candidate).stem}
+    options = {**served_options(args), "name": "reference" if reference else Path(args.candidate).stem}
     if reference:
         options["reference"] = True
-    if args.world_size:
-        options["world_size"] = args.world_size
-    if args.sandbox != "auto" or args.cuda_graph:
-        raise UsageError("--sandbox and --cuda-graph are the server's to choose (`pkb serve --sandbox`)")
     try:
         source = None if reference else Path(args.candidate).read_text(encoding="utf-8", errors="replace")
         result = Client(args.server, os.environ.get("PKB_SERVE_TOKEN") or None).evaluate(args.problem, source, **options)
@@ -230,7 +153,8 @@ def print_verdict(result) -> None:
 
 
 def cmd_run(args) -> int:
-    from pkb.batch import light_self_checks, plan, run_jobs, solution_files
+    from pkb.loop import run_jobs
+    from pkb.solution_files import light_self_checks, plan, solution_files
     from pkb.progress import Progress
     from pkb.registry import select
     from pkb.store.db import DEFAULT_DB, ResultStore
@@ -288,20 +212,6 @@ def checked_line(args, config, self_check: bool, solutions_dir: Path | None) -> 
     return f"checked ({config.mode} mode, W = {config.world_size}, {config.precision}): {checked}"
 
 
-def make_executor(args):
-    """The executor ``--executor`` names (Ray: connected, or a local cluster started), said on stderr."""
-    from pkb.executor import make_executor as make
-
-    if args.executor == "local" and args.address is not None:
-        raise UsageError("--address is for --executor ray")
-    if args.parallel is not None and args.parallel < 1:
-        raise UsageError("--parallel must be at least 1")
-    executor = make(args.executor, args.address, args.parallel)
-    if not args.json and args.executor != "local":
-        print(f"executor: {executor.describe()}", file=sys.stderr)
-    return executor
-
-
 def running_labels(executor) -> list[tuple[str, float]]:
     """The evaluations ``executor`` runs now, as ``(problem/solution, seconds running)``."""
     now = time.monotonic()
@@ -337,54 +247,6 @@ def print_run_summary(results, problems, db: str, checked: str = "") -> None:
 
 
 # -- parser ------------------------------------------------------------------------------------------
-
-
-def add_precision_option(p) -> None:
-    p.add_argument("--dtype", default=protocol.DEFAULT_PRECISION, choices=protocol.PRECISION_NAMES,
-                   help=f"the run's precision, as upstream's --dtype (default {protocol.DEFAULT_PRECISION}, the paper's): the "
-                        "inputs upstream builds from it follow it in every case; indices, scales and other dtypes "
-                        "of the function stay")
-
-
-def add_eval_options(p, world_size_default, executor: bool = False):
-    from pkb.runtime.sandbox import SANDBOX_LEVELS
-
-    p.add_argument("--world-size", type=int, default=world_size_default)
-    p.add_argument("--mode", default="auto", choices=["auto", "cpu", "cuda", "shared-gpu"])
-    p.add_argument("--trials", type=int, help=f"correctness trials, each with fresh secret seeds (default {DEFAULT_TRIALS}; "
-                                              f"in `pkb run` the references' self-checks run {SELF_CHECK_TRIALS} unless "
-                                              "--trials is given)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds one job may take before its ranks are killed")
-    p.add_argument("--perf", action="store_true", help="also time reference and candidate (speedup)")
-    p.add_argument("--cuda-graph", action="store_true",
-                   help="with --perf in cuda mode: time CUDA-graph replays (for microsecond-scale problems)")
-    p.add_argument("--policy", default="report", choices=["report", "forbid-collectives"],
-                   help="forbid-collectives: a solution that calls torch.distributed, functional collectives, "
-                        "symm_mem fused ops or the reference on the hot path is `forbidden`")
-    p.add_argument("--cases", choices=["all", "upstream", "tests", "benchmarks"],
-                   help="which cases the correctness trials run: all (upstream + tests, the default; in `pkb run` the "
-                        "references' self-checks run their upstream cases unless --cases is given), upstream "
-                        "(the upstream benchmark's inputs: the paper's protocol), tests, or benchmarks")
-    add_precision_option(p)
-    p.add_argument("--upstream-trials", type=int, default=protocol.UPSTREAM_TRIALS,
-                   help=f"trials of the upstream cases, which also decide the paper's verdict by upstream's rule "
-                        f"(default {protocol.UPSTREAM_TRIALS}, upstream's; the run's --trials where that is more)")
-    p.add_argument("--sandbox", default="auto", choices=SANDBOX_LEVELS,
-                   help="how candidate processes are confined (Landlock, namespaces, uid drop): auto (the default) "
-                        "applies every protection this machine offers and says which are missing; required refuses "
-                        "to run (exit 2) unless all are available; off runs candidates unconfined, for debugging only "
-                        "(its results are stored apart and reports flag them)")
-    p.add_argument("--json", action="store_true")
-    if executor:
-        p.add_argument("--executor", default="local", choices=["local", "ray"],
-                       help="where evaluations run: this machine (default), or a Ray cluster: one evaluation per "
-                            "node slot, results stored here as they finish (pip install 'pkb[ray]'; docs/cluster.md)")
-        p.add_argument("--address", help="with --executor ray: auto (the cluster this machine is in), ray://HOST:PORT, "
-                                         "or local (a new cluster on this machine; the default unless RAY_ADDRESS is set)")
-        p.add_argument("--parallel", type=int,
-                       help="at most this many evaluations at once (default: as many as this machine holds, by its cores, "
-                            "memory and GPU memory at the run's world size; on Ray, as many as the cluster's nodes hold). "
-                            "Timed evaluations (--perf) always run alone, after the untimed ones")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -425,13 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     for module_name in COMMAND_MODULES:
-        importlib.import_module(module_name).add_commands(sub, add_eval_options)
+        importlib.import_module(module_name).add_commands(sub)
     return parser
 
 
-# Subsystems that add their own subcommands: each module defines add_commands(subparsers,
-# add_eval_options) and imports nothing heavy at module level (parsing must stay fast).
-COMMAND_MODULES: tuple[str, ...] = ("pkb.report.cli", "pkb.hardware.cli", "pkb.generate.cli", "pkb.serve.cli")
+# Subsystems that add their own subcommands: each module defines add_commands(subparsers) (with
+# pkb.commands for the evaluation options) and imports nothing heavy at module level (parsing must stay fast).
+COMMAND_MODULES: tuple[str, ...] = ("pkb.report.cli", "pkb.measure.cli", "pkb.generate.cli", "pkb.serve.cli")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,8 @@ import urllib.request
 from types import SimpleNamespace
 from typing import Any
 
+from pkb.options import request_options
+
 
 class ServerError(RuntimeError):
     """The server refused the request or could not be reached; ``status`` is the HTTP status (0: none)."""
@@ -50,7 +52,10 @@ class Client:
 
     def submit(self, problem: str | int, source: str | None = None, wait_s: float = 0.0, **options: Any) -> dict:
         """Queue an evaluation; the job (``id``, ``state``, and ``result`` once done) after ``wait_s``."""
-        body = {"problem": str(problem), **({"source": source} if source is not None else {}), **options}
+        body = {"problem": str(problem), **({"source": source} if source is not None else {}),
+                **request_options(**{k: v for k, v in options.items() if k != "reference"})}
+        if options.get("reference"):
+            body["reference"] = True
         started = time.monotonic()
         while True:
             try:

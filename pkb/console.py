@@ -1,7 +1,7 @@
 """What every ``pkb`` command shares at the console: the usage error it raises and the table it prints.
 
-Apart from ``pkb.cli`` so that the subsystems' commands (report, hardware, generate) can use them
-while ``pkb.cli`` imports those subsystems: the layers stay acyclic (tests/test_layers.py).
+At the bottom of the layers (tests/test_layers.py), so that every command (pkb.cli's and the subsystems':
+report, measure, generate, serve) and the executors can use them.
 """
 
 from __future__ import annotations

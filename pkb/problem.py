@@ -24,7 +24,6 @@ Example (the whole of a problem, in miniature)::
 from __future__ import annotations
 
 import dataclasses
-import enum
 import inspect
 import re
 from dataclasses import dataclass, field
@@ -42,10 +41,10 @@ CATEGORIES = (
     "context_parallel",
     "data_parallel",
     "beyond_llm",
-    "calibration",  # single-device probes that measure the machine (pkb.hardware.probes), not in the suite
+    "calibration",  # single-device probes that measure the machine (pkb.measure.probes), not in the suite
 )
 
-# The three kinds of case (DESIGN.md): the upstream benchmark's inputs, small awkward tests, model shapes.
+# The three kinds of case (docs/problem-format.md): the upstream benchmark's inputs, small awkward tests, model shapes.
 CASE_KINDS = ("upstream", "tests", "benchmarks")
 
 _SLUG = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -141,6 +140,7 @@ class Case:
     note: str = ""
     slow_on_cpu: bool = False
     tags: tuple[str, ...] = ()
+    kind: str = ""  # upstream, tests or benchmarks: set by the Problem that holds the case (CASE_KINDS)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not re.match(r"^[A-Za-z0-9_.\-]+$", self.name):
@@ -251,9 +251,9 @@ class Problem:
 
     def __post_init__(self):
         where = f"problem {self.name!r}"
-        object.__setattr__(self, "tests", tuple(self.tests))
-        object.__setattr__(self, "benchmarks", tuple(self.benchmarks))
-        object.__setattr__(self, "upstream", tuple(self.upstream))
+        for kind in CASE_KINDS:  # each case knows which list holds it
+            object.__setattr__(self, kind, tuple(dataclasses.replace(c, kind=kind) if isinstance(c, Case) else c
+                                                 for c in getattr(self, kind)))
         object.__setattr__(self, "world_sizes", tuple(self.world_sizes))
         object.__setattr__(self, "precisions", tuple(self.precisions))
         if not isinstance(self.name, str) or not _SLUG.match(self.name):
@@ -303,14 +303,6 @@ class Problem:
         """Every case, in the default precision."""
         return tuple(c.at_precision(DEFAULT_PRECISION) for c in self.upstream + self.tests + self.benchmarks)
 
-    def case_kind(self, name: str) -> str:
-        """``upstream``, ``tests`` or ``benchmarks``: the list that holds the case called ``name``."""
-        for kind in CASE_KINDS:
-            if any(c.name == name for c in getattr(self, kind)):
-                return kind
-        self.find_case(name)  # raises the KeyError that lists the cases
-        raise AssertionError("unreachable")
-
     def find_case(self, name: str, precision: str = DEFAULT_PRECISION) -> Case:
         for case in self.upstream + self.tests + self.benchmarks:
             if case.name == name:
@@ -328,36 +320,6 @@ class Problem:
         if len(inspect.signature(self.tolerance).parameters) >= 3:
             return self.tolerance(case, world_size, dtype)
         return self.tolerance(case, world_size)
-
-
-class Status(str, enum.Enum):
-    """The verdict of one evaluation (DESIGN.md, Verdicts)."""
-
-    OK = "ok"
-    MISMATCH = "mismatch"
-    COMPILE_ERROR = "compile_error"
-    IMPORT_ERROR = "import_error"
-    SIGNATURE_ERROR = "signature_error"
-    RUNTIME_ERROR = "runtime_error"
-    TIMEOUT = "timeout"
-    CRASH = "crash"
-    TAMPERED = "tampered"
-    FORBIDDEN = "forbidden"
-    SKIPPED = "skipped"
-    # pkb itself failed (its reference raised, rank processes would not start, a pkb bug): no verdict on
-    # the candidate. Left out of pass@k and fast_p; a rerun evaluates it again.
-    HARNESS_ERROR = "harness_error"
-    # The machine under the evaluation failed (a cluster node lost, its worker killed) and the retries
-    # ran out (pkb.executor): no verdict on the candidate either, left out and evaluated again the same way.
-    INFRA_ERROR = "infra_error"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def is_verdict(self) -> bool:
-        """False for pkb's own failures and the machine's (no verdict on the candidate: a rerun retries)."""
-        return self not in (Status.HARNESS_ERROR, Status.INFRA_ERROR)
 
 
 # The unit roundoff (half an ulp at 1.0) of each floating dtype.

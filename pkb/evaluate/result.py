@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pkb import __version__
-from pkb.problem import Status
+from pkb.options import Status
 
 SCHEMA_VERSION = 5  # bump with a migration in pkb.store.db when the row's fields change
 

@@ -1,239 +1,208 @@
-"""The timing protocol (docs/timing.md): the rank side, driven by the parent one phase at a time.
-
-``TimedLoop`` lives in each rank process. The parent sends ``prepare`` (fresh input copies, warm-up,
-the number of calls per repeat), then ``repeat`` several times (an aligned start and ``num_iters``
-calls back to back between device-wide synchronizes), then ``finish`` (synchronize and join any
-thread the candidate left running), then ``outputs`` (the last output computed on each input copy).
-
-The parent times every ``repeat`` and ``finish`` with its own clock, from sending the job until the
-last rank replies: that clock is the one the verdict uses, since no code in a rank process can
-change it. The rank's own wall clock and CUDA events are reported beside it as a cross-check.
+"""Timing, the parent's side (docs/timing.md): each group's timed phases driven one at a time and timed
+with the parent's own clock (the ranks run pkb.runtime.timed_loop.TimedLoop), the reference and the
+candidate one after the other, the ranks' own clocks checked against it, the outputs of the timed calls
+checked too, and the speedup, bus bandwidth and roofline fraction of each case.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-import threading
+import statistics
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
-
-CPU_CACHE_BYTES = 32 << 20  # what to outgrow on a CPU, where no L2 size is reported per device
-
-# The harness's own clocks and synchronisation, bound before any candidate code is imported, so a
-# candidate that patches the modules' attributes does not change what the harness calls.
-_perf_counter = time.perf_counter
-_cuda_synchronize = torch.cuda.synchronize
-_barrier = dist.barrier
-_all_reduce = dist.all_reduce
-_Event = torch.cuda.Event
+from pkb.evaluate.compare import compare
+from pkb.evaluate.config import EvalConfig
+from pkb.evaluate.result import CaseTiming, EvalResult
+from pkb.evaluate.session import Session
+from pkb.evaluate.verdicts import HarnessError, RankError, Verdict, candidate_failures, checked, raise_candidate_error, used
+from pkb.hardware.roofline import busbw_gbps, roofline, roofline_fraction
+from pkb.options import Status
+from pkb.problem import Case, Problem
+from pkb.runtime.group import GroupFailure, RankGroup
+from pkb.runtime.modes import Mode
 
 
-def input_bytes(inputs) -> int:
-    """Bytes of every tensor in ``inputs``, however deeply nested in lists, tuples and dicts."""
-    if isinstance(inputs, torch.Tensor):
-        return inputs.numel() * inputs.element_size()
-    if isinstance(inputs, (list, tuple)):
-        return sum(input_bytes(x) for x in inputs)
-    if isinstance(inputs, dict):
-        return sum(input_bytes(x) for x in inputs.values())
-    return 0
+def perf_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
+    """Benchmarks on real GPUs; the small test cases where times are not GPU performance anyway."""
+    if config.mode is Mode.CUDA and problem.cases("benchmarks", config.world_size):
+        return problem.cases("benchmarks", config.world_size, config.precision)
+    return problem.cases("tests", config.world_size, config.precision)
 
 
-def cache_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).L2_cache_size)
-    return CPU_CACHE_BYTES
+def spread(values: list[float]) -> float:
+    """(max - min) / median: how far repeated measurements of one thing fall apart."""
+    return (max(values) - min(values)) / statistics.median(values)
 
 
-def num_copies_for(one_copy_bytes: int, device: torch.device, max_copies: int) -> int:
-    """Enough input copies to exceed 3x the cache together, at least 2 and at most ``max_copies``."""
-    needed = -(-3 * cache_bytes(device) // max(one_copy_bytes, 1))
-    return max(2, min(max_copies, needed))
+@dataclass
+class GroupTiming:
+    """One group's timing of one case, from the parent's own clock unless said otherwise."""
+
+    repeat_s: list[float]  # seconds per call in each repeat
+    refresh_s: list[float]  # seconds each untimed refresh of the input values took
+    finish_s: float  # seconds the final synchronize (and joining leftover threads) took
+    num_iters: int  # calls per repeat
+    rank_clock_s: float  # median of the slowest rank's own wall clock, per call (a cross-check)
+    event_s: float | None  # median of the slowest rank's CUDA-event time, per call
+    outputs: list  # per rank: the last output computed on each input copy
+    threads_left_running: int
+    collectives_used: list[str]  # stock calls the group's code made (candidate groups only)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.repeat_s)
+
+    @property
+    def spread(self) -> float:
+        return spread(self.repeat_s)
+
+    def per_call_s(self, refresh_allowance_s: float | None = None) -> float:
+        """The median repeat, or, if larger, all the time the group took divided by its timed calls.
+
+        Everything from the first repeat to the end of ``finish`` counts, refreshes included beyond
+        ``refresh_allowance_s`` each (what the same refresh took the reference): work a rank defers
+        past a repeat's reply (threads, unsynchronised streams) lands in a later phase and still counts.
+        """
+        allowance = self.refresh_allowance() if refresh_allowance_s is None else refresh_allowance_s
+        deferred = sum(max(0.0, r - allowance) for r in self.refresh_s) + self.finish_s
+        total = (sum(self.repeat_s) * self.num_iters + deferred) / (self.num_iters * len(self.repeat_s))
+        return max(self.median_s, total)
+
+    def refresh_allowance(self) -> float:
+        """Time an honest refresh may take: 1.5x this group's median refresh plus 5 ms (for the reference)."""
+        return 1.5 * statistics.median(self.refresh_s) + 0.005 if self.refresh_s else 0.0
+
+    @property
+    def timer_disagreement(self) -> bool:
+        return self.event_s is not None and abs(self.rank_clock_s - self.event_s) > 0.1 * self.rank_clock_s
 
 
-def _round_seed(seed: tuple, round_index: int) -> tuple:
-    """The seeds of a copy's values in refresh round ``round_index`` (round 0: the copy's own seeds)."""
-    return tuple(part ^ (0x9E3779B97F4A7C15 * round_index & (2**63 - 1)) for part in seed)
+def time_group(group: RankGroup, session: Session, problem: Problem, case: Case, config: EvalConfig) -> GroupTiming:
+    """Drive the timing phases (pkb.runtime.timed_loop.TimedLoop), each timed with the parent's clock.
+
+    Inputs come from the same secret seeds for reference and candidate (different from every
+    correctness trial's); before every repeat but the first, the copies get new values in place.
+    """
+    W, timeout = config.world_size, config.timeout_s + 60
+    seeds = [[(session.seed(problem.name, case.name, "time", rank, k), session.seed(problem.name, case.name, "time", k))
+              for k in range(Session.MAX_TIMING_COPIES)] for rank in range(W)]
+    prepared = checked(group.request([{"op": "time_prepare", "case": case.name, "precision": config.precision,
+                                        "seeds": seeds[rank],
+                                        "protocol": config.timing.__dict__} for rank in range(W)], timeout))
+    num_iters = prepared[0]["num_iters"]
+    if any(reply["num_iters"] != num_iters for reply in prepared):
+        raise GroupFailure(f"ranks disagree on the number of timed calls: {[r['num_iters'] for r in prepared]}")
+    repeat_s, refresh_s, rank_s, event_s = [], [], [], []
+    for round_index in range(config.timing.num_repeats):
+        if round_index:
+            began = time.monotonic()
+            checked(group.request([{"op": "time_refresh", "round": round_index}] * W, timeout))
+            refresh_s.append(time.monotonic() - began)
+        began = time.monotonic()
+        replies = checked(group.request([{"op": "time_repeat"}] * W, timeout))
+        repeat_s.append((time.monotonic() - began) / num_iters)
+        rank_s.append(max(reply["wall_s"] for reply in replies))
+        events = [reply["event_s"] for reply in replies]
+        event_s.append(max(events) if None not in events else None)
+    began = time.monotonic()
+    finished = checked(group.request([{"op": "time_finish"}] * W, timeout))
+    finish_s = time.monotonic() - began
+    sample_seed = session.seed(problem.name, case.name, "sample")
+    outputs = checked(group.request([{"op": "time_outputs", "sample_seed": sample_seed}] * W, timeout))
+    return GroupTiming(repeat_s=repeat_s, refresh_s=refresh_s, finish_s=finish_s, num_iters=num_iters,
+                       rank_clock_s=statistics.median(rank_s),
+                       event_s=statistics.median(event_s) if None not in event_s else None,
+                       outputs=[reply["outputs"] for reply in outputs],
+                       threads_left_running=max(reply["threads_left_running"] for reply in finished),
+                       collectives_used=used(outputs))
 
 
-def _same_layout(a, b) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and a.is_contiguous() == b.is_contiguous()
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same_layout(x, y) for x, y in zip(a, b))
-    return a == b if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) else False
-
-
-def _copy_into(old, fresh) -> None:
-    if isinstance(old, torch.Tensor):
-        old.data.copy_(fresh)  # through .data: the tensor's version counter does not move
-    elif isinstance(old, (list, tuple)):
-        for x, y in zip(old, fresh):
-            _copy_into(x, y)
-
-
-def _equal_values(a, b) -> bool:
-    """Whether two input sets hold the same values (NaNs count as different: the caller then only redoes work)."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-                and a.dtype == b.dtype and torch.equal(a, b))
-    if isinstance(a, torch.nn.Module) and isinstance(b, torch.nn.Module):
-        return _equal_values(list(a.state_dict().values()), list(b.state_dict().values()))
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_equal_values(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_equal_values(a[k], b[k]) for k in a)
+def time_reference(session: Session, problem: Problem, case: Case, config: EvalConfig) -> GroupTiming:
+    """The reference's timing on ``case`` (``per_call_s()``: seconds per call, from the parent's clock)."""
+    reference = session.reference_group(problem, config.load_timeout_s)
     try:
-        return bool(a == b)
-    except Exception:  # objects without a value comparison: assume changed, redo
-        return False
+        return time_group(reference, session, problem, case, config)
+    except RankError as exc:
+        raise HarnessError(f"the reference of {problem.name} failed while timed: {exc}\n"
+                           f"{exc.replies[exc.rank].get('traceback', '')}") from None
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        _cuda_synchronize(device)  # device-wide: every stream of this device
+def time_case(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, case: Case,
+               config: EvalConfig) -> CaseTiming:
+    # One group at a time, so reference and candidate never share the devices while timed. A rank clock
+    # that disagrees with the parent's is timed again, both groups, before it counts: a fake clock
+    # disagrees every time, a passing burst of other work on the machine does not (seen in cpu mode at
+    # W = 4 on 2 cores: 4 of 7 runs of an honest all-reduce once, none twice in a row).
+    for attempt in (1, 2):
+        expected = time_reference(session, problem, case, config)
+        with candidate_failures(f"timing case {case.name}"):
+            try:
+                got = time_group(group, session, problem, case, config)
+            except RankError as exc:
+                raise_candidate_error(exc.replies, exc.rank, {"case": case.name, "trial": "timing"}, config.mode)
+        reference_s = expected.per_call_s()
+        candidate_s = got.per_call_s(expected.refresh_allowance())
+        try:
+            _check_rank_clock(got, candidate_s, case, expected)
+            break
+        except Verdict:
+            if attempt == 2:
+                raise
+    check_timed_outputs(expected, got, problem, case, config)
+    cost = problem.cost(case, config.world_size)
+    datasheet, calibrated = session.profiles
+    bound = roofline(cost, datasheet, config.world_size)
+    return CaseTiming(case=case.name, reference_s=reference_s, candidate_s=candidate_s,
+                      reference_spread=expected.spread, candidate_spread=got.spread,
+                      speedup=reference_s / candidate_s if candidate_s > 0 else math.inf,
+                      busbw_gbps=busbw_gbps(cost, candidate_s), timer_disagreement=got.timer_disagreement,
+                      roofline_fraction=roofline_fraction(bound.bound_s, candidate_s) if candidate_s > 0 else None,
+                      roofline_fraction_calibrated=(roofline_fraction(roofline(cost, calibrated, config.world_size).bound_s,
+                                                                      candidate_s) if calibrated else None),
+                      bound_by=bound.bound_by, candidate_rank_clock_s=got.rank_clock_s)
 
 
-def aligned_start(device: torch.device) -> None:
-    """Every rank's host leaves here together: finish local work, then a barrier that completes on the device."""
-    sync(device)
-    _barrier()
-    sync(device)
+def _check_rank_clock(got: GroupTiming, parent: float, case: Case, reference: GroupTiming) -> None:
+    """A rank clock that reports far less time than the parent saw pass has been tampered with.
+
+    The parent's clock also holds a message round trip, a barrier and a synchronize per repeat
+    (well under a millisecond on an idle machine): a claim under half the parent's time with over
+    50 ms per repeat unaccounted for is no such overhead. The parent's time counts either way.
+    A machine busy with other work (evaluations side by side) also slows the parent's clock: the
+    gap counts only where it is well beyond the one the reference showed, measured the same way.
+    """
+    claimed = got.rank_clock_s
+    reference_gap = reference.per_call_s() / reference.rank_clock_s if reference.rank_clock_s > 0 else 1.0
+    if claimed * max(2.0, 2.0 * reference_gap) < parent and (parent - claimed) * got.num_iters > 0.05:
+        raise Verdict(Status.TAMPERED, f"timing case {case.name}: the ranks' own clock reported {claimed * 1e6:.1f} us "
+                                       f"per call while the parent observed {parent * 1e6:.1f} us",
+                      case=case.name, rank_clock_s=claimed, parent_clock_s=parent)
 
 
-def largest_over_ranks(device: torch.device, value: float) -> float:
-    """The largest of every rank's ``value`` (at least 1e-9); a collective call."""
-    on = device if dist.get_backend() == "nccl" else "cpu"
-    value = torch.tensor([max(value, 1e-9)], dtype=torch.float64, device=on)
-    _all_reduce(value, op=dist.ReduceOp.MAX)
-    return float(value)
+def check_timed_outputs(expected: GroupTiming, got: GroupTiming, problem: Problem, case: Case, config: EvalConfig) -> None:
+    """The outputs of the timed calls must be right too: no replayed or unfinished results while timed."""
+    for rank in range(config.world_size):
+        tolerance_for = functools.partial(problem.tolerance_for, case, config.world_size)
+        mismatch = compare(expected.outputs[rank], got.outputs[rank], tolerance_for, "timed_out")
+        if mismatch is not None:
+            copy_index = mismatch.path.split("[")[1].split("]")[0] if "[" in mismatch.path else "?"
+            raise Verdict(Status.MISMATCH, f"rank {rank}, case {case.name}, while timed (input copy {copy_index}): "
+                                           f"{mismatch.describe()}", rank=rank, case=case.name, trial="timing",
+                          mismatch=mismatch.to_dict())
 
 
-class TimedLoop:
-    """One case's timing in one rank process: ``fn`` called over rotating fresh input copies."""
-
-    def __init__(self, fn: Callable, make_inputs: Callable[[tuple], tuple], seeds: list[tuple], device: torch.device):
-        first = make_inputs(seeds[0])
-        # Every rank keeps the same number of copies: warm-up makes one call per copy, and the calls
-        # are collective. Ranks' inputs can differ in size (a scatter's root holds W buffers), and
-        # differing counts left the ranks waiting on each other (seen on two H200s: scatter, 16 MiB).
-        count = int(largest_over_ranks(device, num_copies_for(input_bytes(first), device, len(seeds))))
-        self.seeds = seeds[:count]
-        self.make_inputs = make_inputs
-        self.copies = [first] + [make_inputs(seed) for seed in self.seeds[1:]]
-        self.fn = fn
-        self.device = device
-        self.calls = 0
-        self.num_iters = 0
-        self.last_outputs: dict[int, Any] = {}
-        self.round = 0  # how many times the copies have been refreshed
-        self.output_round: dict[int, int] = {}  # the round whose values each last output was computed on
-        self.graph = None
-        self.threads_before = set(threading.enumerate())
-
-    def call_next(self, count: int) -> None:
-        for _ in range(count):
-            index = self.calls % len(self.copies)
-            self.last_outputs[index] = self.fn(*self.copies[index])
-            self.output_round[index] = self.round
-            self.calls += 1
-
-    def prepare(self, num_warmup: int, warmup_s: float, min_repeat_s: float, min_iters: int, max_iters: int,
-                cuda_graph: bool = False, **_) -> dict:
-        """Warm up (at least ``num_warmup`` calls, one per input copy, and ``warmup_s`` seconds) and pick
-        calls per repeat from the slowest rank's estimate, so every rank makes the same number of
-        (collective) calls. Every copy gets an output here, which the parent checks after timing.
-
-        The estimate comes from a second batch of calls: the first pays one-off costs (lazy CUDA
-        module loading, cuBLAS heuristics, allocator growth), and an estimate that counted them was
-        up to 10x too slow, which cut the warm-up short (seen on an H200: the first GEMM measurement
-        of a fresh rank 5 % slower, before its clocks had risen) and made repeats too short."""
-        aligned_start(self.device)
-        num_warmup = max(num_warmup, len(self.copies))
-        self.call_next(num_warmup)
-        sync(self.device)
-        began = _perf_counter()
-        self.call_next(num_warmup)
-        sync(self.device)
-        per_call = largest_over_ranks(self.device, (_perf_counter() - began) / num_warmup)
-        self.call_next(max(0, math.ceil(warmup_s / per_call) - 2 * num_warmup))
-        self.num_iters = int(min(max_iters, max(min_iters, math.ceil(min_repeat_s / per_call))))
-        if cuda_graph and self.device.type == "cuda":
-            self.graph = torch.cuda.CUDAGraph()
-            sync(self.device)
-            with torch.cuda.graph(self.graph):
-                self.call_next(self.num_iters)
-        # Finish the warm-up here: otherwise its queued work (warmup_s of it) lands in the first repeat,
-        # whose parent-clock time then counts it (seen on an H200: +40-70 % on the mean of the repeats).
-        sync(self.device)
-        return {"num_iters": self.num_iters, "num_copies": len(self.copies), "per_call_s": per_call,
-                "cuda_graph": self.graph is not None}
-
-    def refresh(self, round_index: int) -> None:
-        """New values in every input copy, in place where the shapes allow: same objects, addresses
-        and version counters, new contents. A cache keyed on any of those now returns stale results,
-        which the parent's check of the timed outputs catches. Untimed; reference and candidate
-        refresh alike."""
-        self.round = round_index
-        for index, seed in enumerate(self.seeds):
-            fresh = self.make_inputs(_round_seed(seed, round_index))
-            old = self.copies[index]
-            if _same_layout(old, fresh):
-                _copy_into(old, fresh)
-            else:
-                self.copies[index] = fresh
-        sync(self.device)
-
-    def repeat(self) -> dict:
-        """One timed repeat: aligned start, ``num_iters`` calls back to back, device-wide synchronize."""
-        aligned_start(self.device)
-        if self.device.type == "cuda":
-            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-            start.record()
-        began = _perf_counter()
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            self.call_next(self.num_iters)
-        if self.device.type == "cuda":
-            end.record()
-        sync(self.device)
-        wall = (_perf_counter() - began) / self.num_iters
-        event = start.elapsed_time(end) / 1e3 / self.num_iters if self.device.type == "cuda" else None
-        return {"wall_s": wall, "event_s": event}
-
-    def finish(self, timeout_s: float = 60.0) -> dict:
-        """Synchronize, and wait for threads the candidate started: their work counts too."""
-        sync(self.device)
-        leftover = [t for t in threading.enumerate() if t not in self.threads_before and t.is_alive()]
-        deadline = _perf_counter() + timeout_s
-        for thread in leftover:
-            thread.join(timeout=max(0.0, deadline - _perf_counter()))
-        sync(self.device)
-        return {"threads_left_running": len(leftover)}
-
-    def outputs(self) -> list:
-        """The last output on each copy's current values. Copies the last repeat did not reach are
-        called once more here (untimed; every rank makes the same calls), so reference and candidate
-        outputs line up whatever their number of calls per repeat.
-
-        A function that changes its inputs in place (an optimizer step, an in-place all-reduce) made
-        each copy's last output depend on how often that copy was called, which differs between
-        groups: such copies get back the values this round started from and are called once more."""
-        for index, seed in enumerate(self.seeds):
-            start = self.make_inputs(_round_seed(seed, self.round))
-            if not _equal_values(self.copies[index], start):
-                if _same_layout(self.copies[index], start):
-                    _copy_into(self.copies[index], start)
-                else:
-                    self.copies[index] = start
-                self.output_round.pop(index, None)
-        for index in range(len(self.copies)):
-            if self.output_round.get(index) != self.round:
-                self.last_outputs[index] = self.fn(*self.copies[index])
-                self.output_round[index] = self.round
-        sync(self.device)
-        return [self.last_outputs[index] for index in range(len(self.copies))]
+def summarise_timings(result: EvalResult) -> None:
+    speedups = [t.speedup for t in result.timings if t.speedup > 0 and math.isfinite(t.speedup)]
+    if speedups:
+        result.speedup = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+    largest = max(result.timings, key=lambda t: t.reference_s, default=None)
+    result.busbw_gbps = largest.busbw_gbps if largest else None
+    result.roofline_fraction = largest.roofline_fraction if largest else None
+    # Faster than the machine allows: the cost model or the profile is wrong, or the result is not
+    # honest (a content cache, inputs regenerated instead of moved). A label for review.
+    beyond = [t.case for t in result.timings if result.times_are_gpu_performance
+              and (t.roofline_fraction_calibrated or t.roofline_fraction or 0) > 1.05]
+    if beyond:
+        result.details["faster_than_roofline"] = beyond

@@ -16,13 +16,13 @@ chooses the machine.
 
 from __future__ import annotations
 
+from pkb.options import EXECUTORS
 from pkb.executor.base import Executor, InFlight, Task, session_key
 from pkb.executor.local import LocalExecutor, default_parallel
 
 __all__ = ["EXECUTORS", "Executor", "InFlight", "LocalExecutor", "Task", "default_parallel", "make_executor",
            "session_key"]
 
-EXECUTORS = ("local", "ray")
 
 
 def make_executor(name: str = "local", address: str | None = None, parallel: int | None = None) -> Executor:

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig
+from pkb.evaluate.config import EvalConfig
 from pkb.evaluate.result import EvalResult
-from pkb.problem import Problem, Status
+from pkb.options import Status
+from pkb.problem import Problem
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ _RESOURCE_WORDS = re.compile(
 
 def resource_failure(result: EvalResult) -> str | None:
     """Why ``result``, reached beside other evaluations, may be the machine's doing rather than the
-    candidate's, or None. Such a result is judged again alone before it counts (DESIGN.md, Invariance): a
+    candidate's, or None. Such a result is judged again alone before it counts (docs/architecture.md, "Invariance"): a
     time-out or a dead rank (the kernel's OOM killer picks candidates first) on a shared machine, pkb failing,
     and any error that speaks of memory, processes, files or the driver."""
     if result.status is Status.HARNESS_ERROR:

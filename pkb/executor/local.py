@@ -7,7 +7,7 @@ build at once is built once. A timed evaluation (``perf``) never runs beside ano
 otherwise idle machine. The executor runs the untimed ones first, side by side, then each timed one
 alone, with nothing else in flight.
 
-The verdicts are those of one at a time (DESIGN.md, Invariance): on GPUs an evaluation starts beside
+The verdicts are those of one at a time (docs/architecture.md, "Invariance"): on GPUs an evaluation starts beside
 others only where the memory it is measured to need is free (pkb.executor.memory), and a result that
 may be the shared machine's doing (``resource_failure``: out of memory, a time-out, a dead rank, pkb
 failing) is not counted when it happened beside other evaluations: that evaluation runs again alone, and
@@ -25,7 +25,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Iterator
 
-from pkb.evaluate.evaluator import EvalConfig, Session, evaluate, new_broker
+from pkb.evaluate.config import EvalConfig
+from pkb.evaluate.evaluator import evaluate
+from pkb.evaluate.session import Session, new_broker
 from pkb.evaluate.result import EvalResult
 from pkb.executor.base import Executor, InFlight, Task, resource_failure, session_key
 from pkb.executor.memory import GpuAdmission

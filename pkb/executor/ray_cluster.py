@@ -34,10 +34,12 @@ from typing import Any, Iterator
 from pkb import __version__
 from pkb.console import UsageError
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig, new_result
+from pkb.evaluate.config import EvalConfig
+from pkb.evaluate.evaluator import new_result
 from pkb.evaluate.result import EvalResult
 from pkb.executor.base import Executor, InFlight, Task, session_key
-from pkb.problem import Problem, Status
+from pkb.options import Status
+from pkb.problem import Problem
 from pkb.runtime.modes import Mode
 
 RAY_VERSION = "2.60.0"  # the version pkb's `ray` extra pins and its tests run
@@ -109,7 +111,8 @@ class NodeEvaluator:
         return {"node": socket.gethostname(), "pid": os.getpid(), "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
     def evaluate(self, problem_name: str, problem_version: int, candidate: Candidate, config: EvalConfig) -> EvalResult:
-        from pkb.evaluate.evaluator import Session, evaluate
+        from pkb.evaluate.evaluator import evaluate
+        from pkb.evaluate.session import Session
         from pkb.registry import get_problem
         from pkb.runtime.sandbox import SandboxUnavailable
 

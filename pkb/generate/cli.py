@@ -4,7 +4,7 @@ Exit codes: 0 every sample (or the agent's best file) is ``ok`` (``generate --no
 sample has code); 1 otherwise; 2 a usage error: unknown provider, missing API key or SDK, a key the
 server refused, an unknown problem or hardware profile, ``--sandbox required`` on a machine that lacks a
 protection, all reported before (or instead of) work. The evaluation options (``--mode``, ``--sandbox``,
-...) are ``pkb eval``'s (``pkb.cli.add_eval_options``).
+...) are ``pkb eval``'s (``pkb.commands.add_eval_options``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 SUCCESS_STATUSES = ("ok", "skipped")
 
 
-def add_commands(subparsers, add_eval_options) -> None:
-    from pkb.cli import add_precision_option
+def add_commands(subparsers) -> None:
+    from pkb.commands import add_eval_options, add_precision_option
     from pkb.generate.prompt import BACKENDS, DEFAULT_HARDWARE  # light: templates and dataclasses only
 
     p = subparsers.add_parser("prompt", help="the prompt a model gets for a problem")
@@ -105,7 +105,8 @@ def cmd_prompt(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from pkb.cli import make_config, print_table
+    from pkb.commands import make_config
+    from pkb.console import print_table
     from pkb.generate.prompt import load_profile
     from pkb.generate.sampler import DEFAULT_OUT, GenerateSettings, default_run_name, generate
     from pkb.generate.providers import ProviderError
@@ -139,7 +140,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_agent(args) -> int:
-    from pkb.cli import make_config
+    from pkb.commands import make_config
     from pkb.generate.agent import AgentSettings, run_agent
     from pkb.generate.prompt import load_profile
     from pkb.generate.providers import ProviderError
@@ -190,7 +191,7 @@ def cmd_agent(args) -> int:
 
 def _executor(args, enabled: bool = True):
     """The ``--executor`` the evaluations run on (this machine's when ``enabled`` is false: nothing to run)."""
-    from pkb.cli import make_executor
+    from pkb.commands import make_executor
     from pkb.executor import LocalExecutor
 
     return make_executor(args) if enabled else LocalExecutor()
@@ -215,7 +216,7 @@ def _parse_price(text: str) -> tuple[float, float]:
 
 
 def _usage(message: str) -> Exception:
-    from pkb.cli import UsageError
+    from pkb.console import UsageError
 
     return UsageError(message)
 

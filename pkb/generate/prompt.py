@@ -137,7 +137,7 @@ def reference_section(problem: Problem) -> str:
 
 
 def case_section(problem: Problem, case: Case, world_size: int, profile) -> str:
-    from pkb.cli import describe, human_bytes, shapes_of_inputs
+    from pkb.describe import describe, human_bytes, shapes_of_inputs
 
     ranks = []
     for rank in range(world_size):
@@ -169,7 +169,7 @@ def _roofline_text(cost, profile, world_size: int) -> str:
 def tolerance_section(problem: Problem, case: Case, world_size: int) -> str:
     import torch
 
-    from pkb.cli import shapes_of_inputs
+    from pkb.describe import shapes_of_inputs
 
     dtypes = sorted({t.dtype for t in _tensors(shapes_of_inputs(problem, case, 0, world_size))
                      if t.dtype.is_floating_point or t.dtype.is_complex}, key=str) or [torch.float32]
@@ -285,6 +285,6 @@ def _number(value) -> str:
 
 
 def _bytes(value) -> str:
-    from pkb.cli import human_bytes
+    from pkb.describe import human_bytes
 
     return "unknown" if value is None else human_bytes(value)

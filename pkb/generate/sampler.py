@@ -251,24 +251,24 @@ def _from_row(row: dict, resumed: bool) -> SampleResult:
 
 @dataclass
 class Evaluator:
-    """Evaluates generated files through pkb's evaluation loop (pkb.batch.EvaluationLoop) on an executor
+    """Evaluates generated files through pkb's evaluation loop (pkb.loop.EvaluationLoop) on an executor
     (pkb.executor; default: this machine), storing each result as it finishes; a file already judged with
     the same settings (same run key, a verdict) is not judged again, and keeps the row it was first
     stored under (reports take a generated result's set from the generation that links to it)."""
 
     store: object
-    config: object  # pkb.evaluate.evaluator.EvalConfig
+    config: object  # pkb.evaluate.config.EvalConfig
     executor: object = None  # pkb.executor.Executor; None: a LocalExecutor owned (and closed) by the loop
 
     def __post_init__(self):
-        from pkb.batch import EvaluationLoop
+        from pkb.loop import EvaluationLoop
 
         self.loop = EvaluationLoop(self.store, self.config, self.executor, reuse="as_stored")
 
     def submit(self, problem: Problem, path: Path, name: str, solution_set: str, done: Callable) -> None:
         """Evaluate the file at ``path``, stored under ``solution_set``; ``done(result, row id, run key)``
         once it is stored (at the next ``collect`` where an earlier verdict is reused)."""
-        from pkb.batch import Job
+        from pkb.loop import Job
         from pkb.evaluate.candidate import Candidate
 
         world_size = None if self.config.world_size in problem.world_sizes else min(problem.world_sizes)

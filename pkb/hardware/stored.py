@@ -1,6 +1,6 @@
 """Calibrated hardware profiles on disk: where ``pkb calibrate`` stores them and how they are read back.
 
-Apart from ``pkb.hardware.calibrate`` (which measures and writes them) so that choosing a profile
+Apart from ``pkb.measure.calibrate`` (which measures and writes them) so that choosing a profile
 (``pkb.hardware.detect``) needs nothing of the measuring code, and the layers stay acyclic.
 """
 

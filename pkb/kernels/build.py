@@ -15,8 +15,8 @@ error without building again.
 A failed build raises ``BuildError`` carrying the compiler's output: the verdict is ``compile_error``.
 
 In a sandboxed candidate process nothing here writes a cache: the build is requested from pkb's
-build broker (pkb.runtime.builds), which builds in a sandboxed process of its own and keeps the
-library in a content-addressed cache that only the trusted parent writes.
+build broker (pkb.runtime.builds, through pkb.runtime.build_client), which builds in a sandboxed process
+of its own and keeps the library in a content-addressed cache that only the trusted parent writes.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def load_cuda(name: str, cuda_sources: str | Sequence[str], cpp_sources: str | S
 
     ``functions`` names the C++ functions to bind when the sources carry no PYBIND11_MODULE (pass a
     ``cpp_sources`` with their declarations then). Returns the loaded module. In a sandboxed candidate
-    process the build is done by pkb's build broker (``BrokerClient``) and the module loaded read-only.
+    process the build is done by pkb's build broker (``BROKER``) and the module loaded read-only.
     """
     import torch
 
@@ -117,32 +117,9 @@ def build_locally(request: dict, directory: Path):
             os.environ["TORCH_CUDA_ARCH_LIST"] = previous
 
 
-# In a sandboxed candidate process: the client of the parent's build broker (set by the rank's start-up).
-BROKER: "BrokerClient | None" = None
-
-
-class BrokerClient:
-    """Loads extensions that pkb's build broker built (pkb.runtime.builds), from a cache the candidate
-    can read but not write. A cached build loads without asking; otherwise the request goes to the
-    parent over the rank's channel and the rank waits for the answer."""
-
-    def __init__(self, conn, cache_root: str):
-        from pkb.runtime.channel import recv_job, send_reply  # now: the candidate may not import the harness
-
-        self.conn = conn
-        self.cache_root = Path(cache_root)
-        self._send, self._receive = send_reply, recv_job
-
-    def load(self, request: dict):
-        full_name = extension_name(request)
-        library = cached_library(self.cache_root, full_name)
-        if not library.is_file():
-            self._send(self.conn, {"build": request})
-            answer = self._receive(self.conn)
-            if answer.get("error"):
-                raise BuildError(answer["error"])
-            library = Path(answer["path"])
-        return import_extension(full_name, library)
+# In a sandboxed candidate process: what builds for it, set by the rank's start-up
+# (pkb.runtime.build_client.BrokerClient: an object whose ``load(request)`` returns the built module).
+BROKER = None
 
 
 def cached_library(cache_root: Path, full_name: str) -> Path:

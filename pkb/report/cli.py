@@ -12,7 +12,7 @@ FORMATS = ("table", "json", "csv", "parquet")
 TABLES = ("rows", "metrics")
 
 
-def add_commands(subparsers, add_eval_options) -> None:
+def add_commands(subparsers) -> None:
     p = subparsers.add_parser("report", help="headline, metrics, set comparisons and an HTML report "
                                              "from a results database")
     p.add_argument("--db", help="SQLite file (default: ./pkb-results.sqlite)")

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pkb.problem import Status
+from pkb.options import Status
 from pkb.report.metrics import FAST_P_THRESHOLDS, Report
 from pkb.report.records import Record
 from pkb.report.tables import (COVERED, HEADLINE_FOOTNOTE, IN_THE_SUITE, STRICT_GAP_COLUMNS, coverage_notes, fast_1,

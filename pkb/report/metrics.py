@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Iterable
 
-from pkb.problem import Status
+from pkb.options import Status
 from pkb.report.records import PROTOCOLS, SANDBOX_GAPS, Record, registry_case_tags, sandbox_gap
 
 FAST_P_THRESHOLDS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)

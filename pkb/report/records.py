@@ -36,7 +36,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pkb.evaluate.result import EvalResult
-from pkb.problem import DEFAULT_PRECISION, Status
+from pkb.options import Status
+from pkb.problem import DEFAULT_PRECISION
 from pkb.store.db import REFERENCE_SET, UNNAMED_SET, ResultStore, StoreError, generated_set
 
 GROUP_KEYS = ("set", "model", "solution")

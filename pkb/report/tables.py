@@ -6,7 +6,6 @@ the machine-readable tables (``*_table``) keep raw values (fractions in 0..1) fo
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from pkb.report.metrics import FAST_P_THRESHOLDS, Comparison, Metrics, Report, SandboxTally, Side
 from pkb.report.records import PROTOCOLS, Record
@@ -281,17 +280,5 @@ def result_rows(records: tuple[Record, ...]) -> list[dict]:
             row[column] = json.dumps(row[column], default=str)
         rows.append({c: row.get(c) for c in RESULT_COLUMNS})
     return rows
-
-
-def to_csv(records: tuple[Record, ...]) -> str:
-    from pkb.report.export import table_text
-
-    return table_text(result_rows(records), RESULT_COLUMNS, "csv")
-
-
-def write_parquet(records: tuple[Record, ...], path: str | Path) -> None:
-    from pkb.report.export import write_parquet_table
-
-    write_parquet_table(result_rows(records), RESULT_COLUMNS, RESULT_TYPES, path)
 
 

@@ -31,7 +31,8 @@ from inspect_ai.scorer import Score, Target, mean, scorer
 from inspect_ai.solver import Generate, TaskState, solver
 
 from pkb.client import Client
-from pkb.protocol import DEFAULT_PRECISION, PRECISION_NAMES
+from pkb.options import request_options
+from pkb.protocol import DEFAULT_PRECISION
 from pkb.rl.common import NO_CODE, REWARDS, choose_problems, client, judge, names, next_message, rewards
 
 VERDICTS = "pkb_verdicts"  # the sample store's key: one verdict per turn (None: the answer had no code)
@@ -57,11 +58,8 @@ def pkb_kernels(server_url: str | None = None, problems: str | int | Sequence[st
     """
     if max_turns < 1:
         raise ValueError("max_turns must be at least 1")
-    if dtype not in PRECISION_NAMES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(PRECISION_NAMES)}")
-    options = {"world_size": world_size, "mode": mode, "dtype": dtype, "perf": perf, "cases": cases, "trials": trials,
-               "upstream_trials": upstream_trials, "policy": policy, "timeout": timeout, "solution_set": solution_set}
-    options = {name: value for name, value in options.items() if value is not None}
+    options = request_options(world_size=world_size, mode=mode, dtype=dtype, perf=perf, cases=cases, trials=trials,
+                              upstream_trials=upstream_trials, policy=policy, timeout=timeout, solution_set=solution_set)
     query = {"backend": backend, "world_size": world_size, "dtype": dtype}
     if hardware:
         query["hardware"] = hardware

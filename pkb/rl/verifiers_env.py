@@ -43,7 +43,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from pkb.client import Client
 from pkb.generate.prompt import BACKENDS
-from pkb.protocol import DEFAULT_PRECISION, PRECISION_NAMES
+from pkb.options import request_options
+from pkb.protocol import DEFAULT_PRECISION
 from pkb.rl import common
 from pkb.rl.common import rewards
 
@@ -71,10 +72,9 @@ class PkbTaskConfig(vf.TaskConfig):
     """``log_speedup`` reaches 1 at 2**cap times the reference's speed (3: 8x)."""
 
     def eval_options(self) -> dict[str, Any]:
-        options = {"mode": self.mode, "cases": self.cases, "trials": self.trials, "perf": self.perf,
-                   "upstream_trials": self.upstream_trials, "policy": self.policy, "timeout": self.timeout,
-                   "solution_set": self.solution_set}
-        return {name: value for name, value in options.items() if value is not None}
+        return request_options(mode=self.mode, cases=self.cases, trials=self.trials, perf=self.perf,
+                               upstream_trials=self.upstream_trials, policy=self.policy, timeout=self.timeout,
+                               solution_set=self.solution_set)
 
     def client(self) -> Client:
         return common.client(self.server_url)
@@ -180,8 +180,7 @@ class PkbTaskset(vf.Taskset[PkbTask, PkbTasksetConfig]):
         config = self.config
         if config.backend not in BACKENDS:
             raise ValueError(f"unknown backend {config.backend!r}; use one of {', '.join(BACKENDS)}")
-        if config.dtype not in PRECISION_NAMES:
-            raise ValueError(f"unknown dtype {config.dtype!r}; use one of {', '.join(PRECISION_NAMES)}")
+        request_options(dtype=config.dtype, **config.task.eval_options())  # a wrong option says so before any work
         client = config.task.client()
         query = {"backend": config.backend, "world_size": config.world_size, "dtype": config.dtype}
         if config.hardware:

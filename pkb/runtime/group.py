@@ -143,7 +143,7 @@ class RankGroup:
         self.ready = False
         self.closed = False
         self._pending_op = None
-        self.num_runs = 0  # "run" jobs sent (its first call may build and compile: pkb.evaluate.evaluator)
+        self.num_runs = 0  # "run" jobs sent (its first call may build and compile: pkb.evaluate.evaluator._run_case)
         self._num_builds = 0  # build requests its ranks made (max_build_requests at most)
         self.limits_hit: list[str] = []  # pkb's own limits that refused something its ranks asked for
         self._log_dir = Path(tempfile.mkdtemp(prefix=f"pkb-{role}-"))  # removed when the group ends

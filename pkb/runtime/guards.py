@@ -125,10 +125,6 @@ class StockCallRecorder:
         finally:
             self.active = False
 
-    @property
-    def data_moving(self) -> list[str]:
-        return sorted(label for label in self.used if label not in SYNC_ONLY)
-
 
 def _recorded_packet(packet: "torch._ops.OpOverloadPacket", recorder: StockCallRecorder, label: str):
     """A copy of an op's packet (``torch.ops.symm_mem.one_shot_all_reduce``) whose calls are recorded. It
@@ -178,7 +174,7 @@ def snapshot_harness(worker: Any) -> dict[str, Any]:
     """The objects the harness relies on, as they are now (call after the recorder is installed and
     before the candidate is imported). ``worker`` is the rank's worker module (passed in: this module
     sits below it). Keeps the modules, so later checks need no import."""
-    import pkb.evaluate.timing as timing
+    import pkb.runtime.timed_loop as timing
     import pkb.runtime.channel as channel
 
     modules = {"timing": timing, "channel": channel, "worker": worker}
@@ -191,8 +187,8 @@ def tampered(snapshot: dict[str, Any]) -> list[str]:
     return sorted(name for name, original in snapshot.items() if name != "__modules__" and now.get(name) is not original)
 
 
-BLOCKED_PACKAGES = ("pkb.evaluate", "pkb.runtime", "pkb.store", "pkb.batch", "pkb.cli", "pkb.registry",
-                    "pkb.generate", "pkb.report", "pkb.hardware")
+BLOCKED_PACKAGES = ("pkb.evaluate", "pkb.runtime", "pkb.store", "pkb.loop", "pkb.solution_files", "pkb.cli",
+                    "pkb.commands", "pkb.registry", "pkb.generate", "pkb.report", "pkb.hardware", "pkb.measure")
 
 
 def _blocked(name: str) -> bool:

@@ -49,7 +49,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SANDBOX_LEVELS = ("auto", "required", "off")
+from pkb.options import SANDBOX_LEVELS
 
 PROTECTIONS = {
     "landlock-fs": "writes only in the evaluation's scratch directory; reads only where software lives",

@@ -4,7 +4,7 @@ Jobs (dicts from the parent):
   {"op": "load", "problem": module ref, "candidate": path | None}   import the problem, and the candidate
   {"op": "run", "case": name, "precision": "bf16", "seeds": (rank, shared seed)} build inputs, call, return outputs
   {"op": "time_prepare" | "time_refresh" | "time_repeat" | "time_finish" | "time_outputs", ...}  timing
-                                                              (pkb.evaluate.timing.TimedLoop)
+                                                              (pkb.runtime.timed_loop.TimedLoop)
   {"op": "exit"}
 Replies carry plain data only (pkb.runtime.channel). The worker never decides a verdict: it reports
 what happened, and the parent compares and judges.
@@ -25,8 +25,8 @@ from multiprocessing.connection import Connection
 import torch
 import torch.distributed as dist
 
-from pkb.evaluate.timing import TimedLoop
-from pkb.problem import Case, make_generator
+from pkb.runtime.timed_loop import TimedLoop
+from pkb.problem import make_generator
 from pkb.runtime import gloo_bridge
 from pkb.runtime.channel import recv_job, send_reply, to_plain
 from pkb.runtime.guards import HarnessImportBlocker, StockCallRecorder, snapshot_harness, tampered
@@ -236,8 +236,9 @@ def worker_main(conn: Connection, rank: int, world_size: int, mode: str, store_p
     os.environ.update(env_updates)
     if sandbox is not None:  # CUDA extensions come from the parent's build broker, read-only
         from pkb.kernels import build
+        from pkb.runtime.build_client import BrokerClient
 
-        build.BROKER = build.BrokerClient(conn, os.environ["PKB_BUILD_CACHE"])
+        build.BROKER = BrokerClient(conn, os.environ["PKB_BUILD_CACHE"])
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
         worker = Worker(rank, world_size, Mode(mode), role)

@@ -1,6 +1,6 @@
 """``pkb serve``'s HTTP + JSON API (Starlette on uvicorn) over an ``EvaluationService``; docs/serve.md.
 
-    POST /v1/evaluations[?wait=S]        a Request (the options of ``pkb eval``, the candidate as text):
+    POST /v1/evaluations[?wait=S]        an EvaluationRequest (pkb.options: the options of ``pkb eval``, the candidate as text):
                                          200 with the verdict when it finishes within S seconds, else 202
                                          with the job's id; 429 when the queue is full
     GET  /v1/evaluations/{id}[?wait=S]   the job: state (queued, running, done) and, when done, the result
@@ -29,7 +29,8 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pkb.serve.service import Busy, EvaluationService, Request, RequestError
+from pkb.options import EvaluationRequest
+from pkb.serve.service import Busy, EvaluationService, RequestError
 
 MAX_BODY_BYTES = 2 << 20
 MAX_WAIT_S = 600.0
@@ -67,7 +68,11 @@ def create_app(service: EvaluationService, token: str | None = None) -> Starlett
             payload = json.loads(body or b"null")
         except json.JSONDecodeError as exc:
             raise RequestError(f"the body is not JSON: {exc}") from None
-        job = await asyncio.to_thread(service.submit, Request.from_json(payload))
+        try:
+            request = EvaluationRequest.from_json(payload)
+        except (TypeError, ValueError) as exc:
+            raise RequestError(str(exc)) from None
+        job = await asyncio.to_thread(service.submit, request)
         return await _answer(job, _wait_s(http))
 
     async def get_job(http: HttpRequest) -> Response:

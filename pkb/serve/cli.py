@@ -11,7 +11,9 @@ from pathlib import Path
 TOKEN_ENV = "PKB_SERVE_TOKEN"
 
 
-def add_commands(subparsers, add_eval_options) -> None:
+def add_commands(subparsers) -> None:
+    from pkb.options import EXECUTORS
+
     p = subparsers.add_parser("serve", help="an evaluation service over HTTP + JSON (docs/serve.md)")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to bind (default loopback; any other needs a token: --token-file or $" + TOKEN_ENV + ")")
@@ -24,7 +26,7 @@ def add_commands(subparsers, add_eval_options) -> None:
                    help="evaluations queued or running at most; more are answered 429 busy (default 64)")
     p.add_argument("--sandbox", default="auto", choices=("auto", "required"),
                    help="how candidates are confined (docs/threat-model.md); a service never runs them unconfined")
-    p.add_argument("--executor", default="local", choices=["local", "ray"],
+    p.add_argument("--executor", default="local", choices=EXECUTORS,
                    help="run evaluations on this machine (default) or on a Ray cluster (docs/cluster.md)")
     p.add_argument("--address", help="with --executor ray: auto, ray://HOST:PORT or local")
     p.add_argument("--parallel", type=int, help="evaluations at once (default: what the machine holds)")
@@ -32,7 +34,8 @@ def add_commands(subparsers, add_eval_options) -> None:
 
 
 def cmd_serve(args) -> int:
-    from pkb.cli import UsageError, make_executor
+    from pkb.commands import make_executor
+    from pkb.console import UsageError
 
     token = _token(args)
     if not _is_loopback(args.host) and token is None:

@@ -1,8 +1,8 @@
 """The evaluation service's scheduler: requests in, verdicts out, one evaluation loop, one store writer.
 
-``EvaluationService`` takes evaluation requests (what ``pkb eval`` takes, as a dict; ``Request``) into a
+``EvaluationService`` takes evaluation requests (what ``pkb eval`` takes, as a dict; pkb.options.EvaluationRequest) into a
 bounded queue and answers ``Busy`` when it is full rather than growing without limit. One thread owns
-everything that runs evaluations: it submits requests to pkb's evaluation loop (pkb.batch.EvaluationLoop,
+everything that runs evaluations: it submits requests to pkb's evaluation loop (pkb.loop.EvaluationLoop,
 the one ``pkb run`` and generation use), which hands them to an executor (pkb.executor: on this machine,
 ``LocalExecutor``, whose warm rank groups and shared build broker are reused across requests; or a Ray
 cluster) and writes each verdict to the results database as it finishes, its only writer. Every request
@@ -25,18 +25,16 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from pkb import batch, protocol
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import CASE_SELECTIONS, POLICIES, EvalConfig
+from pkb.evaluate.config import EvalConfig
 from pkb.executor import Executor
+from pkb.loop import Done, EvaluationLoop, Job
+from pkb.options import EvaluationRequest
 from pkb.registry import get_problem
 from pkb.runtime.modes import ModeUnavailable, choose_mode
 from pkb.store.db import ResultStore
 
-SERVED_SET = "served"  # the solution set of a request that names none
-MAX_SOURCE_BYTES = 1 << 20
 
 
 class RequestError(ValueError):
@@ -47,69 +45,12 @@ class Busy(RuntimeError):
     """The queue is full (HTTP 429): retry later."""
 
 
-@dataclass(frozen=True)
-class Request:
-    """One evaluation as a client asks for it: the options of ``pkb eval``, the candidate as text."""
-
-    problem: str
-    source: str = ""  # the candidate file's text; or, with ``reference``, nothing
-    reference: bool = False  # the problem's reference against itself (``pkb eval N reference``)
-    name: str = "candidate"
-    world_size: int | None = None
-    mode: str = "auto"
-    cases: str = "all"
-    trials: int = 3
-    upstream_trials: int = protocol.UPSTREAM_TRIALS
-    dtype: str = protocol.DEFAULT_PRECISION
-    perf: bool = False
-    policy: str = "report"
-    timeout: float = 120.0
-    solution_set: str = SERVED_SET
-
-    @classmethod
-    def from_json(cls, body: Any) -> "Request":
-        if not isinstance(body, dict):
-            raise RequestError("the body must be a JSON object with at least `problem` and `source`")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(body) - known)
-        if unknown:
-            raise RequestError(f"unknown fields {unknown}; known: {sorted(known)}")
-        missing = [name for name in ("problem", "source") if name not in body]
-        if body.get("reference") is True and "source" in body:
-            raise RequestError("give `source` (a candidate file's text) or `reference: true` (the problem's "
-                               "reference against itself), not both")
-        if missing and not (missing == ["source"] and body.get("reference") is True):
-            raise RequestError(f"missing {missing}: `problem` (slug or number) and `source` (the candidate file's text, "
-                               "or `reference: true` for the problem's reference against itself)")
-        try:
-            request = cls(**body)
-        except TypeError as exc:
-            raise RequestError(str(exc)) from None
-        request.check()
-        return request
-
-    def check(self) -> None:
-        types = {"problem": (str, int), "source": str, "reference": bool, "name": str, "world_size": (int, type(None)), "mode": str,
-                 "cases": str, "trials": int, "upstream_trials": int, "dtype": str, "perf": bool, "policy": str,
-                 "timeout": (int, float), "solution_set": str}
-        for name, kind in types.items():
-            value = getattr(self, name)
-            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise RequestError(f"`{name}` has the wrong type ({type(value).__name__})")
-        if len(self.source.encode()) > MAX_SOURCE_BYTES:
-            raise RequestError(f"`source` is over {MAX_SOURCE_BYTES} bytes")
-        if not (1 <= self.trials <= 100 and 1 <= self.upstream_trials <= 100 and 0 < self.timeout <= 3600):
-            raise RequestError("`trials` and `upstream_trials` must be 1-100, `timeout` 0-3600 s")
-        choices = {"cases": tuple(CASE_SELECTIONS), "dtype": protocol.PRECISION_NAMES, "policy": POLICIES}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise RequestError(f"`{name}` must be one of {list(allowed)}, got {getattr(self, name)!r}")
-
-
 @dataclass
-class Job:
+class Ticket:
+    """A request the service accepted, and where its evaluation stands (``state``, and ``result`` once done)."""
+
     id: str
-    request: Request
+    request: EvaluationRequest
     state: str = "queued"  # queued, running, done
     submitted: float = field(default_factory=time.time)
     result: dict | None = None
@@ -130,8 +71,8 @@ class EvaluationService:
         self.max_queue = max_queue
         self.keep_jobs = keep_jobs
         self.sandbox = sandbox
-        self._inbox: queue.Queue[Job] = queue.Queue()
-        self._jobs: OrderedDict[str, Job] = OrderedDict()
+        self._inbox: queue.Queue[Ticket] = queue.Queue()
+        self._jobs: OrderedDict[str, Ticket] = OrderedDict()
         self._waiting = 0  # accepted and not finished: what the queue bound counts
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -142,14 +83,14 @@ class EvaluationService:
 
     # -- what clients call -----------------------------------------------------------------------------
 
-    def submit(self, request: Request) -> Job:
+    def submit(self, request: EvaluationRequest) -> Ticket:
         """Queue ``request``: RequestError if it cannot run as asked, Busy if the queue is full."""
         task = self._task(request)
         with self._lock:
             if self._waiting >= self.max_queue:
                 raise Busy(f"{self._waiting} evaluations are queued or running (the limit is {self.max_queue}): "
                            "retry later")
-            job = Job(f"ev-{next(self._ids)}", request)
+            job = Ticket(f"ev-{next(self._ids)}", request)
             self._waiting += 1
             self._jobs[job.id] = job
             while len(self._jobs) > self.keep_jobs:
@@ -160,7 +101,7 @@ class EvaluationService:
         self._inbox.put((job, task))
         return job
 
-    def job(self, job_id: str) -> Job | None:
+    def job(self, job_id: str) -> Ticket | None:
         with self._lock:
             return self._jobs.get(job_id)
 
@@ -179,7 +120,7 @@ class EvaluationService:
 
     # -- the loop --------------------------------------------------------------------------------------
 
-    def _task(self, request: Request) -> tuple[batch.Job, EvalConfig]:
+    def _task(self, request: EvaluationRequest) -> tuple[Job, EvalConfig]:
         try:
             problem = get_problem(request.problem)
         except KeyError as exc:
@@ -195,15 +136,15 @@ class EvaluationService:
                             perf=request.perf, policy=request.policy, cases=request.cases, sandbox=self.sandbox,
                             precision=request.dtype, upstream_trials=request.upstream_trials)
         if request.reference:
-            return batch.Job(problem, Candidate.reference_of(problem), request.solution_set), config
+            return Job(problem, Candidate.reference_of(problem), request.solution_set), config
         folder = Path(tempfile.mkdtemp(dir=self._scratch.name))
         path = folder / f"{problem.upstream_id or 0}_{problem.name}.py"
         path.write_text(request.source, encoding="utf-8")
-        return batch.Job(problem, Candidate.from_file(path, name=request.name), request.solution_set), config
+        return Job(problem, Candidate.from_file(path, name=request.name), request.solution_set), config
 
     def _run(self) -> None:
         with ResultStore(self.db) as store:
-            loop = batch.EvaluationLoop(store, executor=self.executor, reuse="never", keep_paths=False)
+            loop = EvaluationLoop(store, executor=self.executor, reuse="never", keep_paths=False)
             while not self._stop.is_set():
                 self._take_new(loop, block=not loop.pending)
                 finished = list(loop.finished(wait=False))
@@ -212,7 +153,7 @@ class EvaluationService:
                 if loop.pending and not finished:
                     time.sleep(0.02)
 
-    def _take_new(self, loop: batch.EvaluationLoop, block: bool) -> None:
+    def _take_new(self, loop: EvaluationLoop, block: bool) -> None:
         try:
             item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
             while item is not None:
@@ -223,8 +164,8 @@ class EvaluationService:
         except queue.Empty:
             pass
 
-    def _finish(self, done: batch.Done) -> None:
-        job: Job = done.tag
+    def _finish(self, done: Done) -> None:
+        job: Ticket = done.tag
         if done.job.candidate.path is not None:  # the request's scratch copy (a reference has none)
             shutil.rmtree(done.job.candidate.path.parent, ignore_errors=True)
         job.result = done.result.to_dict()

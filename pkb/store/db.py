@@ -246,10 +246,6 @@ class ResultStore:
         for (text,) in self.conn.execute(query + " ORDER BY id", args):
             yield EvalResult.from_dict(json.loads(text))
 
-    def latest(self, key: str) -> EvalResult | None:
-        row = self.conn.execute("SELECT result_json FROM results WHERE run_key = ? ORDER BY id DESC LIMIT 1",
-                                (key,)).fetchone()
-        return EvalResult.from_dict(json.loads(row[0])) if row else None
 
     # -- generations (pkb.generate): one row per model call, its verdict filled in once evaluated ------
 

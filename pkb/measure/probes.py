@@ -60,14 +60,14 @@ GEMM = Problem(
     name="probe_gemm", version=1, upstream_id=None, category="calibration", source="torch.matmul (cuBLAS)",
     world_sizes=(1, 2, 4, 8), tests=[Case("tiny", {"m": 64, "n": 48, "k": 32})],
     benchmarks=[Case("gemm_8192", {"m": 8192, "n": 8192, "k": 8192}, note="8192^3 bf16, 1.1 TFLOP")],
-    reference=gemm, make_inputs=gemm_inputs, cost=gemm_cost, module="pkb.hardware.probes:GEMM",
+    reference=gemm, make_inputs=gemm_inputs, cost=gemm_cost, module="pkb.measure.probes:GEMM",
 )
 
 COPY = Problem(
     name="probe_copy", version=1, upstream_id=None, category="calibration", source="Tensor.clone (device copy)",
     world_sizes=(1, 2, 4, 8), tests=[Case("tiny", {"numel": 4099})],
     benchmarks=[Case("copy_1GiB", {"numel": 1 << 29}, note="1 GiB of bf16 read, 1 GiB written")],
-    reference=copy, make_inputs=copy_inputs, cost=copy_cost, module="pkb.hardware.probes:COPY",
+    reference=copy, make_inputs=copy_inputs, cost=copy_cost, module="pkb.measure.probes:COPY",
 )
 
 
@@ -87,7 +87,7 @@ ALL_REDUCE = Problem(
     name="probe_all_reduce", version=1, upstream_id=None, category="calibration",
     source="NCCL all_reduce (SUM), in place", world_sizes=(2, 4, 8), tests=_COLLECTIVE_TESTS,
     benchmarks=_COLLECTIVE_BENCHMARKS, tolerance=sum_tolerance,
-    reference=all_reduce, make_inputs=allreduce.make_inputs, cost=allreduce.cost, module="pkb.hardware.probes:ALL_REDUCE",
+    reference=all_reduce, make_inputs=allreduce.make_inputs, cost=allreduce.cost, module="pkb.measure.probes:ALL_REDUCE",
 )
 
 ALL_GATHER = Problem(
@@ -95,7 +95,7 @@ ALL_GATHER = Problem(
     source="NCCL all_gather_into_tensor", world_sizes=(2, 4, 8), tests=_COLLECTIVE_TESTS,
     benchmarks=_COLLECTIVE_BENCHMARKS, tolerance=Tolerance.exact(),
     reference=allgather.reference, make_inputs=allgather.make_inputs, cost=allgather.cost,
-    module="pkb.hardware.probes:ALL_GATHER",
+    module="pkb.measure.probes:ALL_GATHER",
 )
 
 NCCL_PROBES = {"all_reduce": ALL_REDUCE, "all_gather": ALL_GATHER}

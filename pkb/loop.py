@@ -1,32 +1,25 @@
-"""Many evaluations in one go (``pkb run``): which candidates, in what order, stored as they finish.
+"""The one loop through which pkb runs many evaluations (``EvaluationLoop``), and what it runs (``Job``).
 
-A run pairs problems with candidates: each problem's reference against itself (a self-check of the
-suite and the harness) and every solution file found for it, either in a directory the user names
-or in pkb's shipped solutions. Every result names its solution set (pkb.store.db): the folder's name
-(or the name given with ``--set``), ``pkb shipped`` or ``reference``. Results go to the database one by
-one; a rerun with the same settings skips what is already there, so an interrupted run resumes and
-loses nothing.
+``pkb run`` (``run_jobs``), ``pkb generate`` and ``pkb agent``, ``pkb serve`` and the corpus and soak
+benchmarks submit jobs here. Each result is stored as it finishes, so a run that is cut resumes where it
+stopped (``evaluation_key``: equal keys are the same job), and an earlier verdict is reused as the caller
+asks. Which files a run judges, and for which problem, is pkb.solution_files's.
 """
 
 from __future__ import annotations
 
-import difflib
-import re
 import time
 from collections import deque
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.evaluator import EvalConfig, checked_cases
+from pkb.evaluate.config import EvalConfig
 from pkb.evaluate.result import EvalResult
 from pkb.executor import Executor, LocalExecutor, Task
 from pkb.problem import DEFAULT_PRECISION, Problem
 from pkb.protocol import UPSTREAM_TRIALS
-from pkb.registry import all_problems
-from pkb.store.db import REFERENCE_SET, SHIPPED_SET, SHIPPED_SOLUTIONS, ResultStore, run_key
-_UPSTREAM_NAME = re.compile(r"^(\d+)_")
+from pkb.store.db import ResultStore, run_key
 
 
 @dataclass(frozen=True)
@@ -42,142 +35,6 @@ class Job:
         if self.trials:  # a lighter self-check: the upstream cases as deep as the others
             run = replace(run, num_trials=self.trials, upstream_trials=self.trials)
         return replace(run, cases=self.cases or run.cases, world_size=self.world_size or run.world_size)
-
-
-# Upstream's earlier revision, in which model solutions were published before it renumbered and renamed
-# its problems: one problem was inserted (old 33), one dropped (old 47, fsdp_adamw_sharded), one added
-# (today's 46, gemv_decode), so old 34-46 are today's 33-45 and old 48-88 today's 47-87, under the same
-# names; four were renamed in place. A renamed problem's old name can be another problem's name today
-# (old 12 gemm_allgather is today's 12 allgather_gemm, while today's 14 is gemm_allgather), so a file's
-# number and name are read together against this table: (old number, old name) -> today's slug, or None
-# where the problem no longer exists upstream.
-EARLIER_REVISION: dict[tuple[int, str], str | None] = {
-    (11, "gemm_allgather_at"): "allgather_gemm_at",
-    (12, "gemm_allgather"): "allgather_gemm",
-    (14, "gemm_allscatter"): "gemm_allgather",
-    (18, "rms_norm"): "tp_rms_norm",
-    (47, "fsdp_adamw_sharded"): None,
-}
-DROPPED = {old_name for (_, old_name), slug in EARLIER_REVISION.items() if slug is None}  # numbered or not
-
-
-@dataclass(frozen=True)
-class FileMatch:
-    """Which problem a solution file is for, and how that was decided (for the user to see)."""
-
-    problem: Problem | None
-    how: str
-
-
-def match_file(path: Path, problems: dict[str, Problem]) -> FileMatch:
-    """The problem a solution file is for: ``<slug>[_<anything>].py`` or ``<n>_<name>[_<backend>].py``.
-
-    Number and name together first, against upstream's earlier revision (``EARLIER_REVISION``); then by
-    name (case-insensitive, the longest name that the file's starts with: today's slugs, and the old
-    names no problem has today); a bare number (``12.py``, ``12_cuda.py``) by number. A name that matches
-    nothing is reported, never guessed from its number.
-    """
-    stem = path.stem
-    number_match = _UPSTREAM_NAME.match(stem)
-    number = int(number_match.group(1)) if number_match else None
-    name = (stem[number_match.end():] if number_match else stem).lower()
-
-    def names(candidate: str) -> bool:
-        return name == candidate or name.startswith(candidate + "_")
-
-    for (old_number, old_name), slug in sorted(EARLIER_REVISION.items(), key=lambda item: -len(item[0][1])):
-        if number == old_number and names(old_name):
-            if slug is None:
-                return FileMatch(None, f"{old_number} {old_name} was dropped from the upstream benchmark")
-            problem = problems[slug]
-            return FileMatch(problem, f"by number and name in upstream's earlier revision ({old_number} {old_name}; "
-                                      f"now {problem.upstream_id} {slug})")
-    old_only = {old_name: slug for (_, old_name), slug in EARLIER_REVISION.items() if old_name not in problems}
-    for known in sorted([*problems, *old_only], key=len, reverse=True):  # longest first: gemm_allgather_at first
-        if not names(known):
-            continue
-        if known in DROPPED:
-            return FileMatch(None, f"{known} was dropped from the upstream benchmark")
-        if known in old_only:
-            problem = problems[old_only[known]]
-            return FileMatch(problem, f"by its name in upstream's earlier revision ({known}; now "
-                                      f"{problem.upstream_id} {problem.name})")
-        problem = problems[known]
-        if number is not None and number != problem.upstream_id:
-            return FileMatch(problem, f"by name (its number {number} is from an earlier upstream revision; "
-                                      f"now {problem.upstream_id})")
-        was = [old_number for (old_number, old_name), slug in EARLIER_REVISION.items() if old_name == known and slug != known]
-        if number is None and was:  # today's name of one problem, the old name of another: the number decides
-            return FileMatch(problem, f"by name ({known} was problem {was[0]}'s name in upstream's earlier revision: "
-                                      f"name a file written for that {was[0]}_{known}...)")
-        return FileMatch(problem, "by name")
-    if number is not None and name in ("", "cuda", "triton", "torch", "nccl"):
-        problem = next((p for p in problems.values() if p.upstream_id == number), None)
-        return FileMatch(problem, "by number" if problem else f"no problem has number {number}")
-    close = difflib.get_close_matches(name, list(problems), n=3)
-    return FileMatch(None, "its name matches no problem" + (f" (close: {', '.join(close)})" if close else ""))
-
-
-def problem_for_file(path: Path, problems: dict[str, Problem]) -> Problem | None:
-    return match_file(path, problems).problem
-
-
-def solution_files(directory: Path, notes: list[str] | None = None) -> dict[str, list[Path]]:
-    """Solution files under ``directory`` by problem slug; files that name no problem are listed under
-    ``__unknown__``. ``notes`` (if given) receives one line per file whose mapping a user should see."""
-    problems = all_problems()
-    found: dict[str, list[Path]] = {}
-    unknown = []
-    for path in sorted(directory.glob("*.py")):
-        if path.name.startswith("_"):
-            continue
-        match = match_file(path, problems)
-        if match.problem is None:
-            unknown.append(path.name)
-            if notes is not None:
-                notes.append(f"{path.name}: not evaluated: {match.how}")
-        else:
-            found.setdefault(match.problem.name, []).append(path)
-            if notes is not None and match.how != "by name":
-                notes.append(f"{path.name} -> {match.problem.upstream_id} {match.problem.name} ({match.how})")
-    if unknown:
-        found["__unknown__"] = [directory / name for name in unknown]
-    return found
-
-
-def set_name(solutions_dir: Path | None) -> str:
-    """The solution set of a ``--solutions`` folder: its name (``runs/gpt5-oneshot`` -> ``gpt5-oneshot``);
-    ``pkb shipped`` for pkb's own solutions (no folder given)."""
-    if solutions_dir is None:
-        return SHIPPED_SET
-    return solutions_dir.resolve().name or str(solutions_dir)
-
-
-def plan(problems: Iterable[Problem], solutions_dir: Path | None, include_reference: bool,
-         solution_set: str | None = None) -> list[Job]:
-    """The jobs of a run; ``solution_set`` names the files' set (default: ``set_name(solutions_dir)``)."""
-    files = solution_files(solutions_dir or SHIPPED_SOLUTIONS)
-    solution_set = solution_set or set_name(solutions_dir)
-    jobs = []
-    for problem in problems:
-        if include_reference:
-            jobs.append(Job(problem, Candidate.reference_of(problem), REFERENCE_SET))
-        for path in files.get(problem.name, []):
-            jobs.append(Job(problem, Candidate.from_file(path), solution_set))
-    return jobs
-
-
-def light_self_checks(jobs: list[Job], config: EvalConfig, cases: bool = True, trials: int | None = None) -> list[Job]:
-    """``jobs`` with the references' self-checks made lighter for a first look: on their upstream cases
-    (``cases``; a problem whose upstream cases this mode leaves out, too slow where the reference runs
-    on the CPU, on its tests cases instead) and with ``trials`` trials (None: the run's)."""
-    def lighter(job: Job) -> Job:
-        if job.solution_set != REFERENCE_SET:
-            return job
-        upstream = checked_cases(job.problem, replace(config, cases="upstream"))
-        return replace(job, cases=("upstream" if upstream else "tests") if cases else None, trials=trials)
-
-    return [lighter(job) for job in jobs]
 
 
 def evaluation_key(problem: Problem, candidate: Candidate, config: EvalConfig) -> str:

@@ -2,14 +2,14 @@
 
 What is measured, and how (docs/roofline.md has the reasoning):
 
-- HBM copy bandwidth and bf16 GEMM throughput: the probes of ``pkb.hardware.probes`` (a 1 GiB
+- HBM copy bandwidth and bf16 GEMM throughput: the probes of ``pkb.measure.probes`` (a 1 GiB
   device copy, an 8192^3 bf16 GEMM) timed through the harness itself (``time_reference`` in cuda
   mode, W=1), so calibration and real results are timed the same way.
 - With two or more GPUs, in a group of one spawned process per GPU (``_sweep_worker``):
   copy-engine peer bandwidth (``dst.copy_(src)`` across devices in one process) for every ordered
   pair, SM-driven peer bandwidth (an elementwise kernel reading a peer's symmetric-memory buffer)
   for every ordered pair, NCCL all-reduce and all-gather (the calls of the NCCL probes of
-  ``pkb.hardware.probes``) over the size sweep of the allreduce and allgather problems in a plain
+  ``pkb.measure.probes``) over the size sweep of the allreduce and allgather problems in a plain
   CUDA-event loop (busbw from those problems' own ``cost()``), and the latency of a small
   collective (a device-side symmetric-memory barrier and the smallest NCCL all-reduce).
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -176,8 +175,10 @@ def _versions() -> dict[str, str]:
 def measure_single_gpu(log: Callable[[str], None]) -> dict[str, Any]:
     import torch
 
-    from pkb.evaluate.evaluator import EvalConfig, Session, time_reference
-    from pkb.hardware.probes import COPY, GEMM
+    from pkb.evaluate.config import EvalConfig
+    from pkb.evaluate.session import Session
+    from pkb.evaluate.timing import time_reference
+    from pkb.measure.probes import COPY, GEMM
     from pkb.runtime.modes import Mode
 
     config = EvalConfig(world_size=1, mode=Mode.CUDA, perf=True, timeout_s=300.0)
@@ -405,10 +406,10 @@ def _symmetric_memory_sweeps(rank: int, world_size: int, plan: dict, host_group)
 
 
 def _time_collective(kind: str, numel: int, num_repeats: int) -> list[float]:
-    """A plain CUDA-event loop over the NCCL probe's call (``pkb.hardware.probes``) on one bf16 buffer."""
+    """A plain CUDA-event loop over the NCCL probe's call (``pkb.measure.probes``) on one bf16 buffer."""
     import torch
 
-    from pkb.hardware.probes import NCCL_PROBES
+    from pkb.measure.probes import NCCL_PROBES
 
     call = NCCL_PROBES[kind].reference
     tensor = torch.randn(numel, device="cuda").to(torch.bfloat16)

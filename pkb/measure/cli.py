@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 
-def add_commands(subparsers, add_eval_options) -> None:
+def add_commands(subparsers) -> None:
+    from pkb.options import MODES
+
     p = subparsers.add_parser("hardware", help="this machine as detected, the profile the roofline uses, all profiles")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_hardware)
@@ -23,7 +25,7 @@ def add_commands(subparsers, add_eval_options) -> None:
     p = subparsers.add_parser("baseline", help="time every selected reference: busbw, %% of roofline, bound")
     p.add_argument("--problems", help="e.g. 1-8,12,allgather_gemm or a category; default: all")
     p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--mode", default="auto", choices=["auto", "cpu", "cuda", "shared-gpu"])
+    p.add_argument("--mode", default="auto", choices=MODES)
     p.add_argument("--profile", help="judge against this datasheet profile (default: calibrated for this machine if stored, "
                                      "else its datasheet profile; `cpu` in cpu mode)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one case's timing may take")
@@ -83,7 +85,7 @@ def _print_matrix(matrix, cell) -> None:
 
 
 def print_profiles(profiles) -> None:
-    from pkb.cli import print_table
+    from pkb.console import print_table
 
     rows = [{"name": p.name, "gpus": p.num_gpus or "-", "link": f"{p.link_gbps:g}", "hbm": f"{p.hbm_gbps:g}",
              "bf16": f"{p.bf16_tflops:g}", "latency": f"{p.latency_us:g}", "nvls": "yes" if p.nvls else "no",
@@ -98,8 +100,8 @@ def print_profiles(profiles) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from pkb.cli import UsageError
-    from pkb.hardware.calibrate import CalibrationError, calibrate, print_summary, save_calibration
+    from pkb.console import UsageError
+    from pkb.measure.calibrate import CalibrationError, calibrate, print_summary, save_calibration
 
     log = (lambda line: print(line, file=sys.stderr, flush=True))
     try:
@@ -120,8 +122,8 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_baseline(args) -> int:
-    from pkb.cli import UsageError
-    from pkb.hardware.baseline import run_baseline
+    from pkb.console import UsageError
+    from pkb.measure.baseline import run_baseline
     from pkb.registry import select
     from pkb.runtime.modes import ModeUnavailable, choose_mode
 
@@ -129,7 +131,7 @@ def cmd_baseline(args) -> int:
         raise UsageError("--world-size must be >= 1")
     problems = select(args.problems)
     if args.world_size == 1:  # no suite problem runs on one device; the machine probes do
-        from pkb.hardware.probes import COPY, GEMM
+        from pkb.measure.probes import COPY, GEMM
 
         problems = [*problems, GEMM, COPY]
     try:
@@ -187,7 +189,7 @@ def _write_json(path: str, data: dict) -> None:
 
 
 def _baseline_profile(name: str | None, mode):
-    from pkb.cli import UsageError
+    from pkb.console import UsageError
     from pkb.hardware.detect import choose_profile, detect
     from pkb.hardware.profiles import get_profile
     from pkb.runtime.modes import Mode

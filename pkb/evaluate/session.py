@@ -1,0 +1,120 @@
+"""The rank groups behind evaluations of one (mode, world size, sandbox level), kept warm across them."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import secrets
+
+from pkb.evaluate.verdicts import raise_reference_errors
+from pkb.problem import Problem
+from pkb.runtime.builds import BuildBroker
+from pkb.runtime.group import RankGroup
+from pkb.runtime.modes import Mode
+from pkb.runtime.sandbox import check_sandbox, new_plan
+
+
+class Session:
+    """Rank groups for one (mode, world size), reused across evaluations.
+
+    The reference group is trusted and lives as long as the session. Every candidate gets a fresh
+    group, in a sandbox of its own unless ``sandbox`` is ``off`` (``required``: SandboxUnavailable
+    here unless this machine gives the full set); the next one is spawned while the current one works,
+    so start-up is mostly hidden. The run salt behind every seed never leaves this process.
+    """
+
+    MAX_TIMING_COPIES = 64
+
+    def __init__(self, mode: Mode, world_size: int, sandbox: str = "auto", broker: BuildBroker | None = None,
+                 cpu_threads: int | None = None):
+        self.mode = mode
+        self.world_size = world_size
+        self.sandbox = sandbox
+        self.cpu_threads = cpu_threads  # each rank's CPU threads when sessions run side by side (None: torch's default)
+        self.sandbox_offered = check_sandbox(sandbox, mode)
+        # ``broker``: one shared with other sessions of this sandbox level (a source is then built once
+        # for all of them, however many evaluate it at once); default: a broker of its own
+        self._broker = None if sandbox == "off" else broker or new_broker(sandbox)
+        self._salt = secrets.token_bytes(32)
+        self._reference: RankGroup | None = None
+        self._reference_problem: str | None = None
+        self._spare: RankGroup | None = None
+        self._current: RankGroup | None = None  # the candidate group handed out last
+
+    def _plan_for(self, scratch: str):
+        """The sandbox of one candidate group whose private directory is ``scratch``."""
+        return new_plan(self.sandbox, scratch, self.world_size, cpu_mode=self.mode is Mode.CPU,
+                        cache_roots=[str(self._broker.cache_root)])
+
+    def seed(self, *parts) -> int:
+        digest = hashlib.blake2b("|".join(map(str, parts)).encode(), key=self._salt, digest_size=8).digest()
+        return int.from_bytes(digest, "little") & (2**63 - 1)
+
+    def start(self, timeout: float = 120.0) -> "Session":
+        """Start the reference group now and wait until its ranks are up (before any problem is loaded)."""
+        if self._reference is None or self._reference.closed:
+            self._reference = RankGroup(self.mode, self.world_size, "reference", cpu_threads=self.cpu_threads).spawn()
+            self._reference_problem = None
+        self._reference.wait_ready(timeout)
+        return self
+
+    def root_pids(self) -> list[int]:
+        """The processes at the top of every rank group this session holds now (all their processes are
+        below them): what its evaluations take of the machine."""
+        groups = (self._reference, self._spare, self._current)
+        return [pid for group in groups if group is not None and not group.closed for pid in group.root_pids()]
+
+    def reference_group(self, problem: Problem, timeout: float) -> RankGroup:
+        if self._reference is None or self._reference.closed:
+            self._reference = RankGroup(self.mode, self.world_size, "reference", cpu_threads=self.cpu_threads).spawn()
+            self._reference_problem = None
+        if self._reference_problem != problem.module:
+            replies = self._reference.request([{"op": "load", "problem": problem.module}] * self.world_size, timeout)
+            raise_reference_errors(replies, problem, "load")
+            self._reference_problem = problem.module
+        return self._reference
+
+    @functools.cached_property
+    def profiles(self) -> tuple:
+        """(datasheet profile, calibrated profile or None) for this machine and mode."""
+        from pkb.hardware.detect import choose_profile, detect
+
+        machine = detect()
+        if self.mode is Mode.CPU:
+            from pkb.hardware.profiles import get_profile
+
+            return get_profile("cpu"), None
+        datasheet = choose_profile(machine, calibrated=False)
+        calibrated = choose_profile(machine, calibrated=True)
+        return datasheet, (calibrated if calibrated is not datasheet and calibrated.calibrated else None)
+
+    def candidate_group(self) -> RankGroup:
+        group = self._spare if self._spare is not None and not self._spare.closed else None
+        group = group or self._new_candidate_group()
+        self._spare = self._new_candidate_group()
+        self._current = group
+        return group
+
+    def _new_candidate_group(self) -> RankGroup:
+        if self.sandbox == "off":
+            return RankGroup(self.mode, self.world_size, "candidate", cpu_threads=self.cpu_threads).spawn()
+        return RankGroup(self.mode, self.world_size, "candidate", self._plan_for, self._broker,
+                         cpu_threads=self.cpu_threads).spawn()
+
+    def close(self) -> None:
+        for group in (self._reference, self._spare):
+            if group is not None:
+                group.close()
+        self._reference = self._spare = self._current = None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def new_broker(sandbox: str, max_parallel: int = BuildBroker.MAX_PARALLEL) -> BuildBroker:
+    """A build broker whose builds run in the sandbox of ``sandbox`` (a level other than ``off``)."""
+    return BuildBroker(lambda scratch: new_plan(sandbox, scratch, 1, cpu_mode=False, cache_roots=[]),
+                       max_parallel=max_parallel)
