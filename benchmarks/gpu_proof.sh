@@ -71,7 +71,7 @@ for name in "$@"; do
           export PYTHONPATH="/tmp/site:$PYTHONPATH"
         fi
         mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"
-        stage ray python3 -m pytest -q -p no:cacheprovider tests/test_ray.py
+        stage ray python3 -m pytest -q -p no:cacheprovider tests/integration/test_ray.py
         stage ray python3 -m pkb.cli run --problems collectives --mode "$mode" --world-size 2 --trials 2 --db /tmp/pkb-local.sqlite
         stage ray python3 -m pkb.cli run --problems collectives --mode "$mode" --world-size 2 --trials 2 --db /tmp/pkb-ray.sqlite --executor ray
         stage ray python3 benchmarks/executor_overhead.py --mode "$mode" --problems 1-8 --rounds 4 --slots 1 --out "$OUT/ray_${mode}.json"
@@ -84,7 +84,7 @@ for name in "$@"; do
             --trials 1 --sandbox "$level"
         done ;;
     attacks) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"  # the CI attacks, in a GPU mode
-        stage attacks env PKB_CONTAINMENT_MODE="$mode" python3 -m pytest -q -p no:cacheprovider tests/test_containment.py \
+        stage attacks env PKB_CONTAINMENT_MODE="$mode" python3 -m pytest -q -p no:cacheprovider tests/integration/test_containment.py \
           ${ATTACKS_K:+-k "$ATTACKS_K"} ;;
     parallel_solutions) mode="$([ "$NUM_GPUS" -ge 2 ] && echo cuda || echo shared-gpu)"  # compile-bound: 7 CUDA extensions
         stage parallel_solutions python3 benchmarks/parallel_run.py pkb/solutions --mode "$mode" --world-size 2 \

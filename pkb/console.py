@@ -1,6 +1,6 @@
 """What every ``pkb`` command shares at the console: the usage error it raises and the table it prints.
 
-At the bottom of the layers (tests/test_layers.py), so that every command (pkb.cli's and the subsystems':
+At the bottom of the layers (tests/unit/test_layers.py), so that every command (pkb.cli's and the subsystems':
 report, measure, generate, serve) and the executors can use them.
 """
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # System packages the tests need beyond Python (.ci/run calls this before scripts/setup.sh):
-# Debian's chromium, for the HTML report's headless screenshot test (tests/test_report_html.py).
+# Debian's chromium, for the HTML report's headless screenshot test (tests/integration/test_report_html.py).
 # Installs only what is missing; needs root (or sudo) when it does install.
 set -euo pipefail
 

@@ -1,11 +1,25 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, and the tier marks: every test under tests/unit is marked ``unit``
+(it starts no process and no server), every test under tests/integration ``integration``."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from pkb.evaluate.evaluator import Session
+from pkb.evaluate.session import Session
 from pkb.runtime.modes import Mode
+
+TESTS = Path(__file__).parent
+TIERS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with the tier of the folder it is in (``-m unit``, ``-m integration``)."""
+    for item in items:
+        tier = next((folder.name for folder in item.path.parents if folder.parent == TESTS), None)
+        if tier in TIERS:
+            item.add_marker(TIERS[tier])
 
 
 @pytest.fixture(scope="module")

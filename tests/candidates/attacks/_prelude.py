@@ -1,5 +1,6 @@
-"""What every attack in this folder shares. tests/test_containment.py writes a candidate file as this prelude,
-with ARENA, MARKER and HINTS filled in, followed by one attack's file (which uses the names defined here).
+"""What every attack in this folder shares. tests/integration/test_containment.py writes a candidate file as
+this prelude, with ARENA, MARKER and HINTS filled in, followed by one attack's file (which uses the names
+defined here).
 
 An attack is a candidate for problem 1 (``allreduce``). On its first call, on rank 0, it tries to escape its
 evaluation, then raises ``RuntimeError("ATTACK-REPORT {json}")``: a ``runtime_error`` verdict whose

@@ -1,0 +1,63 @@
+"""Differential verdict testing in cpu mode (issue 36): the honest candidates of
+tests/candidates/differential, each leaning on one of pkb's own limits, get the same verdict alone and
+side by side, with the sandbox full and off, at W = 2, 4 and 8, and the verdict each expects
+(benchmarks/differential.py; its ``differential`` stage in benchmarks/gpu_proof.sh does the same in
+shared-gpu mode on a GPU).
+
+On this 2-core machine the two files that compile run where it costs least: ``torch.compile`` (half a
+minute of C++ compilation per evaluation here) at W = 2, an extension per rank (a cold build per rank) at
+W = 2 and 4 (every W under ``-m slow``). Every file runs in all four arms at W = 2 and 4; at W = 8 alone
+with the full sandbox and side by side with none (each property at W = 8; the four combinations under
+``-m slow``). Side by side means
+three evaluations at once: more than the cores hold, so failures for want of the machine happen and are
+judged again alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from pkb.runtime.modes import Mode
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("differential", REPO / "benchmarks" / "differential.py")
+differential = sys.modules["differential"] = importlib.util.module_from_spec(_spec)  # its dataclasses look it up
+_spec.loader.exec_module(differential)
+
+FILES = sorted(differential.CORPUS.glob("*.py"))
+LARGEST_W_HERE = {"1_allreduce_compiled": 2, "1_allreduce_extension_per_rank": 4}  # the compiling files
+SIDE_BY_SIDE = 3
+
+
+@pytest.fixture(scope="module")
+def build_cache(tmp_path_factory):
+    """One extension cache for the module: each arm builds what the others have not (the broker's cache and
+    the unsandboxed one are apart), none of the user's caches touched."""
+    return tmp_path_factory.mktemp("extensions")
+
+
+ALL_ARMS = tuple(differential.ARMS)
+FARTHEST_APART = ("alone", "sandbox-off-side-by-side")
+
+
+@pytest.mark.parametrize("world_size, arms, every_file", [
+    (2, ALL_ARMS, False), (4, ALL_ARMS, False), (8, FARTHEST_APART, False),
+    pytest.param(4, ALL_ARMS, True, marks=pytest.mark.slow), pytest.param(8, ALL_ARMS, True, marks=pytest.mark.slow)])
+def test_every_arrangement_gives_the_same_verdict(world_size, arms, every_file, build_cache, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(build_cache))
+    files = [path for path in FILES if every_file or world_size <= LARGEST_W_HERE.get(path.stem, 8)]
+    expected = {path.stem: differential.expected_verdict(path, Mode.CPU) for path in files}
+    verdicts = {path.stem: {} for path in files}
+    for arm in (differential.ARMS[name] for name in arms):
+        judged, most_at_once = differential.judge(files, Mode.CPU, world_size, arm, SIDE_BY_SIDE)
+        if arm.side_by_side:
+            assert most_at_once > 1, f"{arm.name}: nothing ran side by side, so nothing was compared"
+        for name, verdict in judged.items():
+            verdicts[name][arm.name] = verdict
+    moved, unexpected = differential.compare(verdicts, expected)
+    assert not moved and not unexpected, "\n".join(moved + unexpected)
+    assert set(verdicts) == {path.stem for path in files} and all(len(by_arm) == len(arms) for by_arm in verdicts.values())

@@ -1,0 +1,104 @@
+"""Evaluations side by side on one machine (``pkb run --parallel N``) on real rank processes: the verdicts of
+one at a time, one build broker for every slot; and ``pkb run`` as a user runs it: a bad ``--parallel``, the
+live display on a terminal, a line per result in a log."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pkb.loop import Job, run_jobs
+from pkb.evaluate.candidate import Candidate
+from pkb.evaluate.config import EvalConfig
+from pkb.executor import LocalExecutor
+from pkb.options import Status
+from pkb.registry import get_problem
+from pkb.runtime.modes import Mode
+from pkb.store.db import ResultStore
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="upstream")
+
+
+def zeros_candidate(tmp_path: Path, problem) -> Candidate:
+    template = (REPO / "tests" / "candidates" / "zeros.py.tmpl").read_text()
+    path = tmp_path / f"{problem.name}_zeros.py"
+    path.write_text(template.replace("{module}", problem.module))
+    return Candidate.from_file(path)
+
+
+def test_side_by_side_gives_the_verdicts_of_one_at_a_time_and_shares_one_build_broker(tmp_path):
+    jobs = []
+    for name in ("allreduce", "allgather", "broadcast", "reducescatter"):
+        problem = get_problem(name)
+        jobs += [Job(problem, Candidate.reference_of(problem), "reference"),
+                 Job(problem, zeros_candidate(tmp_path, problem), "wrong")]
+    verdicts, most_at_once = {}, 0
+    for slots in (1, 3):
+        executor = LocalExecutor(slots)
+        seen = []
+
+        def on_result(job, result, resumed, executor=executor, seen=seen):
+            seen.append(len(executor.in_flight()))
+
+        with executor, ResultStore(tmp_path / f"{slots}.sqlite") as store:
+            results = run_jobs(jobs, CONFIG, store, on_result, executor)
+            brokers = {id(session._broker) for sessions in executor._slots for session in sessions.values()}
+            if slots > 1:
+                assert len(executor._slots) == slots and len(brokers) == 1  # a source is built once for all slots
+        verdicts[slots] = [(r.problem, r.solution, r.status) for r in results]
+        most_at_once = max(seen) if slots > 1 else most_at_once
+    assert verdicts[1] == verdicts[3]
+    assert [status for _, _, status in verdicts[3]] == [Status.OK, Status.MISMATCH] * 4
+    assert most_at_once >= 1  # another evaluation was still running when a result came back
+
+
+def test_a_bad_parallel_is_a_usage_error():
+    out = subprocess.run([sys.executable, "-m", "pkb.cli", "run", "--problems", "1", "--parallel", "0"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--parallel must be at least 1" in out.stderr
+
+
+# -- what a run shows --------------------------------------------------------------------------------
+
+
+def in_a_terminal(*args: str, timeout: float = 240) -> str:
+    """``pkb`` with stdout and stderr on a pseudo-terminal; everything it wrote there."""
+    leader, follower = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "pkb.cli", *args], cwd=REPO, stdin=subprocess.DEVNULL,
+                               stdout=follower, stderr=follower, env={**os.environ, "COLUMNS": "120"})
+    os.close(follower)
+    chunks, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the process has ended
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    process.wait(timeout=30)
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_a_terminal_gets_the_live_display_and_a_log_gets_a_line_per_result(tmp_path):
+    pytest.importorskip("rich")
+    live = in_a_terminal("run", "--problems", "1-2", "--trials", "1", "--db", str(tmp_path / "a.sqlite"))
+    assert "elapsed" in live and "left" in live and re.search(r"\d+/5", live)  # the bar, its times and count
+    assert re.search(r"\d+ ok", live) and "[1/5]" not in live
+    quiet = in_a_terminal("run", "--problems", "1-2", "--trials", "1", "--db", str(tmp_path / "b.sqlite"), "--quiet")
+    assert "[1/5] allreduce/reference: ok" in quiet and "elapsed" not in quiet
+    logged = subprocess.run([sys.executable, "-m", "pkb.cli", "run", "--problems", "1-2", "--trials", "1", "--db",
+                             str(tmp_path / "c.sqlite")], cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert logged.returncode == 0, logged.stderr
+    lines = [line for line in logged.stderr.splitlines() if line.startswith("[")]
+    assert lines[0] == "[1/5] allreduce/reference: ok" and len(lines) == 5 and "elapsed" not in logged.stderr
+    assert "executor: local, 1 evaluation at once" in logged.stderr

@@ -1,0 +1,60 @@
+"""The upstream benchmark's own reference files, run as candidates, are ``ok`` on every pkb case (issue 18).
+
+Each ``../shared/upstream/reference/<n>_<name>.py`` is by definition a correct solution of problem n:
+pkb asks for the same function (docs/architecture.md, "Compatibility is the contract"). In ``cpu`` mode at
+W = 2 and 4 (W = 8 under ``slow``) every file must be ``ok``, except the few that need a GPU, which
+are ``skipped`` with the reason printed and listed at the end. Skipped where the folder is absent (a
+user's clone has no ../shared). That every problem has its file: tests/unit/test_upstream_files.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pkb.evaluate.candidate import Candidate
+from pkb.evaluate.config import EvalConfig
+from pkb.evaluate.evaluator import evaluate
+from pkb.options import Status
+from pkb.registry import get_problem
+from pkb.runtime.modes import Mode
+
+CORPUS = Path(__file__).resolve().parents[3] / "shared" / "upstream" / "reference"
+FILES = {int(p.name.split("_", 1)[0]): p for p in CORPUS.glob("*.py")} if CORPUS.is_dir() else {}
+MAX_SKIPPED = 5  # files cpu mode cannot run (CUDA tensors, Triton kernels): there should be only a few
+SKIPPED: dict[int, str] = {}
+
+pytestmark = pytest.mark.skipif(not FILES, reason=f"no upstream corpus at {CORPUS}")
+
+
+PRECISION_RUNS = [("bf16", 2), ("bf16", 4), ("fp32", 2), ("fp16", 2), pytest.param("bf16", 8, marks=pytest.mark.slow),
+                  pytest.param("fp32", 4, marks=pytest.mark.slow), pytest.param("fp16", 4, marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("precision,world_size", PRECISION_RUNS)
+@pytest.mark.parametrize("number", sorted(FILES) or [0])
+def test_the_upstream_reference_is_ok_on_every_case(number, precision, world_size, sessions):
+    problem = get_problem(number)
+    if world_size not in problem.world_sizes:
+        pytest.skip(f"{problem.name} does not run at W={world_size}")
+    if precision not in problem.precisions:
+        pytest.skip(f"{problem.name} does not run in {precision}: {problem.precision_note}")
+    # one trial of every case: this checks that the file is right on each, not the paper's five-trial verdict
+    config = EvalConfig(world_size=world_size, mode=Mode.CPU, num_trials=1, upstream_trials=1, timeout_s=180.0,
+                        cases="all", precision=precision)
+    result = evaluate(problem, Candidate.from_file(FILES[number]), config, sessions(world_size))
+    if result.status is Status.SKIPPED:
+        SKIPPED[number] = result.message
+        print(f"\n{FILES[number].name} W={world_size} {precision}: skipped: {result.message}")
+        return
+    assert result.status is Status.OK, (f"{FILES[number].name} W={world_size} {precision}: {result.status.value}: "
+                                        f"{result.message}")
+    if any(not c.slow_on_cpu for c in problem.cases("upstream", world_size)):  # else checked in cuda mode only
+        assert any(problem.find_case(name).kind == "upstream" for name in result.cases), result.cases
+
+
+def test_only_a_few_upstream_files_need_a_gpu():
+    print("\nupstream files skipped in cpu mode: " + (", ".join(f"{n} ({m})" for n, m in sorted(SKIPPED.items()))
+                                                    or "none"))
+    assert len(SKIPPED) <= MAX_SKIPPED, SKIPPED

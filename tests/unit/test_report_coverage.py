@@ -1,0 +1,156 @@
+"""Sets that cover part of the selection, and the HTML's plots: a set is reported on the problems it covers
+(with its coverage beside) and on the whole selection (the paper's denominator: a problem without a result
+counts as failed), labelled, in the report's metrics, ``pkb run``'s headline and the HTML; a plot with nothing
+to draw is a sentence; category and set names on an x axis do not run into each other. No GPU, no Chromium:
+the page is read back from its HTML. ``pkb report``'s terminal headline, JSON and CSV of the same rows:
+tests/integration/test_report_coverage_command.py.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from pkb.options import Status
+from pkb.registry import all_problems
+from pkb.report import html as report_html
+from pkb.report import metrics, records
+from helpers.reports import KNOWN_ROWS, SELECTION, SUITE, Page, build, make_result, partial_rows, write_db
+
+
+@pytest.fixture(scope="module")
+def partial_db(tmp_path_factory) -> Path:
+    return write_db(tmp_path_factory.mktemp("coverage") / "r.sqlite", partial_rows())
+
+
+def suite_report(db: Path) -> metrics.Report:
+    return build(db, selection=SUITE)
+
+
+def test_a_partial_set_counts_its_problems_on_the_covered_view_and_the_whole_suite_on_the_suite_view(partial_db):
+    assert len(SUITE) == 87  # the numbers below are the issue's: 8 of 8 covered, 8 of 87 in the suite
+    report = suite_report(partial_db)
+    assert report.coverage == {"complete": metrics.Coverage(87, 87), "folder": metrics.Coverage(87, 80),
+                               "pkb shipped": metrics.Coverage(87, 8)}
+    assert report.partial() == ["folder", "pkb shipped"]
+    for protocol in ("pkb", "paper"):
+        covered, suite = report.on(protocol, "covered")["pkb shipped"], report.on(protocol, "suite")["pkb shipped"]
+        assert (covered.num_attempted, covered.denominator, covered.pass_at_k[1]) == (8, 8, 1.0)
+        assert (suite.num_attempted, suite.denominator) == (8, 87)
+        assert suite.pass_at_k[1] == pytest.approx(8 / 87)
+        # a model's folder missing 7 files: on the suite view (the paper's) the 7 count as failed
+        assert report.on(protocol, "covered")["folder"].pass_at_k[1] == pytest.approx(40 / 80)
+        assert report.on(protocol, "suite")["folder"].pass_at_k[1] == pytest.approx(40 / 87)
+        # a set with every file: both views are the same
+        assert report.on(protocol, "covered")["complete"] == report.on(protocol, "suite")["complete"]
+    # ranked on the suite view, where every set has the same denominator: 40/87 > 29/87 > 8/87
+    assert report.groups == ("folder", "complete", "pkb shipped")
+    shipped_collectives = report.on_category("pkb", "covered")["pkb shipped"]["collectives"]
+    assert shipped_collectives.pass_at_k[1] == 1.0 and report.category_coverage("pkb shipped", "collectives") == \
+        metrics.Coverage(8, 8)
+    assert report.on_category("pkb", "covered")["pkb shipped"]["tensor_parallel"].denominator == 0
+
+
+def test_pkb_runs_headline_reports_any_partial_set_on_both_views(capsys):
+    """Not only pkb's shipped examples: a folder that misses files gets both rows too."""
+    from pkb.cli import print_run_summary
+
+    problems = list(all_problems().values())
+    expected = {"pkb shipped": ("8 of 8 covered", "100.0% / 100.0%", "8 of 87 in the suite", "9.2% / 9.2%",
+                                "references: 87 of 87 ok"),
+                "folder": ("80 of 80 covered", "50.0% / 50.0%", "80 of 87 in the suite", "46.0% / 46.0%",
+                           "references: no self-check in these results")}
+    for group, (covered, covered_pass, in_suite, suite_pass, self_check) in expected.items():
+        run_sets = {group, "reference"} if group == "pkb shipped" else {group}  # `pkb run` self-checks then only
+        print_run_summary([r for r in partial_rows() if r.solution_set in run_sets], problems, "r.sqlite")
+        lines = capsys.readouterr().out.splitlines()
+        assert self_check in lines  # the references' self-check is over the whole selection
+        first = next(line for line in lines if line.startswith(group))
+        assert covered in first and covered_pass in first
+        second = lines[lines.index(first) + 1]
+        assert second.startswith(" ") and in_suite in second and suite_pass in second
+        assert any(line.startswith(f"note: {group} has results for") for line in lines)
+
+
+def test_the_html_headline_reports_a_partial_set_on_both_views(partial_db):
+    page = Page()
+    page.feed(report_html.render(suite_report(partial_db)))
+    assert page.cells[("pkb shipped", "headline.covered.problems")] == ("8", "8 of 8 covered")
+    assert page.cells[("pkb shipped", "headline.covered.pkb.pass@1")] == ("1.0", "100.0%")
+    assert page.cells[("pkb shipped", "headline.covered.paper.pass@1")] == ("1.0", "100.0%")
+    assert page.cells[("pkb shipped", "headline.problems")] == ("87", "8 of 87 in the suite")
+    assert float(page.cells[("pkb shipped", "headline.pkb.pass@1")][0]) == pytest.approx(8 / 87)
+    assert page.cells[("pkb shipped", "headline.pkb.pass@1")][1] == "9.2%"
+    assert page.cells[("pkb shipped", "covers")] == ("8", "8 of 87")  # the leaderboard (on the suite) says it too
+    assert page.cells[("complete", "headline.problems")] == ("87", "87 of 87")
+    assert ("complete", "headline.covered.problems") not in page.cells
+    notes = re.findall(r'<p class="note coverage" data-group="([^"]+)" data-covered="(\d+)" data-selected="(\d+)">',
+                       report_html.render(suite_report(partial_db)))
+    assert notes == [("folder", "80", "87"), ("pkb shipped", "8", "87")]
+
+
+def plots_and_sentences(page_html: str) -> tuple[list[str], list[str]]:
+    plots = re.findall(r'<svg [^>]*data-plot="([^"]+)"', page_html)
+    sentences = re.findall(r'<p class="note no-plot" data-plot="([^"]+)">', page_html)
+    return plots, sentences
+
+
+def test_a_plot_with_nothing_to_draw_is_a_sentence_not_an_empty_box(partial_db):
+    page_html = report_html.render(suite_report(partial_db))  # nothing timed, no roofline
+    plots, sentences = plots_and_sentences(page_html)
+    assert sentences == ["speedup-by-set", "roofline-by-set", "fast-p", "scatter", "roofline"]
+    assert plots == ["leaderboard", "protocols", "verdicts"]
+    for svg in re.findall(r"<svg .*?</svg>", page_html):
+        assert 'class="mark"' in svg  # every plot drawn has something in it
+    assert "no correct result was timed (`pkb run --perf` times them)" in page_html
+
+    timed = write_db(partial_db.parent / "timed.sqlite", partial_rows(timed=True))
+    plots, sentences = plots_and_sentences(report_html.render(suite_report(timed)))
+    assert "speedup-by-set" in plots and "fast-p" in plots and "speedup-by-set" not in sentences
+
+
+def x_labels(page_html: str, plot: str) -> tuple[float, list[tuple[str, str]]]:
+    """The height of ``plot`` and its x axis labels: (transform or x, text) each."""
+    svg = re.search(rf'<svg [^>]*data-plot="{plot}" [^>]*height="([\d.]+)".*?</svg>', page_html, re.S)
+    labels = re.findall(r'<text class="x-label" (?:transform="([^"]+)"|x="([^"]+)")[^>]*>([^<]*)</text>', svg.group(0))
+    return float(svg.group(1)), [(transform or f"x={x}", text) for transform, x, text in labels]
+
+
+def test_category_names_are_turned_and_drawn_whole_when_they_would_run_into_each_other(partial_db):
+    page_html = report_html.render(suite_report(partial_db))
+    height, labels = x_labels(page_html, "protocols")
+    categories = list(dict.fromkeys(SUITE.values()))
+    assert len(categories) == 6 and [text for _, text in labels] == categories  # whole names, not cut at 16
+    assert all(re.fullmatch(r"translate\([\d.]+ [\d.]+\) rotate\(-40\)", transform) for transform, _ in labels)
+    longest = max(len(c) for c in categories) * report_html.CHAR_WIDTH * math.sin(math.radians(40))
+    assert height >= report_html.HEIGHT + longest  # the plot grew to hold them
+
+    # two short names side by side fit: drawn flat, the plot its usual height
+    height, labels = x_labels(report_html.render(build(write_db(partial_db.parent / "known.sqlite", KNOWN_ROWS),
+                                                       selection=SELECTION)), "protocols")
+    assert [text for _, text in labels] == ["collectives", "tensor_parallel"]
+    assert all(place.startswith("x=") for place, _ in labels) and height == report_html.HEIGHT
+
+
+def test_long_set_names_on_the_per_set_axes_are_turned_too(tmp_path):
+    names = ["openai-gpt-5-oneshot-cuda", "anthropic-claude-agentic", "qwen3-coder-k10", "pkb shipped",
+             "deepseek-v3-oneshot"]
+    rows = [make_result("allreduce", f"{name}/allreduce", Status.OK, 1.2, 0.5, upstream_ok=True, solution_set=name)
+            for name in names]
+    page_html = report_html.render(build(write_db(tmp_path / "r.sqlite", rows)))
+    for plot in ("leaderboard", "verdicts", "speedup-by-set", "roofline-by-set"):
+        _, labels = x_labels(page_html, plot)
+        assert sorted(text for _, text in labels) == sorted(
+            name if len(name) <= report_html.LABEL_CHARS else name[:report_html.LABEL_CHARS - 1] + "\u2026"
+            for name in names)
+        assert all("rotate(-40)" in place for place, _ in labels), plot
+
+
+def test_records_from_a_run_and_from_the_database_give_the_same_coverage(partial_db):
+    """``pkb run``'s headline (its results) and ``pkb report`` (the database) agree on a set's coverage."""
+    rows = [r for r in partial_rows() if r.solution_set in ("reference", "pkb shipped")]
+    from_run = metrics.build_report(records.from_results(rows), SUITE, "set", ks=(1,))
+    assert from_run.coverage == {"pkb shipped": suite_report(partial_db).coverage["pkb shipped"]}

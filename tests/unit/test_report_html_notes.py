@@ -1,0 +1,49 @@
+"""The HTML report's headline says which sets ran without the full sandbox, read back from the rendered page
+(no Chromium: the page is parsed as it is written)."""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+from pkb.report import html as report_html
+from helpers.reports import ALPHA_SANDBOX_NOTE, SANDBOX_ROWS, build, write_db
+
+
+class SandboxNotes(HTMLParser):
+    """The headline's sandbox notes: (section id, data attributes, text) of each ``p.note.sandbox``."""
+
+    def __init__(self):
+        super().__init__()
+        self.notes: list[tuple[str | None, dict, str]] = []
+        self._section: str | None = None
+        self._note: tuple | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "section":
+            self._section = attrs.get("id")
+        if tag == "p" and "sandbox" in (attrs.get("class") or "").split():
+            self._note = (self._section, {k: v for k, v in attrs.items() if k.startswith("data-")}, [])
+
+    def handle_endtag(self, tag):
+        if tag == "p" and self._note:
+            section, data, text = self._note
+            self.notes.append((section, data, "".join(text)))
+            self._note = None
+
+    def handle_data(self, data):
+        if self._note:
+            self._note[2].append(data)
+
+
+def test_the_html_headline_says_which_sets_ran_without_the_full_sandbox(tmp_path):
+    parsed = SandboxNotes()
+    parsed.feed(report_html.render(build(write_db(tmp_path / "r.sqlite", SANDBOX_ROWS))))
+    assert parsed.notes == [("headline", {"data-group": "alpha", "data-without-full": "3", "data-results": "5",
+                                          "data-off": "1", "data-partial": "1", "data-unrecorded": "1"},
+                             ALPHA_SANDBOX_NOTE)]
+
+    full_only = [row for row in SANDBOX_ROWS if row.solution_set == "beta"]
+    parsed = SandboxNotes()
+    parsed.feed(report_html.render(build(write_db(tmp_path / "full.sqlite", full_only))))
+    assert parsed.notes == []

@@ -1,0 +1,399 @@
+"""Reports on known rows, without running pkb: metrics on both protocols, the references' self-check, grouping
+by solution set and by model, old databases, the code a report shows, and the sandbox note."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from pkb.options import Status
+from pkb.report import metrics, records
+from pkb.store import db as store_db
+from pkb.store.db import ResultStore
+from helpers.reports import (ALPHA_SANDBOX_NOTE, EXPECTED, EXPECTED_PAPER, KNOWN_ROWS, SANDBOX_ROWS, SELECTION, build,
+                             make_result, write_db)
+
+
+def add_generation(path: Path, **values) -> None:
+    """A generations row linking a model's sample to a result, whatever other columns the table requires."""
+    conn = sqlite3.connect(path)
+    columns = conn.execute("PRAGMA table_info(generations)").fetchall()
+    if not columns:
+        conn.execute("CREATE TABLE generations (id INTEGER PRIMARY KEY AUTOINCREMENT, model TEXT NOT NULL, "
+                     "run TEXT, sample INTEGER, step INTEGER, code TEXT, result_id INTEGER)")
+        columns = conn.execute("PRAGMA table_info(generations)").fetchall()
+    row = dict(values)
+    for _, name, type_, not_null, default, is_key in columns:
+        if not_null and not is_key and default is None and name not in row:
+            row[name] = 0 if type_.upper() in ("INTEGER", "REAL") else ""
+    with conn:
+        conn.execute(f"INSERT INTO generations ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
+    conn.close()
+
+
+# -- the estimator -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 7])
+def test_pass_at_k_equals_the_chance_that_k_samples_drawn_without_replacement_hold_a_correct_one(n):
+    for c in range(n + 1):
+        outcomes = [True] * c + [False] * (n - c)
+        for k in range(1, n + 1):
+            draws = list(itertools.combinations(outcomes, k))
+            exact = sum(any(d) for d in draws) / len(draws)
+            assert metrics.pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
+
+
+def test_pass_at_k_refuses_more_draws_than_samples():
+    with pytest.raises(ValueError, match="k <= n"):
+        metrics.pass_at_k(3, 1, 5)
+
+
+# -- metrics over known rows --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol, expected_by_set", [("pkb", EXPECTED), ("paper", EXPECTED_PAPER)])
+def test_metrics_of_known_rows_match_the_hand_computed_numbers(tmp_path, protocol, expected_by_set):
+    report = build(write_db(tmp_path / "r.sqlite"))
+    assert report.group_by == "set" and report.groups == ("alpha", "beta")  # best first
+    for group, expected in expected_by_set.items():
+        m = report.on(protocol)[group]
+        assert m.protocol == protocol
+        assert m.denominator == expected["problems"]
+        assert m.pass_at_k[1] == pytest.approx(expected["pass@1"])
+        assert m.fast_p[1][1.0] == pytest.approx(expected["fast_1"])
+        assert m.fast_p[1][2.0] == pytest.approx(expected["fast_2"])
+        assert m.fast_p[1][0.0] == pytest.approx(expected["pass@1"])  # fast_0 is correctness
+        assert m.geomean_speedup == pytest.approx(expected["geomean_speedup"])
+        assert m.roofline.quantiles["median"] == pytest.approx(expected["median_roofline"])
+        assert m.moves_data_itself == pytest.approx(expected["moves_data_itself"])
+        assert m.failures == expected["failures"]
+        assert m.num_unknown == 0
+    alpha = report.on(protocol)["alpha"]
+    assert alpha.num_skipped_problems == 1 and alpha.verdicts["skipped"] == 1 and "skipped" not in alpha.failures
+    assert dict(alpha.roofline.histogram)["30-40%"] == 1 and dict(alpha.roofline.histogram)["80-90%"] == 1
+
+
+def test_the_references_self_check_is_summarised_apart_from_the_sets(tmp_path):
+    rows = KNOWN_ROWS + [make_result("allgather", "reference", Status.RUNTIME_ERROR, upstream_ok=False),
+                         make_result("broadcast", "reference", Status.MISMATCH, upstream_ok=False),
+                         make_result("broadcast", "reference", Status.OK, upstream_ok=True)]  # the rerun counts
+    check = build(write_db(tmp_path / "r.sqlite", rows)).self_check
+    assert (check.num_selected, check.num_checked, check.num_ok, check.num_skipped) == (5, 3, 2, 0)
+    assert check.failed == {"allgather": "runtime_error"}
+    assert check.summary() == ("references: 2 of 3 ok (1 failed: allgather runtime_error; "
+                               "2 of 5 selected problems not checked)")
+
+
+# Three samples per problem (set "triple"), worked out by hand with the estimator 1 - C(n-c, k) / C(n, k):
+#   allreduce: ok 1.5x, ok 0.9x, mismatch (ok on the upstream cases)  n=3, c=2 (paper 3), fast_1 1
+#   allgather: ok 0.8x, ok 0.7x, ok 0.5x                              n=3, c=3, fast_1 0
+#   broadcast: mismatch, timeout, ok 3.0x, and a harness_error (pkb's own failure: left out)  n=3, c=1, fast_1 1
+#   reduce:    a harness_error only: no sample, the problem leaves the denominator
+TRIPLE_ROWS = [
+    make_result("allreduce", "triple/allreduce_s0", Status.OK, 1.5, 0.6, upstream_ok=True),
+    make_result("allreduce", "triple/allreduce_s1", Status.OK, 0.9, 0.2, upstream_ok=True),
+    make_result("allreduce", "triple/allreduce_s2", Status.MISMATCH, upstream_ok=True),
+    make_result("allgather", "triple/allgather_s0", Status.OK, 0.8, 0.4, upstream_ok=True),
+    make_result("allgather", "triple/allgather_s1", Status.OK, 0.7, 0.3, upstream_ok=True),
+    make_result("allgather", "triple/allgather_s2", Status.OK, 0.5, 0.1, upstream_ok=True),
+    make_result("broadcast", "triple/broadcast_s0", Status.MISMATCH, upstream_ok=False),
+    make_result("broadcast", "triple/broadcast_s1", Status.TIMEOUT, upstream_ok=False),
+    make_result("broadcast", "triple/broadcast_s2", Status.OK, 3.0, 0.9, upstream_ok=True),
+    make_result("broadcast", "triple/broadcast_s3", Status.HARNESS_ERROR),
+    make_result("reduce", "triple/reduce_s0", Status.HARNESS_ERROR),
+]
+
+
+def test_fast1_at_3_and_pass_at_k_from_three_samples_per_problem(tmp_path):
+    selection = {"allreduce": "collectives", "allgather": "collectives", "broadcast": "collectives",
+                 "reduce": "collectives"}
+    report = build(write_db(tmp_path / "t.sqlite", TRIPLE_ROWS), ks=(1, 3), selection=selection)
+    pkb_m, paper = report.overall["triple"], report.paper["triple"]
+    assert pkb_m.denominator == 3 and pkb_m.num_samples == 9  # harness errors are in no denominator
+    assert pkb_m.pass_at_k == pytest.approx({1: (2 / 3 + 1 + 1 / 3) / 3, 3: 1.0})
+    assert paper.pass_at_k == pytest.approx({1: (1 + 1 + 1 / 3) / 3, 3: 1.0})
+    # fast1@3: at least one of the 3 samples correct and faster than the reference: allreduce and broadcast
+    assert pkb_m.fast_p[3][1.0] == pytest.approx(2 / 3) and paper.fast_p[3][1.0] == pytest.approx(2 / 3)
+    assert pkb_m.fast_p[1][1.0] == pytest.approx((1 / 3 + 0 + 1 / 3) / 3)
+    assert pkb_m.fast_p[1][1.5] == pytest.approx((0 + 0 + 1 / 3) / 3)  # 1.5x is not above 1.5
+    assert pkb_m.fast_p[1][2.0] == pytest.approx(1 / 9) and pkb_m.fast_p[3][2.0] == pytest.approx(1 / 3)
+    assert pkb_m.geomean_speedup == pytest.approx((1.5 * 0.9 * 0.8 * 0.7 * 0.5 * 3.0) ** (1 / 6))
+    assert pkb_m.roofline.quantiles["median"] == pytest.approx((0.3 + 0.4) / 2)
+    assert pkb_m.failures == {"mismatch": 2, "timeout": 1} and paper.failures == {"mismatch": 1, "timeout": 1}
+    assert pkb_m.verdicts["harness_error"] == 2 and "harness_error" not in pkb_m.failures
+
+
+def test_the_paper_verdict_of_a_row_says_unknown_where_the_upstream_cases_did_not_run():
+    upstream = frozenset({"upstream"})
+    verdict = lambda result, recorded=True: records.paper_status(result, upstream, recorded)  # noqa: E731
+    assert verdict(make_result("allreduce", "a", Status.MISMATCH, upstream_ok=True)) is Status.OK
+    assert verdict(make_result("allreduce", "a", Status.TIMEOUT, upstream_ok=False)) is Status.TIMEOUT
+    # run with --cases tests: ok on pkb's cases, nothing known about the paper's
+    assert verdict(make_result("allreduce", "a", Status.OK, cases=("small_odd",))) is None
+    assert verdict(make_result("allreduce", "a", Status.MISMATCH, cases=("small_odd",))) is None
+    # failed while loading, before the first upstream trial: a failure on the paper's inputs as well
+    assert verdict(make_result("allreduce", "a", Status.CRASH)) is Status.CRASH
+    assert verdict(make_result("allreduce", "a", Status.CRASH), recorded=False) is None  # an old row: unknown
+    compile_error = make_result("allreduce", "a", Status.COMPILE_ERROR, cases=())
+    assert verdict(compile_error, recorded=False) is Status.COMPILE_ERROR  # fails on any inputs, old row or not
+    assert verdict(make_result("allreduce", "a", Status.SKIPPED)) is Status.SKIPPED
+
+
+def test_an_ok_that_left_the_upstream_cases_out_is_unknown_on_both_protocols(tmp_path):
+    """pkb's ok requires the paper's: an ok on the tests cases alone is no pass on either protocol, and a
+    failure there counts on pkb's only (it fails pkb's whatever the upstream cases would say)."""
+    rows = [make_result("allreduce", "tests_only/allreduce", Status.OK, cases=("small_odd",)),
+            make_result("allgather", "tests_only/allgather", Status.OK, upstream_ok=True),
+            make_result("broadcast", "tests_only/broadcast", Status.MISMATCH, cases=("small_odd",))]
+    selection = {"allreduce": "collectives", "allgather": "collectives", "broadcast": "collectives"}
+    report = build(write_db(tmp_path / "u.sqlite", rows), selection=selection)
+    pkb, paper = report.overall["tests_only"], report.paper["tests_only"]
+    assert (pkb.num_unknown, pkb.denominator, pkb.pass_at_k[1]) == (1, 2, 0.5)
+    assert (paper.num_unknown, paper.denominator, paper.pass_at_k[1]) == (2, 1, 1.0)
+
+
+def test_an_ok_stored_with_upstream_rule_failed_fails_both_protocols(tmp_path):
+    """A row from before pkb's ok required upstream's rule: ok, with upstream_ok False."""
+    rows = [make_result("allreduce", "old/allreduce", Status.OK, upstream_ok=False)]
+    report = build(write_db(tmp_path / "o.sqlite", rows), selection={"allreduce": "collectives"})
+    assert report.overall["old"].pass_at_k[1] == report.paper["old"].pass_at_k[1] == 0.0
+    assert report.overall["old"].verdicts == {"mismatch": 1}
+
+
+def test_pkb_pass_at_k_is_never_above_the_papers_for_any_mix_of_rows():
+    """Random rows of every kind (statuses, paper verdicts known and unknown, upstream cases run or not,
+    rows from before pkb required upstream's rule): the report builds (its nesting check raises
+    otherwise) and pkb's pass@k of every group, overall and per category, is at most the paper's."""
+    import random
+
+    rng = random.Random(36)
+    problems = {"allreduce": "collectives", "allgather": "collectives", "ddp": "data_parallel", "ring_attention": "cp"}
+    statuses = list(Status)
+    for _ in range(200):
+        rows = []
+        for index in range(rng.randint(1, 14)):
+            status = rng.choice(statuses + [Status.OK] * 6)
+            rows.append(make_result(rng.choice(list(problems)), f"s{index}", status, solution_set=rng.choice("abc"),
+                                    upstream_ok=rng.choice([True, False, None]), source=f"{index}",
+                                    cases=rng.choice([("upstream", "small_odd"), ("small_odd",), ()])))
+        recs = records.from_results(rows, categories=problems, upstream_cases={p: frozenset({"upstream"}) for p in problems})
+        report = metrics.build_report(recs, problems, "set", (1, 2, 3), case_tags={})
+        for group in report.groups:
+            for strict, loose in [(report.overall[group], report.paper[group]),
+                                  *((report.by_category[group][c], report.paper_by_category[group][c])
+                                    for c in report.by_category[group])]:
+                for k in strict.pass_at_k.keys() & loose.pass_at_k.keys():
+                    assert strict.pass_at_k[k] <= loose.pass_at_k[k] + 1e-12, (group, k, rows)
+
+
+def test_the_nesting_check_fails_a_report_where_pkb_is_above_the_paper():
+    ok = metrics.compute([], ["allreduce"], (1,))
+    above = metrics.Metrics(**{**ok.__dict__, "pass_at_k": {1: 1.0}})
+    with pytest.raises(metrics.NestingError, match="pkb's pass@1 1.0000 is above the paper's 0.0000"):
+        metrics.check_nesting(({"a": above}, {"a": {}}), ({"a": ok}, {"a": {}}), "suite")
+
+
+def test_categories_are_judged_over_their_own_problems(tmp_path):
+    report = build(write_db(tmp_path / "r.sqlite"))
+    tensor = report.by_category["beta"]["tensor_parallel"]
+    assert tensor.num_problems == 1 and tensor.num_attempted == 0 and tensor.pass_at_k[1] == 0.0
+    collectives = report.by_category["alpha"]["collectives"]
+    assert collectives.denominator == 3 and collectives.pass_at_k[1] == pytest.approx(2 / 3)
+    assert report.paper_by_category["alpha"]["collectives"].pass_at_k[1] == 1.0
+    assert report.by_category["alpha"]["tensor_parallel"].pass_at_k[1] == 1.0
+
+
+def test_reference_self_checks_and_unselected_problems_do_not_count(tmp_path):
+    rows = KNOWN_ROWS + [make_result("scatter", "alpha/scatter", Status.OK, 9.0, 0.9)]
+    report = build(write_db(tmp_path / "r.sqlite", rows))
+    assert "reference" not in report.groups
+    assert report.overall["alpha"].geomean_speedup == pytest.approx(EXPECTED["alpha"]["geomean_speedup"])
+
+
+def test_results_group_by_the_set_they_name_never_by_a_file_name_suffix(tmp_path):
+    rows = [make_result("allreduce", "1_allreduce_cuda_peer", Status.OK, 2.0, solution_set="gpt5-oneshot", upstream_ok=True),
+            make_result("allgather", "2_allgather_cuda_peer", Status.MISMATCH, solution_set="gpt5-oneshot"),
+            make_result("allreduce", "1_allreduce_two_step", Status.OK, 1.1, solution_set="pkb shipped", upstream_ok=True),
+            make_result("allreduce", "reference", Status.OK, upstream_ok=True)]
+    loaded = records.load(write_db(tmp_path / "s.sqlite", rows), "set", records.Filter(), SELECTION)
+    assert {(r.result.solution, r.group) for r in loaded.records} == {
+        ("1_allreduce_cuda_peer", "gpt5-oneshot"), ("2_allgather_cuda_peer", "gpt5-oneshot"),
+        ("1_allreduce_two_step", "pkb shipped"), ("reference", "reference")}
+    report = metrics.build_report(loaded.records, SELECTION, loaded.group_by, (1,))
+    assert report.groups == ("gpt5-oneshot", "pkb shipped")
+    assert report.overall["gpt5-oneshot"].pass_at_k[1] == pytest.approx(1 / 5)
+    by_solution = records.load(tmp_path / "s.sqlite", "solution", records.Filter(), SELECTION)
+    assert {r.group for r in by_solution.records} == {"1_allreduce_cuda_peer", "2_allgather_cuda_peer",
+                                                      "1_allreduce_two_step", "reference"}
+
+
+@pytest.mark.parametrize("model, run, expected", [
+    ("openai:gpt-5", "openai-gpt-5-cuda", "openai-gpt-5-cuda"),  # pkb's default run names say the model
+    ("openai:gpt-5", "trial", "openai:gpt-5/trial"),
+])
+def test_a_generation_runs_set_names_the_model_and_the_run(model, run, expected):
+    assert store_db.generated_set(model, run) == expected
+
+
+# -- old databases --------------------------------------------------------------------------------------
+
+
+def write_schema_2_db(path: Path, rows: list[tuple[str, dict]], generations: list[tuple[str, str, int]]) -> None:
+    """A database as pkb wrote it at schema version 2: no solution_set or upstream_ok column, rows without a set."""
+    conn = sqlite3.connect(path)
+    conn.executescript(store_db.MIGRATIONS[0])
+    conn.executescript(store_db.MIGRATIONS[1])
+    for key, row in rows:
+        conn.execute(
+            "INSERT INTO results (run_key, problem, problem_version, solution, solution_sha256, status, message, mode, "
+            "world_size, num_trials, speedup, roofline_fraction, busbw_gbps, times_are_gpu_performance, "
+            "collectives_used, hardware, pkb_version, schema_version, created_at, wall_s, result_json) "
+            "VALUES (?, ?, 1, ?, ?, ?, '', 'cuda', 4, 3, ?, NULL, NULL, 1, '[]', 'h200', '0', 2, 0, 0, ?)",
+            (key, row["problem"], row["solution"], row["solution_sha256"], row["status"], row.get("speedup"),
+             json.dumps(row)))
+    for model, run, result_id in generations:
+        conn.execute("INSERT INTO generations (run, kind, model, provider, problem, problem_version, sample, step, "
+                     "backend, hardware, world_size, case_name, max_tokens, system, prompt, status, attempts, "
+                     "result_id, pkb_version, created_at) VALUES (?, 'sample', ?, 'openai', 'allreduce', 1, 0, 0, "
+                     "'cuda', 'h200', 4, 'upstream', 100, '', '', 'ok', 1, ?, '0', 0)", (run, model, result_id))
+    conn.execute("PRAGMA user_version = 2")
+    conn.commit()
+    conn.close()
+
+
+def test_a_schema_2_database_migrates_and_its_rows_get_a_set(tmp_path):
+    shipped = sorted(store_db.SHIPPED_SOLUTIONS.glob("[0-9]*.py"))[0]
+    shipped_sha = hashlib.sha256(shipped.read_text(encoding="utf-8").encode()).hexdigest()
+    old = lambda problem, solution, status, sha="x", **more: {  # noqa: E731
+        "problem": problem, "problem_version": 1, "solution": solution, "solution_sha256": sha, "status": status,
+        "mode": "cuda", "world_size": 4, "num_trials": 3, "cases": ["upstream", "small_odd"], **more}
+    rows = [("k1", old("allreduce", "reference", "ok")),
+            ("k2", old("allreduce", "run7/sample_0", "ok", sha="g", speedup=1.3)),  # a generation links to it
+            ("k3", old("allreduce", shipped.stem, "ok", sha=shipped_sha)),  # pkb's shipped file, by its hash
+            ("k4", old("allgather", "mine/allgather", "mismatch", upstream_ok=True)),  # recorded before the column
+            ("k5", old("allgather", "allgather_fast", "mismatch"))]  # a --solutions file: its folder is unknown
+    path = tmp_path / "old.sqlite"
+    write_schema_2_db(path, rows, [("openai:gpt-5", "run7", 2)])
+
+    with ResultStore(path) as store:
+        assert store.schema_version == store_db.SCHEMA_VERSION
+        stored = store.conn.execute("SELECT solution, solution_set, upstream_ok FROM results ORDER BY id").fetchall()
+        assert [r.solution_set for r in store.results()] == [s for _, s, _ in stored]
+    assert stored == [("reference", "reference", None), ("run7/sample_0", "openai:gpt-5/run7", None),
+                      (shipped.stem, "pkb shipped", None), ("mine/allgather", "mine", 1),
+                      ("allgather_fast", "unnamed", None)]
+    loaded = records.load(path, "set", records.Filter(), SELECTION)
+    paper = {r.result.solution: r.verdict("paper") for r in loaded.records}
+    assert paper["mine/allgather"] is Status.OK  # ok on the upstream cases, as recorded
+    assert paper["allgather_fast"] is None  # from before upstream_ok: unknown, not a failure
+    assert ResultStore(path).schema_version == store_db.SCHEMA_VERSION  # a second open leaves it as it is
+
+
+def test_a_database_from_a_newer_pkb_is_refused(tmp_path):
+    path = tmp_path / "new.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {store_db.SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(records.ReportError, match="newer than this pkb"):
+        records.load(path, "set", records.Filter(), SELECTION)
+
+
+# -- grouping by model -------------------------------------------------------------------------------
+
+
+def test_generations_group_results_by_model_with_unbiased_pass_at_k(tmp_path):
+    path = tmp_path / "g.sqlite"
+    statuses = [Status.OK, Status.MISMATCH, Status.OK, Status.MISMATCH]
+    write_db(path, [make_result("allreduce", f"allreduce_s{i}", s, 1.5 if s is Status.OK else None, source=str(i),
+                                upstream_ok=True) for i, s in enumerate(statuses)]
+             + [make_result("allgather", "allgather_s0", Status.OK, 0.5, upstream_ok=True)])
+    for sample in range(4):
+        add_generation(path, model="m1", run="r1", sample=sample, step=0, code=f"# sample {sample}",
+                       result_id=sample + 1)
+    add_generation(path, model="m2", run="r2", sample=0, step=0, result_id=5)
+    selection = {"allreduce": "collectives", "allgather": "collectives"}
+    loaded = records.load(path, "model", records.Filter(), selection)
+    report = metrics.build_report(loaded.records, selection, loaded.group_by, ks=(1, 2, 8))
+    assert report.group_by == "model" and set(report.groups) == {"m1", "m2"}
+    m1 = report.overall["m1"]
+    # allreduce: 4 samples, 2 correct; allgather: no sample (a failure)
+    assert m1.pass_at_k == pytest.approx({1: 0.5 / 2, 2: (1 - 1 / 6) / 2})  # k=8 > n is not estimated
+    assert m1.fast_p[2][1.0] == pytest.approx((1 - 1 / 6) / 2)
+    assert report.overall["m2"].fast_p[1] == pytest.approx({0.0: 0.5, 0.5: 0.0, 1.0: 0.0, 1.5: 0.0, 2.0: 0.0, 3.0: 0.0})
+    code = {r.sample: r.code.text for r in loaded.records if r.group == "m1"}
+    assert code["r1 sample 3"] == "# sample 3"
+    # by set (the default), a generated result belongs to its model's run, whatever set its row names
+    by_set = records.load(path, "set", records.Filter(), selection)
+    assert {r.group for r in by_set.records} == {"m1/r1", "m2/r2"}
+    assert metrics.build_report(by_set.records, selection, "set", ks=(2,)).overall["m1/r1"].pass_at_k[2] == \
+        pytest.approx(m1.pass_at_k[2])
+
+
+def test_an_agent_sample_counts_its_best_step(tmp_path):
+    path = tmp_path / "a.sqlite"
+    write_db(path, [make_result("allreduce", "step0", Status.MISMATCH, source="0"),
+                    make_result("allreduce", "step1", Status.OK, 2.0, source="1"),
+                    make_result("allreduce", "step2", Status.RUNTIME_ERROR, source="2")])
+    for step in range(3):
+        add_generation(path, model="agent", run="a", sample=0, step=step, result_id=step + 1)
+    loaded = records.load(path, "model", records.Filter(), {"allreduce": "collectives"})
+    (counted,) = [r for r in loaded.records]
+    assert counted.result.solution == "step1" and len(loaded.rows) == 3
+
+
+def test_model_grouping_without_generations_falls_back_to_solution_sets_and_says_so(tmp_path):
+    loaded = records.load(write_db(tmp_path / "r.sqlite"), "model", records.Filter(), SELECTION)
+    assert {r.group for r in loaded.records} == {"alpha", "beta", "reference"}
+    assert any("grouped by solution set" in note for note in loaded.notes)
+
+
+def test_code_is_read_from_a_stored_path_only_while_the_file_is_unchanged(tmp_path):
+    source = "def solution(tensor):\n    return tensor\n"
+    kept, changed = tmp_path / "kept.py", tmp_path / "changed.py"
+    kept.write_text(source)
+    changed.write_text(source + "# edited after the run\n")
+    path = write_db(tmp_path / "r.sqlite", [
+        make_result("allreduce", "kept", Status.OK, details={"solution_path": str(kept)}, source=source),
+        make_result("allgather", "changed", Status.OK, details={"solution_path": str(changed)}, source=source),
+        make_result("broadcast", "nopath", Status.OK, source=source)])
+    code = {r.result.solution: r.code for r in records.load(path, "set", records.Filter(), SELECTION).records}
+    assert code["kept"].text == source
+    assert code["changed"].text is None and "changed since it was evaluated" in code["changed"].origin
+    assert code["nopath"].text is None and "unavailable" in code["nopath"].origin
+
+
+# -- the sandbox note ------------------------------------------------------------------------------------
+
+
+def test_the_sandbox_note_counts_off_partial_and_unrecorded_results_per_set(tmp_path):
+    from pkb.report import tables
+
+    report = build(write_db(tmp_path / "r.sqlite", SANDBOX_ROWS))
+    alpha = report.sandbox("alpha")
+    assert (alpha.num_results, alpha.num_without_full) == (5, 3)
+    assert alpha.num_by_gap == {"off": 1, "partial": 1, "unrecorded": 1}
+    assert report.sandbox("alpha", "tensor_parallel").num_without_full == 0
+    assert report.sandbox("beta").num_without_full == 0
+    assert tables.sandbox_notes(report) == {"alpha": ALPHA_SANDBOX_NOTE}  # beta ran fully sandboxed: no note
+    assert ALPHA_SANDBOX_NOTE in tables.headline_notes(report)
+
+    metric_rows = {(r["group"], r["category"], r["protocol"]): r for r in tables.metrics_table(report)}
+    assert metric_rows[("alpha", "all", "pkb")]["results_without_full_sandbox"] == 3
+    assert metric_rows[("alpha", "collectives", "paper")]["results_without_full_sandbox"] == 3
+    assert metric_rows[("alpha", "tensor_parallel", "pkb")]["results_without_full_sandbox"] == 0
+    assert metric_rows[("beta", "all", "pkb")]["results_without_full_sandbox"] == 0
+
+
+def test_no_sandbox_note_when_every_result_ran_under_the_full_sandbox(tmp_path):
+    from pkb.report import tables
+
+    rows = [row for row in SANDBOX_ROWS if row.solution_set == "beta" or row.solution == "reference"]
+    report = build(write_db(tmp_path / "r.sqlite", rows))
+    assert report.groups == ("beta",) and tables.sandbox_notes(report) == {}
+    assert not any("sandbox" in note for note in tables.headline_notes(report))
