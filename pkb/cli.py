@@ -54,12 +54,17 @@ def cmd_show(args) -> int:
 
     problem = get_problem(args.problem)
     world_size = args.world_size or problem.world_sizes[0]
-    case = problem.find_case(args.case) if args.case else (problem.cases("upstream", world_size)
-                                                           or problem.cases("tests", world_size))[0]
+    nodes = args.nodes or problem.nodes[0]
+    if not problem.runs_on(world_size, nodes):
+        raise UsageError(f"{problem.name} runs at world sizes {list(problem.world_sizes)} on "
+                         f"{' or '.join(map(str, problem.nodes))} node(s) that divide them; pick --world-size and --nodes")
+    case = problem.find_case(args.case, nodes=nodes) if args.case else (
+        problem.cases("upstream", world_size, nodes=nodes) or problem.cases("tests", world_size, nodes=nodes))[0]
     module = sys.modules[problem.reference.__module__]
     print(f"# {problem.name} (upstream {problem.upstream_id}, {problem.category}, version {problem.version})")
     print(f"# source: {problem.source}")
-    print(f"# solution({', '.join(problem.argument_names)})  world sizes {list(problem.world_sizes)}")
+    print(f"# solution({', '.join(problem.argument_names)})  world sizes {list(problem.world_sizes)}"
+          + (f"  nodes {list(problem.nodes)}" if problem.nodes != (1,) else ""))
     if problem.local_answer:
         print(f"# note: the answer needs no communication ({problem.local_answer})")
     for kind in CASE_KINDS:
@@ -67,13 +72,15 @@ def cmd_show(args) -> int:
                                          for c in getattr(problem, kind)) or "-"))
     print()
     print(inspect.getsource(module))
-    print(f"## {case.kind} case {case.name} at world size {world_size}: {dict(case.params)}" + (f"  ({case.note})" if case.note else ""))
+    print(f"## {case.kind} case {case.name} at world size {world_size}" + (f" on {nodes} nodes" if nodes > 1 else "")
+          + f": {dict(case.params)}" + (f"  ({case.note})" if case.note else ""))
     for rank in range(world_size):
         described = ", ".join(f"{name}={describe(value)}" for name, value in
                               zip(problem.argument_names, shapes_of_inputs(problem, case, rank, world_size)))
         print(f"  rank {rank}: {described}")
     cost = problem.cost(case, world_size)
-    print(f"## cost per rank: link {human_bytes(cost.link_bytes)}, {cost.flops:.3g} flop, "
+    print(f"## cost per rank: link {human_bytes(cost.link_bytes)}, "
+          + (f"network {human_bytes(cost.network_bytes)}, " if cost.network_bytes else "") + f"{cost.flops:.3g} flop, "
           f"HBM {human_bytes(cost.hbm_bytes)}" + (f", pattern {cost.pattern}" if cost.pattern else ""))
     return 0
 
@@ -138,8 +145,9 @@ def _eval_on_server(args) -> int:
 
 
 def print_verdict(result) -> None:
-    print(f"{result.problem} / {result.solution}: {result.status.value}  "
-          f"({result.mode}, {result.world_size} ranks, {result.wall_s:.1f} s)")
+    nodes = getattr(result, "nodes", 1)
+    ranks = f"{result.world_size} ranks" + (f" on {nodes} nodes" if nodes > 1 else "")
+    print(f"{result.problem} / {result.solution}: {result.status.value}  ({result.mode}, {ranks}, {result.wall_s:.1f} s)")
     print(f"  {result.message}")
     if result.details.get("traceback") or result.details.get("error"):
         print("  " + (result.details.get("traceback") or result.details["error"]).strip().replace("\n", "\n  "))
@@ -263,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("problem", help="slug or upstream number")
     p.add_argument("--case")
     p.add_argument("--world-size", type=int)
+    p.add_argument("--nodes", type=int, help="the nodes the ranks are split into (default: the problem's)")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("eval", help="one verdict for one candidate file")

@@ -15,7 +15,7 @@ from pkb.options import EVAL_OPTIONS, EXECUTORS, OPTIONS, SERVED_OPTIONS, Option
 SELF_CHECK_TRIALS = 1  # `pkb run`'s self-check of each reference, unless --trials says otherwise
 # Options whose absence on the command line means something (``None``): `pkb run` lightens the references'
 # self-checks unless --trials or --cases is given; --world-size defaults to the problem's.
-UNSET_MEANS_DEFAULT = ("world_size", "trials", "cases")
+UNSET_MEANS_DEFAULT = ("world_size", "nodes", "trials", "cases")
 _EXTRA_HELP = {
     "trials": f" (default {OPTIONS['trials'].default}; in `pkb run` the references' self-checks run "
               f"{SELF_CHECK_TRIALS} unless --trials is given)",
@@ -67,7 +67,7 @@ def served_options(args) -> dict:
     """The options of ``args`` that a request to ``pkb serve`` carries (pkb.options.EvaluationRequest); the
     others are the server's to choose, and set away from their defaults they are a usage error."""
     values = option_values(args)
-    kept = {name: values[name] for name in SERVED_OPTIONS if not (name == "world_size" and values[name] is None)}
+    kept = {name: values[name] for name in SERVED_OPTIONS if values[name] is not None}
     own = [OPTIONS[name].flag for name in values if name not in SERVED_OPTIONS and values[name] != OPTIONS[name].default]
     if own:
         raise UsageError(f"{' and '.join(own)} {'are' if len(own) > 1 else 'is'} the server's to choose "
@@ -92,9 +92,13 @@ def make_config(args, world_size: int, executor=None):
     if not args.json:
         print(f"mode: {choice.mode} ({choice.reason})", file=sys.stderr)
         print(f"sandbox: {sandbox}", file=sys.stderr)
-    return EvalConfig(world_size=world_size, mode=choice.mode, num_trials=values["trials"], timeout_s=values["timeout"],
-                      perf=values["perf"], cuda_graph=values["cuda_graph"], policy=values["policy"], cases=values["cases"],
-                      sandbox=values["sandbox"], precision=values["dtype"], upstream_trials=values["upstream_trials"])
+    try:
+        return EvalConfig(world_size=world_size, nodes=values["nodes"] or 0, mode=choice.mode, num_trials=values["trials"],
+                          timeout_s=values["timeout"], perf=values["perf"], cuda_graph=values["cuda_graph"],
+                          policy=values["policy"], cases=values["cases"], sandbox=values["sandbox"],
+                          precision=values["dtype"], upstream_trials=values["upstream_trials"])
+    except ValueError as exc:  # e.g. --nodes that does not divide --world-size
+        raise UsageError(f"{exc}: pick --nodes that divides --world-size") from None
 
 
 def sandbox_line(level: str, mode, on_ray: bool = False) -> str:

@@ -34,7 +34,7 @@ class Job:
     def config(self, run: EvalConfig) -> EvalConfig:
         if self.trials:  # a lighter self-check: the upstream cases as deep as the others
             run = replace(run, num_trials=self.trials, upstream_trials=self.trials)
-        return replace(run, cases=self.cases or run.cases, world_size=self.world_size or run.world_size)
+        return replace(run, cases=self.cases or run.cases, world_size=self.world_size or run.world_size).on(self.problem)
 
 
 def evaluation_key(problem: Problem, candidate: Candidate, config: EvalConfig) -> str:
@@ -44,15 +44,18 @@ def evaluation_key(problem: Problem, candidate: Candidate, config: EvalConfig) -
     sandbox level is part of the key: a result of ``--sandbox off`` (unconfined) is never reused by a
     sandboxed run, nor one of ``auto`` by a run that asks for ``required`` (the hashed text ends
     ``|report|sandbox=off``, ``|report|sandbox=required``; ``|report`` with ``auto``, as before). So
-    are the precision (``|precision=fp32``) and the upstream cases' trials where they differ from the paper's.
+    are the precision (``|precision=fp32``), the upstream cases' trials where they differ from the paper's, and
+    the number of nodes where more than one (``|nodes=2``).
     """
+    config = config.on(problem)
     timing = ("perf+graph" if config.cuda_graph else "perf") if config.perf else ""
     cases = "" if config.cases == "all" else f"|cases={config.cases}"
     sandbox = "" if config.sandbox == "auto" else f"|sandbox={config.sandbox}"
     precision = "" if config.precision == DEFAULT_PRECISION else f"|precision={config.precision}"
     paper = "" if config.upstream_trials == UPSTREAM_TRIALS else f"|upstream_trials={config.upstream_trials}"
+    nodes = "" if config.nodes == 1 else f"|nodes={config.nodes}"
     return run_key(problem.name, problem.version, candidate.sha256, config.mode.value, config.world_size,
-                   config.num_trials, f"{timing}|{config.policy}{cases}{sandbox}{precision}{paper}")
+                   config.num_trials, f"{timing}|{config.policy}{cases}{sandbox}{precision}{paper}{nodes}")
 
 
 REUSE = ("restore", "as_stored", "never")

@@ -93,6 +93,9 @@ class Option:
 
 EVAL_OPTIONS: tuple[Option, ...] = (
     Option("world_size", None, int, "ranks (default: the problem's smallest world size)", low=1, high=1024),
+    Option("nodes", None, int, "nodes the ranks are split into, W/N GPUs each: NVLink inside a node, the network "
+                               "between (default: the problem's; on one machine the nodes are virtual, docs/topology.md)",
+           low=1, high=64),
     Option("mode", "auto", str, "auto picks cuda with W GPUs, shared-gpu with fewer, else cpu", choices=MODES),
     Option("trials", DEFAULT_TRIALS, int, "correctness trials, each with fresh secret seeds", low=1, high=100),
     Option("timeout", 120.0, float, "seconds one job may take before its ranks are killed", low=0.001, high=3600),
@@ -143,6 +146,7 @@ class EvaluationRequest:
     name: str = "candidate"
     solution_set: str = SERVED_SET
     world_size: int | None = default("world_size")
+    nodes: int | None = default("nodes")
     mode: str = default("mode")
     cases: str = default("cases")
     trials: int = default("trials")

@@ -41,6 +41,7 @@ CATEGORIES = (
     "context_parallel",
     "data_parallel",
     "beyond_llm",
+    "inter_node",  # beyond upstream: W ranks on several nodes, NVLink inside a node, the network between (pkb.topology)
     "calibration",  # single-device probes that measure the machine (pkb.measure.probes), not in the suite
 )
 
@@ -148,6 +149,9 @@ class Case:
         if "dtype" in self.params:
             raise ProblemError(f"Case {self.name!r}: the precision is the run's (--dtype; the harness sets "
                                "case['dtype']); a dtype that belongs to the function takes a parameter of its own")
+        if "nodes" in self.params:
+            raise ProblemError(f"Case {self.name!r}: the number of nodes is the run's (--nodes; the harness sets "
+                               "case['nodes'] for a problem that runs on several)")
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
         object.__setattr__(self, "tags", tuple(self.tags))
         unknown = [tag for tag in self.tags if tag not in CASE_TAGS]
@@ -168,13 +172,14 @@ class Case:
     def runs_at(self, world_size: int) -> bool:
         return self.world_sizes is None or world_size in self.world_sizes
 
-    def at_precision(self, precision: str) -> "Case":
-        """This case with ``params["dtype"]`` set to the run's precision (a PRECISIONS key)."""
+    def at_precision(self, precision: str, nodes: int | None = None) -> "Case":
+        """This case with ``params["dtype"]`` set to the run's precision (a PRECISIONS key) and, where given,
+        ``params["nodes"]`` to the run's number of nodes."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
-        case = dataclasses.replace(self, params={k: v for k, v in self.params.items() if k != "dtype"})
-        object.__setattr__(case, "params", MappingProxyType({**case.params,
-                                                             "dtype": str(PRECISIONS[precision]).removeprefix("torch.")}))
+        run = {"dtype": str(PRECISIONS[precision]).removeprefix("torch."), **({"nodes": nodes} if nodes else {})}
+        case = dataclasses.replace(self, params={k: v for k, v in self.params.items() if k not in run})
+        object.__setattr__(case, "params", MappingProxyType({**case.params, **run}))
         return case
 
 
@@ -184,20 +189,23 @@ class Cost:
 
     link_bytes: bytes that must cross the interconnect into (or out of) each rank, counted the way
         nccl-tests counts bus bandwidth (all-reduce 2(W-1)/W of the buffer; all-gather,
-        reduce-scatter, all-to-all (W-1)/W of the total; broadcast and reduce 1x the buffer).
-        busbw = link_bytes / time.
+        reduce-scatter, all-to-all (W-1)/W of the total; broadcast and reduce 1x the buffer); on
+        several nodes, the NVLink part alone. busbw = link_bytes / time.
+    network_bytes: bytes that must cross the network into (or out of) each rank, per direction, on a
+        run of several nodes (pkb.topology): what goes between nodes, over the rank's NIC.
     flops: floating-point operations per rank (a multiply-add counts 2).
     hbm_bytes: device-memory bytes each rank must read and write at least.
     pattern: the communication pattern the byte count follows (documentation and reports).
     """
 
     link_bytes: float = 0.0
+    network_bytes: float = 0.0
     flops: float = 0.0
     hbm_bytes: float = 0.0
     pattern: str = ""
 
     def __post_init__(self):
-        for name in ("link_bytes", "flops", "hbm_bytes"):
+        for name in ("link_bytes", "network_bytes", "flops", "hbm_bytes"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise ProblemError(f"Cost.{name} must be a number >= 0, got {value!r}")
@@ -247,6 +255,9 @@ class Problem:
     precision_note: str = ""
     # why its inputs fill most of a GPU (e.g. upstream's 57 GB table): on GPUs, its evaluations run alone
     fills_a_gpu: str = ""
+    # the numbers of nodes it runs on (--nodes; the first is the default): (1,) for a problem of one node;
+    # a problem of several reads ``case["nodes"]`` (pkb.topology: W ranks on N nodes of W/N GPUs)
+    nodes: tuple[int, ...] = (1,)
     module: str = ""  # filled in by discovery: the dotted module name
 
     def __post_init__(self):
@@ -256,6 +267,7 @@ class Problem:
                                                  for c in getattr(self, kind)))
         object.__setattr__(self, "world_sizes", tuple(self.world_sizes))
         object.__setattr__(self, "precisions", tuple(self.precisions))
+        object.__setattr__(self, "nodes", tuple(self.nodes))
         if not isinstance(self.name, str) or not _SLUG.match(self.name):
             raise ProblemError(f"{where}: name must be a lowercase slug like 'allgather_gemm'")
         if not isinstance(self.version, int) or self.version < 1:
@@ -268,6 +280,10 @@ class Problem:
             raise ProblemError(f"{where}: world_sizes must be positive ints, got {self.world_sizes!r}")
         if not self.tests:
             raise ProblemError(f"{where}: tests must hold at least one Case")
+        if not self.nodes or any(not isinstance(n, int) or n < 1 for n in self.nodes):
+            raise ProblemError(f"{where}: nodes must be positive ints, got {self.nodes!r}")
+        if (self.category == "inter_node") != (min(self.nodes) > 1):
+            raise ProblemError(f"{where}: a problem of category inter_node runs on 2 or more nodes, and only it does")
         if DEFAULT_PRECISION not in self.precisions or not set(self.precisions) <= set(PRECISIONS):
             raise ProblemError(f"{where}: precisions must include {DEFAULT_PRECISION!r} and name only {tuple(PRECISIONS)}")
         if set(self.precisions) != set(PRECISIONS) and not self.precision_note:
@@ -292,21 +308,31 @@ class Problem:
         """The reference's (and so the candidate's) argument list, e.g. ('tensor', 'src')."""
         return tuple(inspect.signature(self.reference).parameters)
 
-    def cases(self, kind: str, world_size: int, precision: str = DEFAULT_PRECISION) -> tuple[Case, ...]:
-        """The ``upstream``, ``tests`` or ``benchmarks`` cases that run at ``world_size``, in ``precision``."""
+    def cases(self, kind: str, world_size: int, precision: str = DEFAULT_PRECISION,
+              nodes: int | None = None) -> tuple[Case, ...]:
+        """The ``upstream``, ``tests`` or ``benchmarks`` cases that run at ``world_size``, in ``precision``, on
+        ``nodes`` nodes (None: the problem's default; a problem of one node ignores it)."""
         if kind not in CASE_KINDS:
             raise ValueError(f"kind must be one of {CASE_KINDS}, got {kind!r}")
-        return tuple(c.at_precision(precision) for c in getattr(self, kind) if c.runs_at(world_size))
+        return tuple(c.at_precision(precision, self._run_nodes(nodes)) for c in getattr(self, kind) if c.runs_at(world_size))
+
+    def _run_nodes(self, nodes: int | None) -> int | None:
+        """What ``case["nodes"]`` holds for a run on ``nodes`` nodes: None (no such parameter) on one node."""
+        return None if self.nodes == (1,) else nodes or self.nodes[0]
+
+    def runs_on(self, world_size: int, nodes: int) -> bool:
+        """Whether ``world_size`` ranks on ``nodes`` nodes is a topology this problem runs on."""
+        return world_size in self.world_sizes and nodes in self.nodes and world_size % nodes == 0
 
     @property
     def all_cases(self) -> tuple[Case, ...]:
-        """Every case, in the default precision."""
-        return tuple(c.at_precision(DEFAULT_PRECISION) for c in self.upstream + self.tests + self.benchmarks)
+        """Every case, in the default precision (and on the problem's default number of nodes)."""
+        return tuple(c.at_precision(DEFAULT_PRECISION, self._run_nodes(None)) for c in self.upstream + self.tests + self.benchmarks)
 
-    def find_case(self, name: str, precision: str = DEFAULT_PRECISION) -> Case:
+    def find_case(self, name: str, precision: str = DEFAULT_PRECISION, nodes: int | None = None) -> Case:
         for case in self.upstream + self.tests + self.benchmarks:
             if case.name == name:
-                return case.at_precision(precision)
+                return case.at_precision(precision, self._run_nodes(nodes))
         names = [c.name for c in self.all_cases]
         raise KeyError(f"problem {self.name!r} has no case {name!r}; cases: {', '.join(names)}")
 

@@ -20,7 +20,7 @@ from pkb import syntax
 from pkb.problem import Problem
 from pkb.runtime.modes import Mode
 
-KNOWN_REQUIREMENTS = ("cuda",)
+KNOWN_REQUIREMENTS = ("cuda", "nvshmem")
 
 # What code that needs a GPU raises on a machine (or in a mode) without one.
 _NEEDS_GPU = re.compile(
@@ -80,10 +80,15 @@ class Candidate:
             return str(exc)
         return None
 
-    def missing_in(self, mode: Mode) -> str | None:
-        """Why ``mode`` cannot run this candidate, or None if it can."""
+    def missing_in(self, mode: Mode, nodes: int = 1) -> str | None:
+        """Why ``mode`` on ``nodes`` nodes cannot run this candidate, or None if it can. NVSHMEM needs a GPU per
+        rank (cuda mode) and, across nodes, real ones (docs/topology.md)."""
         if "cuda" in self.requires and not mode.uses_gpu:
             return f"the candidate declares REQUIRES = ('cuda',); mode {mode} has no GPU (run it with --mode cuda or shared-gpu)"
+        if "nvshmem" in self.requires and (mode is not Mode.CUDA or nodes > 1):
+            return ("the candidate declares REQUIRES nvshmem: NVSHMEM needs a GPU per rank (cuda mode) and, across "
+                    f"nodes, real nodes; this run is {mode} mode on {nodes} node(s)"
+                    + (" (virtual: its inter-node traffic would go over NVLink)" if nodes > 1 else ""))
         return None
 
 

@@ -6,6 +6,7 @@ and the world size are known.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from pkb.options import CASE_SELECTIONS, POLICIES, SANDBOX_LEVELS, default
@@ -41,6 +42,7 @@ class EvalConfig:
 
     world_size: int
     mode: Mode
+    nodes: int = 0  # the nodes the ranks are split into (pkb.topology); 0: the problem's default (Problem.nodes)
     num_trials: int = default("trials")
     timeout_s: float = default("timeout")
     load_timeout_s: float = 900.0  # a first CUDA build can take minutes
@@ -53,6 +55,8 @@ class EvalConfig:
     upstream_trials: int = UPSTREAM_TRIALS  # the upstream cases run max(num_trials, this) trials (the paper's 5)
 
     def __post_init__(self):
+        if self.nodes < 0 or (self.nodes and self.world_size % self.nodes):
+            raise ValueError(f"{self.world_size} ranks do not split into {self.nodes} nodes of equal size")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {self.precision!r}")
         if self.sandbox not in SANDBOX_LEVELS:
@@ -61,6 +65,10 @@ class EvalConfig:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.cases not in CASE_SELECTIONS:
             raise ValueError(f"cases must be one of {tuple(CASE_SELECTIONS)}, got {self.cases!r}")
+
+    def on(self, problem) -> "EvalConfig":
+        """These settings for ``problem``: the number of nodes resolved to its default where not chosen."""
+        return self if self.nodes else dataclasses.replace(self, nodes=problem.nodes[0])
 
     @property
     def timing(self) -> TimingProtocol:

@@ -45,14 +45,19 @@ def new_result(problem: Problem, candidate: Candidate, config: EvalConfig, statu
     return EvalResult(problem=problem.name, problem_version=problem.version, solution=candidate.name,
                       solution_sha256=candidate.sha256, status=status, mode=config.mode.value,
                       world_size=config.world_size, precision=config.precision, num_trials=config.num_trials,
+                      nodes=config.nodes or problem.nodes[0],
                       details={"solution_path": str(candidate.path) if candidate.path else None},
                       times_are_gpu_performance=config.mode.times_are_gpu_performance)
 
 
 def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session: Session | None = None) -> EvalResult:
-    """One verdict for ``candidate`` on ``problem``; never raises for anything the candidate does."""
+    """One verdict for ``candidate`` on ``problem``; never raises for anything the candidate does. A
+    ``session`` given must be of the run's topology (``config.on(problem).nodes`` nodes)."""
+    config = config.on(problem)
     own_session = session is None
-    session = session or Session(config.mode, config.world_size, config.sandbox)
+    session = session or Session(config.mode, config.world_size, config.sandbox, nodes=config.nodes)
+    if session.nodes != config.nodes:
+        raise ValueError(f"a session of {session.nodes} node(s) cannot run {problem.name} on {config.nodes}")
     started = time.monotonic()
     result = new_result(problem, candidate, config, Status.OK)
     result.details["sandbox"] = session.sandbox_offered.to_dict()  # until a group says what it enforced
@@ -277,7 +282,7 @@ def _check_statically(problem: Problem, candidate: Candidate, config: EvalConfig
     error = candidate.syntax_error()
     if error:
         raise Verdict(Status.COMPILE_ERROR, f"syntax error: {error.splitlines()[0]}", error=error)
-    missing = candidate.missing_in(config.mode)
+    missing = candidate.missing_in(config.mode, config.nodes)
     if missing:
         raise Verdict(Status.SKIPPED, missing)
     if config.precision not in problem.precisions:
@@ -286,6 +291,9 @@ def _check_statically(problem: Problem, candidate: Candidate, config: EvalConfig
     if config.world_size not in problem.world_sizes:
         raise Verdict(Status.SKIPPED, f"{problem.name} runs at world sizes {list(problem.world_sizes)}, "
                                       f"not {config.world_size}")
+    if not problem.runs_on(config.world_size, config.nodes):
+        raise Verdict(Status.SKIPPED, f"{problem.name} runs on {' or '.join(map(str, problem.nodes))} node(s) that "
+                                      f"divide the world size, not {config.nodes} at W = {config.world_size}")
     if not checked_cases(problem, config):
         left_out = left_out_cases(problem, config)
         if left_out:
@@ -313,7 +321,7 @@ def _left_out(case: Case, config: EvalConfig) -> bool:
 
 def _selected_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
     return tuple(case for kind in CASE_SELECTIONS[config.cases]
-                 for case in problem.cases(kind, config.world_size, config.precision))
+                 for case in problem.cases(kind, config.world_size, config.precision, config.nodes))
 
 
 def _load(group: RankGroup, problem: Problem, candidate: Candidate, config: EvalConfig) -> None:
@@ -347,7 +355,7 @@ def _run_case(session: Session, reference: RankGroup, group: RankGroup, problem:
     W = config.world_size
     shared = session.seed(problem.name, case.name, trial, "shared")
     sample_seed = session.seed(problem.name, case.name, trial, "sample")
-    jobs = [{"op": "run", "case": case.name, "precision": config.precision,
+    jobs = [{"op": "run", "case": case.name, "precision": config.precision, "nodes": config.nodes,
              "seeds": (session.seed(problem.name, case.name, trial, rank), shared),
              "sample_seed": sample_seed} for rank in range(W)]
     what = f"case {case.name}, trial {trial}"

@@ -9,7 +9,7 @@ from typing import Any
 from pkb import __version__
 from pkb.options import Status
 
-SCHEMA_VERSION = 5  # bump with a migration in pkb.store.db when the row's fields change
+SCHEMA_VERSION = 6  # bump with a migration in pkb.store.db when the row's fields change
 
 
 @dataclass
@@ -45,6 +45,7 @@ class EvalResult:
     mode: str = "cpu"
     world_size: int = 0
     precision: str = "bf16"  # the run's precision (pkb.problem.PRECISIONS): the dtype of upstream's inputs
+    nodes: int = 1  # the nodes the ranks were split into (pkb.topology)
     num_trials: int = 0
     cases: list[str] = field(default_factory=list)
     # ok on the upstream cases alone (the paper's protocol), whatever the stricter cases said; None when

@@ -26,9 +26,10 @@ class Session:
     MAX_TIMING_COPIES = 64
 
     def __init__(self, mode: Mode, world_size: int, sandbox: str = "auto", broker: BuildBroker | None = None,
-                 cpu_threads: int | None = None):
+                 cpu_threads: int | None = None, nodes: int = 1):
         self.mode = mode
         self.world_size = world_size
+        self.nodes = nodes  # the nodes its ranks are split into (pkb.topology; virtual on this machine)
         self.sandbox = sandbox
         self.cpu_threads = cpu_threads  # each rank's CPU threads when sessions run side by side (None: torch's default)
         self.sandbox_offered = check_sandbox(sandbox, mode)
@@ -53,7 +54,8 @@ class Session:
     def start(self, timeout: float = 120.0) -> "Session":
         """Start the reference group now and wait until its ranks are up (before any problem is loaded)."""
         if self._reference is None or self._reference.closed:
-            self._reference = RankGroup(self.mode, self.world_size, "reference", cpu_threads=self.cpu_threads).spawn()
+            self._reference = RankGroup(self.mode, self.world_size, "reference", cpu_threads=self.cpu_threads,
+                                        nodes=self.nodes).spawn()
             self._reference_problem = None
         self._reference.wait_ready(timeout)
         return self
@@ -66,7 +68,8 @@ class Session:
 
     def reference_group(self, problem: Problem, timeout: float) -> RankGroup:
         if self._reference is None or self._reference.closed:
-            self._reference = RankGroup(self.mode, self.world_size, "reference", cpu_threads=self.cpu_threads).spawn()
+            self._reference = RankGroup(self.mode, self.world_size, "reference", cpu_threads=self.cpu_threads,
+                                        nodes=self.nodes).spawn()
             self._reference_problem = None
         if self._reference_problem != problem.module:
             replies = self._reference.request([{"op": "load", "problem": problem.module}] * self.world_size, timeout)
@@ -97,9 +100,9 @@ class Session:
 
     def _new_candidate_group(self) -> RankGroup:
         if self.sandbox == "off":
-            return RankGroup(self.mode, self.world_size, "candidate", cpu_threads=self.cpu_threads).spawn()
+            return RankGroup(self.mode, self.world_size, "candidate", cpu_threads=self.cpu_threads, nodes=self.nodes).spawn()
         return RankGroup(self.mode, self.world_size, "candidate", self._plan_for, self._broker,
-                         cpu_threads=self.cpu_threads).spawn()
+                         cpu_threads=self.cpu_threads, nodes=self.nodes).spawn()
 
     def close(self) -> None:
         for group in (self._reference, self._spare):

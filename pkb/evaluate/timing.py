@@ -27,8 +27,8 @@ from pkb.runtime.modes import Mode
 def perf_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
     """Benchmarks on real GPUs; the small test cases where times are not GPU performance anyway."""
     if config.mode is Mode.CUDA and problem.cases("benchmarks", config.world_size):
-        return problem.cases("benchmarks", config.world_size, config.precision)
-    return problem.cases("tests", config.world_size, config.precision)
+        return problem.cases("benchmarks", config.world_size, config.precision, config.nodes)
+    return problem.cases("tests", config.world_size, config.precision, config.nodes)
 
 
 def spread(values: list[float]) -> float:
@@ -89,6 +89,7 @@ def time_group(group: RankGroup, session: Session, problem: Problem, case: Case,
     seeds = [[(session.seed(problem.name, case.name, "time", rank, k), session.seed(problem.name, case.name, "time", k))
               for k in range(Session.MAX_TIMING_COPIES)] for rank in range(W)]
     prepared = checked(group.request([{"op": "time_prepare", "case": case.name, "precision": config.precision,
+                                        "nodes": config.nodes,
                                         "seeds": seeds[rank],
                                         "protocol": config.timing.__dict__} for rank in range(W)], timeout))
     num_iters = prepared[0]["num_iters"]

@@ -41,7 +41,9 @@ def raise_candidate_error(replies: list[dict], rank: int, where: dict, mode: Mod
     rank = first_real_failure(replies, rank)
     reply = replies[rank]
     skip_if_gpu_needed(reply, mode, rank)
-    status = Status.TAMPERED if reply.get("status") == Status.TAMPERED.value else Status.RUNTIME_ERROR
+    # tampered, or refused by the peer-memory fence (forbidden across nodes; skipped where the mode lacks NVSHMEM)
+    status = Status(reply["status"]) if reply.get("status") in (Status.TAMPERED.value, Status.FORBIDDEN.value,
+                                                                Status.SKIPPED.value) else Status.RUNTIME_ERROR
     raise Verdict(status, f"rank {rank}, case {where['case']}, trial {where['trial']}: {reply['error']}",
                   rank=rank, **where, error=reply["error"], traceback=reply.get("traceback", ""))
 

@@ -22,6 +22,9 @@ class Task:
     config: EvalConfig
     tag: Any = None
 
+    def __post_init__(self):
+        object.__setattr__(self, "config", self.config.on(self.problem))  # its nodes resolved: what its session needs
+
 
 @dataclass(frozen=True)
 class InFlight:
@@ -61,9 +64,10 @@ def resource_failure(result: EvalResult) -> str | None:
 
 
 def session_key(config: EvalConfig) -> tuple:
-    """What a warm ``Session`` is built for, ``Session(*key)``: evaluations share one only when they agree
-    on all of it (rank processes confined at one sandbox level never serve another)."""
-    return (config.mode, config.world_size, config.sandbox)
+    """What a warm ``Session`` is built for (mode, world size, sandbox level, nodes): evaluations share one
+    only when they agree on all of it (rank processes confined at one sandbox level never serve another;
+    ranks on virtual nodes never serve a run of another topology). ``config``: resolved (``config.on``)."""
+    return (config.mode, config.world_size, config.sandbox, config.nodes)
 
 
 class Executor:

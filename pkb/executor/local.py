@@ -272,11 +272,12 @@ class LocalExecutor(Executor):
     def _session(self, config: EvalConfig) -> Session:
         threads = self._cpu_threads(config)
         if config.sandbox == "off":
-            return Session(config.mode, config.world_size, "off", cpu_threads=threads)
+            return Session(config.mode, config.world_size, "off", cpu_threads=threads, nodes=config.nodes)
         with self._lock:
             if config.sandbox not in self._brokers:
                 self._brokers[config.sandbox] = new_broker(config.sandbox, max_parallel=max(4, self.parallel or 1))
-        return Session(config.mode, config.world_size, config.sandbox, self._brokers[config.sandbox], threads)
+        return Session(config.mode, config.world_size, config.sandbox, self._brokers[config.sandbox], threads,
+                       nodes=config.nodes)
 
     def _cpu_threads(self, config: EvalConfig) -> int | None:
         """Each rank's CPU threads side by side: the cores shared by the reference and candidate ranks of

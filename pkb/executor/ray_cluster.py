@@ -133,7 +133,8 @@ class NodeEvaluator:
         key = session_key(config)
         try:
             if key not in self._sessions:
-                self._sessions[key] = Session(*key)
+                mode, world_size, sandbox, nodes = key
+                self._sessions[key] = Session(mode, world_size, sandbox, nodes=nodes)
             result = evaluate(problem, candidate, config, self._sessions[key])
         except SandboxUnavailable as exc:  # this node cannot confine candidates as asked: no verdict
             result = sandbox_unavailable(problem, candidate, config, exc)

@@ -26,6 +26,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--hardware", default=DEFAULT_HARDWARE, help=f"hardware profile (default {DEFAULT_HARDWARE})")
     p.add_argument("--case", help="the case whose per-rank shapes are shown (default: the first benchmark)")
     p.add_argument("--world-size", type=int, help="default: the profile's GPU count if the problem runs at it")
+    p.add_argument("--nodes", type=int, help="the nodes the ranks are split into (default: the problem's)")
     add_precision_option(p)
     _add_prompt_options(p)
     p.set_defaults(func=cmd_prompt)
@@ -100,7 +101,8 @@ def cmd_prompt(args) -> int:
     with _usage_errors():
         profile = load_profile(args.hardware)
         case = problem.find_case(args.case) if args.case else None
-        print(prompt_for(problem, args.backend, profile, args.world_size, args.prompt, upstream_dir, case, args.dtype))
+        print(prompt_for(problem, args.backend, profile, args.world_size, args.prompt, upstream_dir, case, args.dtype,
+                         args.nodes))
     return 0
 
 

@@ -72,10 +72,10 @@ def load_profile(name: str | None = None):
 
 
 def build_prompt(problem: Problem, backend: str, profile, case: Case | None = None,
-                 world_size: int | None = None, precision: str | None = None) -> Prompt:
+                 world_size: int | None = None, precision: str | None = None, nodes: int | None = None) -> Prompt:
     """The prompt for ``problem`` at ``world_size`` (default: the profile's GPU count if the problem runs
-    at it, else its largest world size) in ``precision``, showing ``case`` (default: the first benchmark
-    at that size, else the first test; precision: the default, bf16)."""
+    at it, else its largest world size) on ``nodes`` nodes (default: the problem's) in ``precision``, showing
+    ``case`` (default: the first benchmark at that size, else the first test; precision: the default, bf16)."""
     from pkb.problem import DEFAULT_PRECISION, PRECISIONS
 
     precision = precision or DEFAULT_PRECISION
@@ -85,13 +85,18 @@ def build_prompt(problem: Problem, backend: str, profile, case: Case | None = No
         raise PromptError(f"{problem.name} runs in {', '.join(problem.precisions)}, not {precision}: "
                           f"{problem.precision_note}")
     world_size = world_size or default_world_size(problem, profile)
-    case = (case or default_case(problem, world_size)).at_precision(precision)
+    nodes = nodes or problem.nodes[0]
+    if not problem.runs_on(world_size, nodes):
+        raise PromptError(f"{problem.name} runs on {' or '.join(map(str, problem.nodes))} node(s) that divide the "
+                          f"world size, not {nodes} at W = {world_size}")
+    case = problem.find_case((case or default_case(problem, world_size)).name, precision, nodes)
     sections = [
         templates.TASK.format(name=problem.name, source=problem.source, arguments=_arguments(problem),
                               world_size=world_size, world_sizes=", ".join(map(str, problem.world_sizes)),
                               backend_goal=templates.BACKEND_GOALS[backend]),
         templates.PRECISION.format(precision=precision, dtype=PRECISIONS[precision]),
         hardware_section(profile),
+        *([topology_section(world_size, nodes, profile)] if nodes > 1 else []),
         reference_section(problem),
         case_section(problem, case, world_size, profile),
         tolerance_section(problem, case, world_size),
@@ -128,6 +133,13 @@ def hardware_section(profile) -> str:
         fp8_tflops=_number(profile.fp8_tflops))
 
 
+def topology_section(world_size: int, nodes: int, profile) -> str:
+    from pkb.topology import Topology
+
+    topology = Topology(world_size, nodes, network_gbps=profile.network_gbps)
+    return templates.TOPOLOGY.format(num_nodes=nodes, description=topology.describe(nvlink_gbps=profile.link_gbps))
+
+
 def reference_section(problem: Problem) -> str:
     module = sys.modules[problem.reference.__module__]
     parts = [templates.REFERENCE.format(module=module.__name__, source=inspect.getsource(module).rstrip())]
@@ -145,9 +157,10 @@ def case_section(problem: Problem, case: Case, world_size: int, profile) -> str:
         ranks.append(f"  rank {rank}: " + ", ".join(f"{name}={describe(value)}"
                                                    for name, value in zip(problem.argument_names, inputs)))
     cost = problem.cost(case, world_size)
-    cost_text = (f"{human_bytes(cost.link_bytes)} over the interconnect, {cost.flops:.3g} flop, "
+    network = f"{human_bytes(cost.network_bytes)} over the network between nodes, " if cost.network_bytes else ""
+    cost_text = (f"{human_bytes(cost.link_bytes)} over the interconnect, {network}{cost.flops:.3g} flop, "
                  f"{human_bytes(cost.hbm_bytes)} of HBM traffic" + (f" ({cost.pattern})" if cost.pattern else ""))
-    tests = "; ".join(f"`{c.name}` {dict(c.params)}" for c in problem.cases("tests", world_size))
+    tests = "; ".join(f"`{c.name}` {dict(c.params)}" for c in problem.cases("tests", world_size, nodes=case.get("nodes")))
     benchmarks = problem.cases("benchmarks", world_size)
     timed = ("the benchmark cases " + ", ".join(f"`{c.name}`" for c in benchmarks)) if benchmarks else "the test cases"
     return templates.CASE.format(case=case.name, world_size=world_size, note=f" ({case.note})" if case.note else "",
@@ -162,6 +175,7 @@ def _roofline_text(cost, profile, world_size: int) -> str:
         return ""
     bound = roofline(cost, profile, world_size)
     return templates.ROOFLINE.format(bound_us=bound.bound_s * 1e6, bound_by=bound.bound_by, link_us=bound.link_s * 1e6,
+                                     network=f"network {bound.network_s * 1e6:.3g} us, " if bound.network_s else "",
                                      latency_us=bound.latency_s * 1e6, compute_us=bound.compute_s * 1e6,
                                      memory_us=bound.memory_s * 1e6)
 

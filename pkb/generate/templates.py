@@ -47,7 +47,15 @@ HARDWARE = """\
 
 ROOFLINE = """
 On this hardware that is at least {bound_us:.3g} us per call ({bound_by}-bound: link {link_us:.3g} us, \
-latency {latency_us:.3g} us, compute {compute_us:.3g} us, HBM {memory_us:.3g} us)."""
+{network}latency {latency_us:.3g} us, compute {compute_us:.3g} us, HBM {memory_us:.3g} us)."""
+
+TOPOLOGY = """## Topology: {num_nodes} nodes
+
+{description} The function receives its process groups for both dimensions among its arguments \
+(`pkb.kernels.topology.node_groups()` gives the same; `pkb.kernels.topology.current()` the topology). \
+Every byte that crosses between nodes costs far more than one that stays on NVLink: send each only once \
+per node, then forward it inside the node.
+"""
 
 NVLS_YES = ("in the hardware, but hosts often run with it switched off (NCCL_NVLS_ENABLE=0, "
             "TORCH_SYMM_MEM_DISABLE_MULTICAST=1): use it only with a fallback that works without it")

@@ -65,11 +65,11 @@ def build_upstream_prompt(problem: Problem, backend: str, upstream_dir: str | Pa
 
 def prompt_for(problem: Problem, backend: str, profile, world_size: int | None = None, kind: str = "pkb",
                upstream_dir: str | Path | None = None, case: Case | None = None,
-               precision: str | None = None) -> Prompt:
+               precision: str | None = None, nodes: int | None = None) -> Prompt:
     """The prompt a run in ``precision`` asks for: pkb's own (``build_prompt``, showing ``case``), or
     upstream's from the clone at ``upstream_dir`` (which shows no case)."""
     if kind == "pkb":
-        return build_prompt(problem, backend, profile, case=case, world_size=world_size, precision=precision)
+        return build_prompt(problem, backend, profile, case=case, world_size=world_size, precision=precision, nodes=nodes)
     if kind != "upstream" or upstream_dir is None:
         raise PromptError("--prompt upstream needs --upstream-dir DIR (a clone of the upstream benchmark)"
                           if kind == "upstream" else f"unknown prompt {kind!r}; use one of {', '.join(PROMPT_KINDS)}")

@@ -4,7 +4,8 @@ Per GPU: ``link_gbps`` is the interconnect bandwidth per direction (GB/s = 1e9 B
 H100/H200 SXM: 18 links x 25 GB/s = 450 GB/s each way, "900 GB/s" bidirectional in the datasheet),
 ``hbm_gbps`` the device-memory bandwidth (reads plus writes), ``*_tflops`` dense tensor-core peaks
 (no 2:4 sparsity; ``fp32_tflops`` is the non-tensor FP32 peak), ``latency_us`` the latency floor of
-a small collective (see docs/roofline.md). Datasheet profiles have ``calibrated=False``;
+a small collective (see docs/roofline.md), ``network_gbps`` the GPU's share of the network between nodes
+(its NIC, GB/s per direction: a run on several nodes, pkb.topology). Datasheet profiles have ``calibrated=False``;
 ``pkb calibrate`` writes a copy with the peaks measured on this machine (``calibrated=True``,
 ``based_on`` naming the datasheet profile it started from).
 
@@ -43,6 +44,9 @@ class HardwareProfile:
     calibrated: bool = False
     based_on: str = ""  # for a calibrated profile: the datasheet profile it refines
     gpu_names: tuple[str, ...] = ()  # regexes matched against torch.cuda.get_device_name(), case-insensitive
+    # per GPU, per direction, between nodes: one 400 Gb/s (NDR InfiniBand) ConnectX-7 port per GPU, the compute
+    # fabric of NVIDIA's DGX H100, H200 and B200 reference architectures (8 x 400 Gb/s per node)
+    network_gbps: float = 50.0
 
     def __post_init__(self):
         object.__setattr__(self, "sources", tuple(self.sources))
@@ -120,6 +124,7 @@ _ALL = (
         name="pcie_gen4_x8", description="8 x A100 80GB PCIe on PCIe Gen4 x16, no NVLink bridges",
         gpu_model="NVIDIA A100 80GB PCIe", num_gpus=8, link_gbps=32.0, hbm_gbps=1935.0, hbm_bytes=80 * 10**9,
         bf16_tflops=312.0, fp8_tflops=0.0, fp32_tflops=19.5, l2_bytes=40 * MiB, nvls=False, latency_us=10.0,
+        network_gbps=25.0,  # one 200 Gb/s (HDR) port per GPU, as such PCIe servers are built
         interconnect="PCIe Gen4 x16, no NVLink",
         sources=("NVIDIA A100 Tensor Core GPU datasheet (A100 80GB PCIe: 1,935 GB/s HBM2e, BF16 312 TFLOPS, "
                  "FP32 19.5 TFLOPS, PCIe Gen4 64 GB/s bidirectional)",
@@ -142,7 +147,7 @@ _ALL = (
         name="cpu", description="plumbing only: ranks are CPU processes over gloo; numbers are one laptop "
                                 "core's order of magnitude, so cpu-mode rows have a roofline at all",
         gpu_model="cpu", num_gpus=0, link_gbps=2.0, hbm_gbps=10.0, bf16_tflops=0.05, fp8_tflops=0.0,
-        fp32_tflops=0.1, l2_bytes=32 * MiB, hbm_bytes=16 * 10**9, nvls=False, latency_us=50.0,
+        fp32_tflops=0.1, l2_bytes=32 * MiB, hbm_bytes=16 * 10**9, nvls=False, latency_us=50.0, network_gbps=1.0,
         interconnect="gloo over loopback TCP",
         sources=("pkb's own round numbers for one CPU core and loopback TCP; not a datasheet, not GPU performance",),
     ),

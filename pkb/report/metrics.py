@@ -452,8 +452,15 @@ def build_report(records: Iterable[Record], problems: dict[str, str], group_by: 
                    for view in VIEWS for protocol in PROTOCOLS}
     overall, by_category = on_protocol[("suite", "pkb")]
     paper, paper_by_category = on_protocol[("suite", "paper")]
+    # The levels nest on the problems the paper judges: those of pkb's own (no upstream case) are left out.
+    beyond = {record.problem for record in records if record.beyond_upstream}
     for view in VIEWS:
-        check_nesting(on_protocol[(view, "pkb")], on_protocol[(view, "paper")], view)
+        if beyond:
+            judged = {g: {p: c for p, c in ps.items() if p not in beyond} for g, ps in views[view].items()}
+            check_nesting(*(_view_metrics(by_group, judged, categories, ks, protocol) for protocol in ("pkb", "paper")),
+                          view)
+        else:
+            check_nesting(on_protocol[(view, "pkb")], on_protocol[(view, "paper")], view)
     groups = tuple(sorted(overall, key=lambda g: _rank_key(g, overall[g])))  # ranked on the suite: comparable
     ordered = lambda by: {g: by[g] for g in groups}  # noqa: E731
     return Report(group_by, dict(problems), groups, ordered(overall), ordered(by_category), records, tuple(notes),

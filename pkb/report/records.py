@@ -91,6 +91,7 @@ class Record:
     code: Code
     step: int | None = None  # an agent's step, when a generation with a step links to the result
     paper_status: Status | None = None  # the verdict on the upstream cases alone; None: unknown
+    beyond_upstream: bool = False  # its problem has no upstream case (pkb's own): the paper's protocol has no say
 
     @property
     def problem(self) -> str:
@@ -108,7 +109,7 @@ class Record:
         pkb's protocol as it fails the paper's; one whose run left the upstream cases out is unknown on
         both. So no sample passes pkb's protocol and not the paper's, and pkb's pass@k of a group is
         never above the paper's (``pkb.report.metrics.check_nesting``)."""
-        if protocol == "paper" or self.result.status is not Status.OK:
+        if protocol == "paper" or self.result.status is not Status.OK or self.beyond_upstream:
             return self.paper_status if protocol == "paper" else self.result.status
         return self.paper_status
 
@@ -163,7 +164,8 @@ def load(path: str | Path, group_by: str = "set", row_filter: Filter = Filter(),
         notes.append("no generation links to these results: grouped by solution set instead of model")
     rows = [record for result_id, result, recorded in results
             for record in _records(result_id, result, generations.get(result_id, []), group_by, categories,
-                                   paper_status(result, upstream_cases.get(result.problem), recorded))]
+                                   paper_status(result, upstream_cases.get(result.problem), recorded),
+                                   upstream_cases.get(result.problem) == frozenset())]
     return Loaded(records=one_per_sample(rows), rows=tuple(rows), group_by=group_by, notes=tuple(notes))
 
 
@@ -175,7 +177,8 @@ def from_results(results: list[EvalResult], categories: dict[str, str] | None = 
     upstream_cases = registry_upstream_cases() if upstream_cases is None else upstream_cases
     rows = [record for index, result in enumerate(results, 1)
             for record in _records(index, result, [], "set", categories,
-                                   paper_status(result, upstream_cases.get(result.problem), True))]
+                                   paper_status(result, upstream_cases.get(result.problem), True),
+                                   upstream_cases.get(result.problem) == frozenset())]
     return one_per_sample(rows)
 
 
@@ -249,9 +252,10 @@ def registry_upstream_cases() -> dict[str, frozenset[str]]:
 
 
 def _records(result_id: int, result: EvalResult, generations: list[Generation], group_by: str,
-             categories: dict[str, str], paper: Status | None) -> list[Record]:
+             categories: dict[str, str], paper: Status | None, beyond_upstream: bool = False) -> list[Record]:
     """One record per generation that links to the result (one record when none does, or by solution)."""
-    records = _records_in_groups(result_id, result, generations, group_by, categories, paper)
+    records = [replace(record, beyond_upstream=beyond_upstream)
+               for record in _records_in_groups(result_id, result, generations, group_by, categories, paper)]
     if result.precision == DEFAULT_PRECISION:
         return records
     return [replace(record, group=f"{record.group} [{result.precision}]") for record in records]

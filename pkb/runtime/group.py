@@ -28,6 +28,7 @@ from pkb.runtime.modes import Mode, worker_environment
 from pkb.runtime.proctree import children_by_parent, helpers_cpu_seconds
 from pkb.runtime.sandbox import remove_tree
 from pkb.runtime.zygote import Zygote
+from pkb.topology import ENV as TOPOLOGY_ENV, Topology
 
 # After one rank reports an error, how long the others get to report theirs before the group is
 # torn down (they are usually stuck in a collective that the failed rank will never join).
@@ -128,10 +129,11 @@ class RankGroup:
     """
 
     def __init__(self, mode: Mode, world_size: int, role: str, plan_for=None, broker=None,
-                 cpu_threads: int | None = None):
+                 cpu_threads: int | None = None, nodes: int = 1):
         self.mode = mode
         self.world_size = world_size
         self.role = role
+        self.topology = Topology(world_size, nodes)  # the ranks' nodes (virtual: pkb runs them on one machine)
         self.cpu_threads = cpu_threads  # each rank's share of the cores (pkb.runtime.modes.worker_environment)
         self.plan_for = plan_for
         self.broker = broker
@@ -150,7 +152,8 @@ class RankGroup:
         self._tails: dict[int, str] = {}  # each rank's last output, kept when the logs are removed
 
     def spawn(self) -> "RankGroup":
-        env_updates = worker_environment(self.mode, base={}, cpu_threads=self.cpu_threads)
+        env_updates = {**worker_environment(self.mode, base={}, cpu_threads=self.cpu_threads),
+                       TOPOLOGY_ENV: self.topology.to_env()}
         if self.plan_for is not None:
             if self.broker is not None:
                 env_updates["PKB_BUILD_CACHE"] = str(self.broker.cache_root)

@@ -66,6 +66,7 @@ class StockCallRecorder:
         self.active = False
         self.used: set[str] = set()
         self._wrappers: dict[int, Callable] = {}  # id(original) -> its one wrapper
+        self.checks: list[Callable] = []  # (label, args, kwargs) -> None or raise, before every recorded call
 
     def _wrap(self, original: Callable, label: str) -> Callable:
         recorder = self
@@ -76,6 +77,8 @@ class StockCallRecorder:
         def recorded(*args, **kwargs):
             if recorder.active:
                 recorder.used.add(label)
+            for check in recorder.checks:
+                check(label, args, kwargs)
             return original(*args, **kwargs)
 
         recorded.__pkb_original__ = original
@@ -126,6 +129,97 @@ class StockCallRecorder:
             self.active = False
 
 
+class CrossNodePeerMemory(RuntimeError):
+    """A candidate asked for peer memory between ranks on different (virtual) nodes: refused, ``forbidden``."""
+
+
+class NvshmemUnavailable(RuntimeError):
+    """A candidate asked for NVSHMEM where this mode cannot give it faithfully: ``skipped``, not failed."""
+
+
+class PeerMemoryFence:
+    """What a candidate's peer memory may reach in this run. On several nodes (pkb.topology) NVLink stays
+    inside a node: symmetric memory rendezvous and the fused symmetric-memory ops over a group that spans
+    nodes raise CrossNodePeerMemory (a real cluster has no NVLink between nodes; on one machine nothing
+    else would stop it). Where NVSHMEM cannot run faithfully (``nvshmem_missing``: W ranks on one GPU, or
+    virtual nodes, where its inter-node traffic would go over NVLink), choosing it raises
+    NvshmemUnavailable. ``refusals`` and ``unavailable``: what it refused, for the verdict (``forbidden``,
+    ``skipped``) even where the candidate caught the error."""
+
+    def __init__(self, topology, nvshmem_missing: str | None = None):
+        self.topology = topology
+        self.nvshmem_missing = nvshmem_missing
+        self.refusals: list[str] = []
+        self.unavailable: list[str] = []
+
+    def install(self, recorder: StockCallRecorder) -> None:
+        recorder.checks.append(self._check_fused_op)
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+        except ImportError:  # a torch without symmetric memory: nothing of it to fence
+            return
+        boundary = self
+        rendezvous = symm_mem.rendezvous
+
+        @functools.wraps(rendezvous)
+        def rendezvous_within_a_node(tensor, group=None, *args, **kwargs):
+            boundary.check_group(group if group is not None else dist.group.WORLD, "symmetric memory rendezvous")
+            return rendezvous(tensor, group, *args, **kwargs)
+
+        rendezvous_within_a_node.__pkb_original__ = rendezvous
+        symm_mem.rendezvous = rendezvous_within_a_node
+        set_backend = getattr(symm_mem, "set_backend", None)
+        if set_backend is not None:
+            @functools.wraps(set_backend)
+            def no_nvshmem_on_virtual_nodes(name, *args, **kwargs):
+                if str(name).upper() == "NVSHMEM" and boundary.nvshmem_missing:
+                    message = f"pkb: NVSHMEM is not available here: {boundary.nvshmem_missing} (docs/topology.md)"
+                    boundary.unavailable.append(message)
+                    raise NvshmemUnavailable(message)
+                return set_backend(name, *args, **kwargs)
+
+            no_nvshmem_on_virtual_nodes.__pkb_original__ = set_backend
+            symm_mem.set_backend = no_nvshmem_on_virtual_nodes
+
+    def _check_fused_op(self, label: str, args: tuple, kwargs: dict) -> None:
+        if not label.startswith("symm_mem."):
+            return
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, str):
+                group = _group_named(value)
+                if group is not None:
+                    self.check_group(group, label)
+
+    def check_group(self, group, what: str) -> None:
+        if self.topology.num_nodes == 1:
+            return
+        if isinstance(group, str):
+            group = _group_named(group)
+        if group is None:
+            return
+        ranks = dist.get_process_group_ranks(group)
+        if not self.topology.same_node(ranks):
+            nodes = sorted({self.topology.node_of(rank) for rank in ranks})
+            self.refuse(f"{what} over ranks {ranks}, on nodes {nodes}: peer memory works within a node only "
+                        f"({self.topology.gpus_per_node} GPUs; rank r is on node r // {self.topology.gpus_per_node}); "
+                        "move data between nodes through torch.distributed")
+
+    def refuse(self, why: str) -> None:
+        message = f"pkb: {why} (this run has {self.topology.num_nodes} nodes; docs/topology.md)"
+        self.refusals.append(message)
+        raise CrossNodePeerMemory(message)
+
+
+def _group_named(name: str):
+    """The process group called ``name``, or None where no group has that name."""
+    try:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        return _resolve_process_group(name)
+    except Exception:  # not a group's name (a reduce op, a mode string)
+        return None
+
+
 def _recorded_packet(packet: "torch._ops.OpOverloadPacket", recorder: StockCallRecorder, label: str):
     """A copy of an op's packet (``torch.ops.symm_mem.one_shot_all_reduce``) whose calls are recorded. It
     stays an ``OpOverloadPacket`` in every other respect: torch walks each namespace's ops and reads them as
@@ -136,6 +230,8 @@ def _recorded_packet(packet: "torch._ops.OpOverloadPacket", recorder: StockCallR
         def __call__(self, *args, **kwargs):
             if recorder.active:
                 recorder.used.add(label)
+            for check in recorder.checks:
+                check(label, args, kwargs)
             return base.__call__(self, *args, **kwargs)
 
     recorded = RecordedPacket.__new__(RecordedPacket)
@@ -167,17 +263,24 @@ def _watched(modules: dict[str, Any]) -> dict[str, Any]:
     for name in (*DIST_FUNCTIONS, "barrier"):  # the recorder's wrappers, once installed
         watched[f"dist.{name}"] = getattr(dist, name, None)
         watched[f"c10d.{name}"] = getattr(c10d, name, None)
+    if "symm_mem" in modules:  # the peer-memory fence's wrappers (PeerMemoryFence)
+        for name in ("rendezvous", "set_backend"):
+            watched[f"symm_mem.{name}"] = getattr(modules["symm_mem"], name, None)
     return watched
 
 
-def snapshot_harness(worker: Any) -> dict[str, Any]:
-    """The objects the harness relies on, as they are now (call after the recorder is installed and
-    before the candidate is imported). ``worker`` is the rank's worker module (passed in: this module
-    sits below it). Keeps the modules, so later checks need no import."""
+def snapshot_harness(worker: Any, fence: bool = False) -> dict[str, Any]:
+    """The objects the harness relies on, as they are now (call after the recorder, and any peer-memory fence,
+    is installed and before the candidate is imported). ``worker`` is the rank's worker module (passed in:
+    this module sits below it). Keeps the modules, so later checks need no import."""
     import pkb.runtime.timed_loop as timing
     import pkb.runtime.channel as channel
 
     modules = {"timing": timing, "channel": channel, "worker": worker}
+    if fence:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        modules["symm_mem"] = symm_mem
     return {"__modules__": modules, **_watched(modules)}
 
 

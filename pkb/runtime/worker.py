@@ -29,8 +29,9 @@ from pkb.runtime.timed_loop import TimedLoop
 from pkb.problem import make_generator
 from pkb.runtime import gloo_bridge
 from pkb.runtime.channel import recv_job, send_reply, to_plain
-from pkb.runtime.guards import HarnessImportBlocker, StockCallRecorder, snapshot_harness, tampered
+from pkb.runtime.guards import HarnessImportBlocker, PeerMemoryFence, StockCallRecorder, snapshot_harness, tampered
 from pkb.runtime.modes import Mode
+from pkb.topology import Topology
 
 
 class Worker:
@@ -44,6 +45,7 @@ class Worker:
         self.solution = None
         self.timed = None  # the TimedLoop of the case being timed
         self.recorder = StockCallRecorder()
+        self.boundary = _fence(role, mode, Topology.from_env() or Topology(world_size))
         self.import_blocker = HarnessImportBlocker()
         self.snapshot = None  # the harness's objects before the candidate was imported
 
@@ -80,7 +82,9 @@ class Worker:
             return {"status": "ok"}
         problem_module = sys.modules[self.problem.reference.__module__]
         self.recorder.install(problem_module if job.get("candidate") else None)
-        self.snapshot = snapshot_harness(sys.modules[__name__])
+        if self.boundary is not None and self.snapshot is None:
+            self.boundary.install(self.recorder)
+        self.snapshot = snapshot_harness(sys.modules[__name__], fence=self.boundary is not None)
         self.import_blocker.install()
         if job.get("candidate") is None:  # the reference, run as a candidate (self-check)
             return {"status": "ok"}
@@ -98,7 +102,23 @@ class Worker:
         if changed:
             return {"status": "tampered", "error": "the candidate changed or reached into the harness: "
                                                    + ", ".join(changed)}
+        if self.boundary is not None and (self.boundary.refusals or self.boundary.unavailable):
+            return self.fenced()
         return {**reply, "collectives_used": sorted(self.recorder.used)}
+
+    def fenced(self) -> dict:
+        """The reply of a rank whose candidate asked for peer memory across nodes (``forbidden``), or for
+        NVSHMEM where this mode cannot give it (``skipped``) (pkb.runtime.guards.PeerMemoryFence)."""
+        if self.boundary.refusals:
+            return {"status": "forbidden", "error": self.boundary.refusals[0]}
+        return {"status": "skipped", "error": self.boundary.unavailable[0]}
+
+    def failed(self, exc: Exception) -> dict:
+        """The reply of a job that raised ``exc``."""
+        if self.boundary is not None and (self.boundary.refusals or self.boundary.unavailable):
+            return self.fenced()
+        return {"status": "runtime_error", "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(limit=-12)}
 
     def call(self, inputs: tuple) -> tuple:
         """(outputs, the inputs as called): the candidate's (recorded), or the reference's. The reference
@@ -110,15 +130,15 @@ class Worker:
             return self.recorder.run(self.problem.reference, *inputs), inputs
         return self.problem.reference(*inputs), inputs
 
-    def make_inputs(self, case_name: str, seeds: tuple[int, int], precision: str) -> tuple:
-        """The case's inputs in the run's precision for this rank from (this rank's seed, the seed shared
-        by all ranks)."""
-        case = self.problem.find_case(case_name, precision)
+    def make_inputs(self, case_name: str, seeds: tuple[int, int], precision: str, nodes: int | None = None) -> tuple:
+        """The case's inputs in the run's precision, on its nodes, for this rank from (this rank's seed, the
+        seed shared by all ranks)."""
+        case = self.problem.find_case(case_name, precision, nodes)
         inputs = self.problem.make_inputs(case, self.rank, self.world_size, make_generator(*seeds, self.device))
         return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
     def run(self, job: dict) -> dict:
-        outputs, inputs = self.call(self.make_inputs(job["case"], job["seeds"], job["precision"]))
+        outputs, inputs = self.call(self.make_inputs(job["case"], job["seeds"], job["precision"], job.get("nodes")))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dist.barrier()
@@ -127,9 +147,10 @@ class Worker:
                              "inputs_after": to_plain(list(inputs), sample_seed=sample_seed)})
 
     def time_prepare(self, job: dict) -> dict:
-        case, precision = self.problem.find_case(job["case"]), job["precision"]
+        case, precision, nodes = self.problem.find_case(job["case"]), job["precision"], job.get("nodes")
         fn = (lambda *inputs: self.call(inputs)[0])
-        self.timed = TimedLoop(fn, lambda seeds: self.make_inputs(case.name, seeds, precision), job["seeds"], self.device)
+        self.timed = TimedLoop(fn, lambda seeds: self.make_inputs(case.name, seeds, precision, nodes), job["seeds"],
+                               self.device)
         return {"status": "ok", **self.timed.prepare(**job["protocol"])}
 
     def time_refresh(self, job: dict) -> dict:
@@ -148,6 +169,18 @@ class Worker:
         timed, self.timed = self.timed, None
         outputs = timed.outputs()
         return self.guarded({"status": "ok", "outputs": to_plain(outputs, sample_seed=job["sample_seed"])})
+
+
+def _fence(role: str, mode: Mode, topology: Topology) -> PeerMemoryFence | None:
+    """A candidate's peer-memory fence where this run needs one (several nodes; NVSHMEM that the mode cannot
+    give); the trusted reference needs none."""
+    nvshmem_missing = ("shared-gpu mode runs the W ranks on one GPU, and NVSHMEM needs a GPU per rank"
+                       if mode is Mode.SHARED_GPU else
+                       "the nodes of this run are virtual: NVSHMEM's inter-node traffic would go over NVLink"
+                       if topology.num_nodes > 1 else None)
+    if role != "candidate" or (topology.num_nodes == 1 and nvshmem_missing is None):
+        return None
+    return PeerMemoryFence(topology, nvshmem_missing)
 
 
 def load_problem(ref: str):
@@ -260,8 +293,7 @@ def worker_main(conn: Connection, rank: int, world_size: int, mode: str, store_p
         try:
             reply = handlers[job["op"]](job)
         except Exception as exc:
-            reply = {"status": "runtime_error", "error": f"{type(exc).__name__}: {exc}",
-                     "traceback": traceback.format_exc(limit=-12)}
+            reply = worker.failed(exc)
         send_reply(conn, reply)
     if dist.is_initialized():
         try:

@@ -7,7 +7,7 @@
                                          (the JSON of ``pkb eval --json``)
     GET  /v1/problems                    every problem: name, number, category, world sizes, precisions
     GET  /v1/problems/{id}               one problem: its reference, cases (with tags) and cost per case
-    GET  /v1/problems/{id}/prompt        what ``pkb prompt`` builds (?backend=&world_size=&dtype=&hardware=)
+    GET  /v1/problems/{id}/prompt        what ``pkb prompt`` builds (?backend=&world_size=&nodes=&dtype=&hardware=)
     GET  /v1/health                      queue depth and the executor
 
 With a token, every request must carry ``Authorization: Bearer <token>`` (401 otherwise). Bodies over
@@ -110,7 +110,7 @@ def create_app(service: EvaluationService, token: str | None = None) -> Starlett
         try:
             world_size = int(query["world_size"]) if "world_size" in query else None
             built = prompt_for(found, query.get("backend", "cuda"), load_profile(query.get("hardware")), world_size,
-                               precision=query.get("dtype"))
+                               precision=query.get("dtype"), nodes=int(query["nodes"]) if "nodes" in query else None)
         except (PromptError, ValueError, KeyError) as exc:
             raise RequestError(str(exc)) from None
         return _json({"system": built.system, "user": built.user, "problem": built.problem, "case": built.case,

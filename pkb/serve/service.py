@@ -132,7 +132,8 @@ class EvaluationService:
             mode = choose_mode(request.mode, world_size, num_gpus=self.executor.gpus_per_node()).mode
         except ModeUnavailable as exc:
             raise RequestError(str(exc)) from None
-        config = EvalConfig(world_size=world_size, mode=mode, num_trials=request.trials, timeout_s=request.timeout,
+        config = EvalConfig(world_size=world_size, nodes=request.nodes or 0, mode=mode, num_trials=request.trials,
+                            timeout_s=request.timeout,
                             perf=request.perf, policy=request.policy, cases=request.cases, sandbox=self.sandbox,
                             precision=request.dtype, upstream_trials=request.upstream_trials)
         if request.reference:

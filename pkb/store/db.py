@@ -160,6 +160,8 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     ALTER TABLE results ADD COLUMN precision TEXT NOT NULL DEFAULT 'bf16';
     ALTER TABLE generations ADD COLUMN precision TEXT NOT NULL DEFAULT 'bf16';
     """,
+    # 5 -> 6: the nodes the ranks were split into (--nodes); every earlier run was on one
+    "ALTER TABLE results ADD COLUMN nodes INTEGER NOT NULL DEFAULT 1;",
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION, "every schema version needs its migration"
 
@@ -172,7 +174,7 @@ _GENERATION_COLUMNS = frozenset((
 _COLUMNS = ("problem", "problem_version", "solution", "solution_sha256", "status", "message", "mode",
             "world_size", "num_trials", "speedup", "roofline_fraction", "busbw_gbps",
             "times_are_gpu_performance", "hardware", "pkb_version", "schema_version", "created_at", "wall_s",
-            "solution_set", "upstream_ok", "precision")
+            "solution_set", "upstream_ok", "precision", "nodes")
 
 
 class StoreError(RuntimeError):
