@@ -24,13 +24,14 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="module")
 def sessions():
-    """``sessions(world_size, mode=Mode.CPU)``: a Session per (mode, world size), closed after the module."""
-    opened: dict[tuple[Mode, int], Session] = {}
+    """``sessions(world_size, mode=Mode.CPU, nodes=1)``: a Session per (mode, world size, nodes), closed after the
+    module (an inter-node problem needs one of its nodes: ``nodes=problem.nodes[0]``)."""
+    opened: dict[tuple[Mode, int, int], Session] = {}
 
-    def get(world_size: int, mode: Mode = Mode.CPU) -> Session:
-        if (mode, world_size) not in opened:
-            opened[(mode, world_size)] = Session(mode, world_size)
-        return opened[(mode, world_size)]
+    def get(world_size: int, mode: Mode = Mode.CPU, nodes: int = 1) -> Session:
+        if (mode, world_size, nodes) not in opened:
+            opened[(mode, world_size, nodes)] = Session(mode, world_size, nodes=nodes)
+        return opened[(mode, world_size, nodes)]
 
     yield get
     for session in opened.values():

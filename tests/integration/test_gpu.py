@@ -54,6 +54,29 @@ def test_shipped_solutions_pass_on_gpu(path, mode, world_size, sessions):
     assert result.status is Status.OK, result.message + "\n" + result.details.get("traceback", "")
 
 
+INTER_NODE = [p for p in all_problems().values() if p.category == "inter_node"]
+INTER_NODE_SHIPPED = sorted(p for p in SHIPPED_SOLUTIONS.glob("*.py") if any(p.stem.startswith(q.name) for q in INTER_NODE))
+
+
+@pytest.mark.parametrize("world_size", [4, 8])
+@pytest.mark.parametrize("problem", INTER_NODE, ids=lambda p: p.name)
+def test_inter_node_references_pass_in_shared_gpu_mode_on_virtual_nodes(problem, world_size, sessions):
+    config = EvalConfig(world_size=world_size, nodes=2, mode=Mode.SHARED_GPU, num_trials=1)
+    result = evaluate(problem, Candidate.reference_of(problem), config, sessions(world_size, Mode.SHARED_GPU, nodes=2))
+    assert result.status is Status.OK, result.message
+
+
+@pytest.mark.parametrize("world_size", [4, 8])
+@pytest.mark.parametrize("path", INTER_NODE_SHIPPED, ids=lambda p: p.stem)
+def test_shipped_inter_node_solutions_pass_in_shared_gpu_mode(path, world_size, sessions):
+    """On a GPU they move data inside a node over symmetric memory of the intra-node group (which the fence
+    lets through) and between the virtual nodes through torch.distributed."""
+    problem = next(p for p in INTER_NODE if path.stem.startswith(p.name))
+    config = EvalConfig(world_size=world_size, nodes=2, mode=Mode.SHARED_GPU, num_trials=2)
+    result = evaluate(problem, Candidate.from_file(path), config, sessions(world_size, Mode.SHARED_GPU, nodes=2))
+    assert result.status is Status.OK, result.message + "\n" + result.details.get("traceback", "")
+
+
 def test_racy_allreduce_without_barriers_is_caught(sessions, tmp_path):
     """The peer all-reduce with its barriers removed reads buffers peers have not filled yet."""
     source = (SHIPPED_SOLUTIONS / "1_allreduce_cuda_peer.py").read_text()

@@ -94,10 +94,13 @@ def test_every_problem_has_rank_distinct_random_inputs_and_a_cost(problem):
     if floats[0] and floats[1] and not problem.replicated_inputs:
         assert any(not torch.equal(a, b) for a, b in zip(floats[0], floats[1]) if a.shape == b.shape) or \
             any(a.shape != b.shape for a, b in zip(floats[0], floats[1])), f"{problem.name}: ranks 0 and 1 got the same inputs"
-    for case in problem.tests + problem.benchmarks:
-        for world_size in problem.world_sizes:
-            if case.runs_at(world_size):
-                assert isinstance(problem.cost(case, world_size), Cost)
+    for world_size in problem.world_sizes:
+        for nodes in (n for n in problem.nodes if problem.runs_on(world_size, n)):
+            for case in problem.cases("tests", world_size, nodes=nodes) + problem.cases("benchmarks", world_size, nodes=nodes):
+                cost = problem.cost(case, world_size)
+                assert isinstance(cost, Cost)
+                if nodes > 1:  # across nodes something must cross the network, and the cost says how much
+                    assert cost.network_bytes > 0, f"{problem.name} {case.name} W={world_size} on {nodes} nodes"
 
 
 # nccl-tests PERFORMANCE.md: busbw = algbw * factor, algbw = S / t, with S the size it reports

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pkb"
 # Bottom first. A name is a module or package directly under pkb; everything inside a package shares its
 # layer. (The problems and the shipped solutions sit outside: they use pkb.problem and pkb.kernels.)
 LAYERS = (
-    ("pkb.protocol", "pkb.options", "pkb.syntax", "pkb.console", "pkb.progress", "pkb.client"),  # no torch
+    ("pkb.protocol", "pkb.options", "pkb.topology", "pkb.syntax", "pkb.console", "pkb.progress", "pkb.client"),  # no torch
     ("pkb.problem",),  # the contract every problem fills
     ("pkb.registry", "pkb.describe"),  # the suite, found by discovery
     ("pkb.kernels",),  # what a candidate may use: extension builds, symmetric memory

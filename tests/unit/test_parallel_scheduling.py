@@ -59,7 +59,7 @@ def test_timed_evaluations_run_alone_after_the_untimed_ones(monkeypatch):
 
 
 class NoSession:
-    def __init__(self, *args):
+    def __init__(self, *args, **kwargs):
         pass
 
     def close(self):

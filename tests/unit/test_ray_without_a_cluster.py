@@ -75,7 +75,7 @@ class FakeSession:
 
     built: list = []
 
-    def __init__(self, mode, world_size, sandbox="auto", broker=None, cpu_threads=None):
+    def __init__(self, mode, world_size, sandbox="auto", broker=None, cpu_threads=None, nodes=1):
         from pkb.runtime.sandbox import SandboxUnavailable
 
         if sandbox == "required":

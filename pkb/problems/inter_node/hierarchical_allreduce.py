@@ -56,7 +56,8 @@ PROBLEM = Problem(
     tests=(Case("odd", {"shape": (3, 683)}, tags=("odd_sizes",)),
            Case("single", {"shape": (1,)}, tags=("tiny",)),
            Case("odd3d", {"shape": (5, 7, 11)}, tags=("odd_sizes", "layout")),
-           Case("grads", {"shape": (1024, 1024)}, note="a 2 MiB bf16 gradient bucket")),
+           Case("grads", {"shape": (1024, 1024)}, tags=("shape_regime",),
+                note="a whole 2 MiB bf16 gradient bucket: many elements per shard, where the others have few")),
     benchmarks=tuple(Case(f"bf16_{label}", {"shape": (size // 2048, 1024)}, note=f"{label} per rank in bf16")
                      for label, size in (("1MiB", 1 << 20), ("16MiB", 16 << 20), ("256MiB", 256 << 20),
                                          ("1GiB", 1 << 30))),
