@@ -73,22 +73,18 @@ class NvmlReader:
 
     def free_bytes(self) -> dict[int, int]:
         """Free memory of each device (NVML's index), as the driver counts it now."""
-        with self._lock:
-            free = {}
-            for index, handle in enumerate(self._devices):
-                memory = _Memory()
-                self._call("nvmlDeviceGetMemoryInfo", handle, ctypes.byref(memory))
-                free[index] = memory.free
-            return free
+        return {index: memory.free for index, memory in self._memory().items()}
 
     def total_bytes(self) -> dict[int, int]:
+        return {index: memory.total for index, memory in self._memory().items()}
+
+    def _memory(self) -> dict[int, _Memory]:
         with self._lock:
-            total = {}
+            found = {}
             for index, handle in enumerate(self._devices):
-                memory = _Memory()
-                self._call("nvmlDeviceGetMemoryInfo", handle, ctypes.byref(memory))
-                total[index] = memory.total
-            return total
+                found[index] = _Memory()
+                self._call("nvmlDeviceGetMemoryInfo", handle, ctypes.byref(found[index]))
+            return found
 
     def used_by_process(self) -> dict[int, dict[int, int]]:
         """Per device, the memory each process with a context there uses (processes whose use the driver

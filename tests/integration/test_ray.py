@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.sources import HONEST_ALLREDUCE
 from pkb.loop import Job, run_jobs
 from pkb.cli import main
 from pkb.console import UsageError
@@ -31,16 +32,6 @@ TEMPLATES = Path(__file__).resolve().parents[1] / "candidates"
 CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, timeout_s=20.0)
 # for the slow candidate, which writes a marker file the sandbox forbids (these tests kill the machine, not escapes)
 UNCONFINED = replace(CONFIG, sandbox="off")
-HONEST_ALLREDUCE = """
-REQUIRES = ()
-import torch
-import torch.distributed as dist
-
-def solution(tensor):
-    out = tensor.clone()
-    dist.all_reduce(out)
-    return out
-"""
 
 
 def from_template(template: str, problem, tmp_path: Path) -> Candidate:

@@ -18,21 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.sources import ALLGATHER
 from pkb.client import Client, ServerError
 
 ROOT = Path(__file__).resolve().parents[2]
 LIGHT = {"world_size": 2, "mode": "cpu", "cases": "tests", "trials": 1, "upstream_trials": 1}
 
-ALLGATHER = """
-import torch
-import torch.distributed as dist
-
-
-def solution(tensor):
-    out = tensor.new_empty((dist.get_world_size(),) + tensor.shape)
-    dist.all_gather_into_tensor(out, tensor)
-    return out{tail}
-"""
 CORRECT = ALLGATHER.format(tail="")
 WRONG = ALLGATHER.format(tail=" * 2")
 CRASHING = ALLGATHER.format(tail="\n\nraise_at_import = None\nsolution = lambda tensor: 1 / 0")

@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from helpers.sources import HONEST_ALLREDUCE
 from pkb.cli import main
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
@@ -21,16 +22,6 @@ from pkb.registry import get_problem
 from pkb.runtime.modes import Mode
 
 CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, timeout_s=20.0)
-HONEST_ALLREDUCE = """
-REQUIRES = ()
-import torch
-import torch.distributed as dist
-
-def solution(tensor):
-    out = tensor.clone()
-    dist.all_reduce(out)
-    return out
-"""
 
 
 def from_source(name: str, source: str, tmp_path: Path) -> Candidate:

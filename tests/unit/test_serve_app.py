@@ -4,16 +4,8 @@ with its traceback in the server's log. The server as a user starts it: tests/in
 
 from __future__ import annotations
 
-ALLGATHER = """
-import torch
-import torch.distributed as dist
+from helpers.sources import ALLGATHER
 
-
-def solution(tensor):
-    out = tensor.new_empty((dist.get_world_size(),) + tensor.shape)
-    dist.all_gather_into_tensor(out, tensor)
-    return out{tail}
-"""
 CORRECT = ALLGATHER.format(tail="")
 
 
