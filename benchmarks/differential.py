@@ -82,6 +82,8 @@ def judge(files: list[Path], mode: Mode, world_size: int, arm: Arm, parallel: in
             LocalExecutor(parallel if arm.side_by_side else 1) as executor, \
             ResultStore(Path(folder) / "results.sqlite") as store:
         results = run_jobs(jobs, config, store, seen, executor=executor)
+        if arm.side_by_side:
+            print(f"executor: {executor.describe()}", flush=True)
     return {result.solution: {"status": result.status.value, "upstream_ok": result.upstream_ok,
                               "rerun_alone": result.details.get("rerun_alone"), "message": result.message[:300]}
             for result in results}, most_at_once[0]
@@ -134,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{arm.name} at W = {world_size}" + (f" ({slots} slots, {most_at_once} at most in flight)"
                                                       if arm.side_by_side else "")
                   + f": {walls[f'{arm.name} W={world_size}']} s", flush=True)
+            for name, verdict in judged.items():  # as each arm ends: a run cut short keeps what it judged
+                print(f"  {name}: {verdict['status']} (paper {verdict['upstream_ok']})"
+                      + (" judged again alone" if verdict["rerun_alone"] else ""), flush=True)
     for name, by_arm in verdicts.items():
         statuses = sorted({v["status"] for v in by_arm.values()})
         reruns = [arm for arm, v in by_arm.items() if v["rerun_alone"]]

@@ -45,7 +45,7 @@ for name in "$@"; do
     env) stage env bash -c 'date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
            python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"triton\", triton.__version__, \"nccl\", torch.cuda.nccl.version())"
            nvidia-smi topo -m; python3 -m pkb.cli hardware' ;;
-    tests) stage tests python3 -m pytest -m gpu -q -s -p no:cacheprovider tests ${TESTS_K:+-k "$TESTS_K"} ;;
+    tests) stage tests python3 -m pytest -m gpu -v -s --tb=short -p no:cacheprovider tests ${TESTS_K:+-k "$TESTS_K"} ;;
     timing) stage timing python3 benchmarks/gpu_timing.py ${TIMING_PARTS:-} ;;
     calibrate) stage calibrate python3 -m pkb.cli calibrate --out "$OUT/calibrate.json" ;;
     fidelity) [ "$NUM_GPUS" -ge 2 ] && stage fidelity python3 benchmarks/nccl_fidelity.py --world-size "$NUM_GPUS" ;;

@@ -4,7 +4,10 @@ Rows are matched by (solution set, solution, problem, mode, world size, precisio
 everything a result says about the candidate: the status, the message, the paper's verdict, the cases
 checked, the collectives used and the details, less what describes the run rather than the candidate
 (wall times, where the time went, when, the path of the file and of the checkout it ran from, pkb's
-version, the schema version). Paths under either checkout are written as ``<checkout>``.
+version, the schema version). Paths under either checkout are written as ``<checkout>``, the name of a
+scratch folder (random per evaluation) as ``pkb-scratch-*``, and the line numbers of pkb's own frames in a
+traceback as ``line *`` (pkb's code moves; the candidate's lines stay). A field a later schema added
+counts as the value an older row implies (``ADDED_FIELDS``).
 
     python benchmarks/verdict_diff.py BEFORE.sqlite AFTER.sqlite [--before-root DIR] [--after-root DIR]
 
@@ -15,11 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sqlite3
 import sys
 from pathlib import Path
 
 RUN_DETAILS = ("phase_s", "solution_path", "gpu_memory_peak_gib")  # how a run went, not what it found
+ADDED_FIELDS = {"nodes": 1}  # field -> what a row written before it existed means (schema 6: one node)
+SCRATCH = re.compile(r"pkb-scratch-[A-Za-z0-9_]+")
+OWN_FRAME = re.compile(r'(<checkout>/pkb/[^"\\]*\\", line )\d+')  # in JSON text: the quote escaped
 RUN_FIELDS = ("wall_s", "created_at", "pkb_version", "schema_version", "details", "timings", "speedup",
               "roofline_fraction", "busbw_gbps", "hardware")
 
@@ -35,8 +42,11 @@ def rows(path: Path, root: str | None) -> dict[tuple, dict]:
             details = {k: v for k, v in (row.get("details") or {}).items() if k not in RUN_DETAILS}
             verdict = {k: v for k, v in row.items() if k not in RUN_FIELDS}
             verdict["details"] = details
+            for name, implied in ADDED_FIELDS.items():
+                verdict[name] = implied if verdict.get(name) is None else verdict[name]
             text = json.dumps(verdict, sort_keys=True, default=str)
-            found[key] = json.loads(text.replace(root, "<checkout>")) if root else json.loads(text)
+            text = SCRATCH.sub("pkb-scratch-*", text.replace(root, "<checkout>") if root else text)
+            found[key] = json.loads(OWN_FRAME.sub(r"\1*", text))
     return found
 
 

@@ -197,7 +197,8 @@ def cmd_run(args) -> int:
     if args.json:
         print(json.dumps([r.to_dict() for r in results], default=str))
     else:
-        print_run_summary(results, problems, args.db or DEFAULT_DB, checked_line(args, config, self_check, solutions_dir))
+        print_run_summary(results, None if args.problems is None else problems, args.db or DEFAULT_DB,
+                          checked_line(args, config, self_check, solutions_dir))
     return 0 if all(r.status in QUIET_STATUSES for r in results) else 1
 
 
@@ -228,13 +229,14 @@ def running_labels(executor) -> list[tuple[str, float]]:
 
 def print_run_summary(results, problems, db: str, checked: str = "") -> None:
     """What ``pkb run`` ends with: the results that need a look, the counts, what was ``checked`` (a
-    sentence), then the headline over the run's selection. A set with results for only part of it (pkb's
+    sentence), then the headline over the run's selection (``problems``; None: none was asked for, and the
+    headline counts the paper's suite as ``pkb report`` does). A set with results for only part of it (pkb's
     shipped worked examples, a folder missing files) gets two rows, one on the problems it covers and one
     on the whole selection (the paper's denominator: a problem without a result counts as failed), and a
     note saying which is which.
     """
     from pkb.report import metrics, records
-    from pkb.report.cli import headline_lines
+    from pkb.report.cli import headline_lines, suite_selection
     from pkb.store.db import DEFAULT_DB
 
     failed = [r for r in results if r.status not in QUIET_STATUSES]
@@ -249,8 +251,12 @@ def print_run_summary(results, problems, db: str, checked: str = "") -> None:
     print(f"{len(results)} results in {db}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
           + f"\n(`{report_command}` for every set in the database, `--html FILE` for plots)")
     print((checked + "\n") if checked else "")
-    report = metrics.build_report(records.from_results(results), {p.name: p.category for p in problems}, "set",
-                                  ks=(1,))
+    found = records.from_results(results)
+    if problems is None:
+        selection, notes = suite_selection({r.problem: r.category for r in found})
+    else:
+        selection, notes = {p.name: p.category for p in problems}, ()
+    report = metrics.build_report(found, selection, "set", ks=(1,), notes=notes)
     headline_lines(report, "no candidate results: only the references' self-checks ran")
 
 

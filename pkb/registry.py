@@ -70,7 +70,8 @@ def get_problem(key: str | int) -> Problem:
 def select(selection: str | Iterable[str] | None) -> list[Problem]:
     """Problems named by a selection such as ``"1-8,12,allgather_gemm"`` or a category name.
 
-    ``None`` or ``"all"`` selects the whole suite. Order follows the suite; duplicates collapse.
+    ``None`` or ``"all"`` selects the whole suite; ``"upstream"`` the problems of the upstream benchmark
+    (the paper's 87, without pkb's own). Order follows the suite; duplicates collapse.
     """
     problems = all_problems()
     if selection is None:
@@ -82,6 +83,8 @@ def select(selection: str | Iterable[str] | None) -> list[Problem]:
             continue
         if part == "all":
             chosen.update(problems)
+        elif part == "upstream":
+            chosen.update(name for name, p in problems.items() if p.upstream_id is not None)
         elif part in {p.category for p in problems.values()}:
             chosen.update(p.name for p in problems.values() if p.category == part)
         elif "-" in part and all(s.strip().isdigit() for s in part.split("-", 1)):

@@ -15,11 +15,37 @@ TIERS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with the tier of the folder it is in (``-m unit``, ``-m integration``)."""
+    """Mark each test with the tier of the folder it is in (``-m unit``, ``-m integration``), and run a
+    module's tests of one problem one after another (``problem_major``)."""
     for item in items:
         tier = next((folder.name for folder in item.path.parents if folder.parent == TESTS), None)
         if tier in TIERS:
             item.add_marker(TIERS[tier])
+    items[:] = problem_major(items)
+
+
+def problem_major(items: list) -> list:
+    """Within each module, the tests parametrized by a ``problem`` grouped by it (in the order each problem
+    first appears; other tests keep their places). The module's warm session then loads each reference
+    once and judges every candidate of a problem against the reference outputs it kept
+    (``pkb.evaluate.session.ReferenceOutputs``), instead of running the reference again per test."""
+    def problem_of(item):
+        callspec = getattr(item, "callspec", None)
+        value = callspec.params.get("problem") if callspec is not None else None
+        return getattr(value, "name", None)
+
+    ordered, by_problem = [], {}
+    for item in items:
+        name = problem_of(item)
+        if name is None:
+            ordered.append([item])
+            continue
+        key = (item.module.__name__ if item.module else "", name)
+        if key not in by_problem:
+            by_problem[key] = []
+            ordered.append(by_problem[key])
+        by_problem[key].append(item)
+    return [item for group in ordered for item in group]
 
 
 @pytest.fixture(scope="module")

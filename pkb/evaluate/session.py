@@ -5,6 +5,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import secrets
+from collections import OrderedDict
+
+import torch
 
 from pkb.evaluate.verdicts import raise_reference_errors
 from pkb.problem import Problem
@@ -14,13 +17,60 @@ from pkb.runtime.modes import Mode
 from pkb.runtime.sandbox import check_sandbox, new_plan
 
 
+class ReferenceOutputs:
+    """The reference's replies to the trials of one session, kept for the next evaluation of the same
+    problem, case and trial: candidates of one problem (a model's k samples, a folder and the references)
+    are judged against the reference's answer without running it again. A trial's inputs follow from the
+    session's seeds, so a reply is the same whoever it is compared with. The least recently used go
+    first once the replies' tensors pass ``max_bytes``; none is kept that alone is larger."""
+
+    MAX_BYTES = 512 << 20
+
+    def __init__(self, max_bytes: int = MAX_BYTES):
+        self.max_bytes = max_bytes
+        self.num_bytes = 0
+        self.hits = self.misses = 0
+        self._replies: OrderedDict[tuple, tuple[list[dict], int]] = OrderedDict()
+
+    def get(self, key: tuple) -> list[dict] | None:
+        found = self._replies.get(key)
+        if found is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._replies.move_to_end(key)
+        return found[0]
+
+    def put(self, key: tuple, replies: list[dict]) -> None:
+        size = _tensor_bytes(replies)
+        if size > self.max_bytes or key in self._replies:
+            return
+        self._replies[key] = (replies, size)
+        self.num_bytes += size
+        while self.num_bytes > self.max_bytes:
+            _, (_, dropped) = self._replies.popitem(last=False)
+            self.num_bytes -= dropped
+
+
+def _tensor_bytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
 class Session:
     """Rank groups for one (mode, world size), reused across evaluations.
 
     The reference group is trusted and lives as long as the session. Every candidate gets a fresh
     group, in a sandbox of its own unless ``sandbox`` is ``off`` (``required``: SandboxUnavailable
     here unless this machine gives the full set); the next one is spawned while the current one works,
-    so start-up is mostly hidden. The run salt behind every seed never leaves this process.
+    so start-up is mostly hidden. The run salt behind every seed never leaves this process, and the
+    reference's replies to its trials are kept for the next candidate of the same problem
+    (``ReferenceOutputs``).
     """
 
     MAX_TIMING_COPIES = 64
@@ -41,6 +91,7 @@ class Session:
         self._reference_problem: str | None = None
         self._spare: RankGroup | None = None
         self._current: RankGroup | None = None  # the candidate group handed out last
+        self.reference_outputs = ReferenceOutputs()
 
     def _plan_for(self, scratch: str):
         """The sandbox of one candidate group whose private directory is ``scratch``."""

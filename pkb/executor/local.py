@@ -32,7 +32,7 @@ from pkb.evaluate.result import EvalResult
 from pkb.executor.base import Executor, InFlight, Task, resource_failure, session_key
 from pkb.executor.memory import GpuAdmission
 from pkb.runtime.gpu_memory import GIB, NvmlReader, usage_of
-from pkb.runtime.group import RankGroup
+from pkb.runtime.group import RankGroup, StartFailure
 from pkb.runtime.modes import Mode
 from pkb.runtime.proctree import children_by_parent, descendants
 
@@ -126,7 +126,14 @@ class LocalExecutor(Executor):
         if self._decided:
             return self.parallel
         self._decided = True
-        rank_bytes = self._measure_rank_memory(config) if config.mode.uses_gpu and self.parallel != 1 else None
+        try:
+            rank_bytes = self._measure_rank_memory(config) if config.mode.uses_gpu and self.parallel != 1 else None
+        except StartFailure as exc:  # pkb's own trouble: the run goes on, safely, one evaluation at a time
+            self._memory = None
+            self.parallel, self.parallel_reason = 1, (
+                f"one at a time: the GPU memory of W = {config.world_size} ranks could not be measured ({exc}; "
+                f"last log lines: {' | '.join((exc.log_tail or '').strip().splitlines()[-3:])})")
+            return self.parallel
         if self.parallel is None:  # decided once, by the first configuration asked about
             chosen = default_parallel(config.mode, config.world_size, rank_bytes)
             self.parallel, self.parallel_reason = chosen.slots, chosen.reason

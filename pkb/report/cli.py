@@ -28,7 +28,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--html", help="also write the HTML report (one static file) here")
     p.add_argument("--group-by", default="set", choices=("set", "model", "solution"),
                    help="what to compare: solution sets (default), models (generations), or each solution")
-    p.add_argument("--problems", help="the selection the metrics are over, e.g. 1-8,12 or a category; default: all")
+    p.add_argument("--problems", help="the selection the metrics are over, e.g. 1-8,12 or a category; default: upstream "
+                   "(the paper's 87 problems; all adds pkb's own, beyond upstream)")
     p.add_argument("--mode", choices=("cpu", "cuda", "shared-gpu"), help="only results measured in this mode")
     p.add_argument("--world-size", type=int, help="only results at this world size")
     p.add_argument("--dtype", choices=protocol.PRECISION_NAMES,
@@ -66,10 +67,11 @@ def cmd_report(args) -> int:
         loaded = records.load(db, args.group_by, row_filter, registry)
     except records.ReportError as exc:
         raise UsageError(str(exc)) from None
-    if selection is None:  # the whole suite, plus problems the database has that the suite no longer does
-        selection = dict(registry)
-        selection.update({r.problem: r.category for r in loaded.rows if r.problem not in registry})
-    report = metrics.build_report(loaded.records, selection, loaded.group_by, ks, loaded.notes)
+    notes = loaded.notes
+    if selection is None:
+        selection, outside = suite_selection({r.problem: r.category for r in loaded.rows})
+        notes += outside
+    report = metrics.build_report(loaded.records, selection, loaded.group_by, ks, notes)
 
     if args.compare:
         missing = [name for name in args.compare if name not in report.groups]
@@ -85,6 +87,25 @@ def cmd_report(args) -> int:
         path = html.write(report, args.html, source=Path(db).name)
         print(f"HTML report: {path}", file=sys.stderr)
     return 0
+
+
+def suite_selection(with_results: dict[str, str]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The selection a headline counts when none is asked for (slug -> category), and a note: the paper's
+    suite (the upstream problems), plus problems of ``with_results`` (slug -> category, those the results
+    are for) that the registry no longer has. pkb's own problems (beyond upstream) stay out, so that the
+    denominator stays the paper's; the note names those the results are for and how to report them."""
+    from pkb.registry import all_problems, select
+
+    registry = all_problems()
+    selection = {p.name: p.category for p in select("upstream")}
+    selection.update({name: category for name, category in with_results.items() if name not in registry})
+    own = sorted(name for name in with_results if name in registry and name not in selection)
+    if not own:
+        return selection, ()
+    categories = ",".join(sorted({registry[name].category for name in own}))
+    return selection, (f"results for {len(own)} of pkb's own problems beyond upstream ({', '.join(own)}) are "
+                       f"outside the paper's suite this headline counts: `pkb report --problems {categories}` "
+                       "reports them",)
 
 
 def _report_output(report, loaded, file_format: str, table: str | None, db: str):

@@ -32,7 +32,8 @@ for a group counts as failed (0 in pass@k and fast_p: the paper's denominator, a
 folder is ranked on), and ``covered``, over the problems the group has a result for (``Coverage``): what
 a set that covers only part of the selection (pkb's shipped worked examples, a folder missing files)
 achieves on its part. The two are the same for a set that covers the whole selection. Every metric exists
-on both (``Report.on(protocol, view)``).
+on both (``Report.on(protocol, view)``). The paper's protocol counts only the problems the paper has: pkb's
+own (beyond upstream, no upstream case) are outside its denominator in both views.
 
 How results count: a problem of the selection with no result for a group counts as failed on the suite
 view. A ``skipped`` sample (it needs what the mode lacks), a ``harness_error`` (pkb's own
@@ -51,7 +52,8 @@ from fractions import Fraction
 from typing import Iterable
 
 from pkb.options import Status
-from pkb.report.records import PROTOCOLS, SANDBOX_GAPS, Record, registry_case_tags, sandbox_gap
+from pkb.report.records import (PROTOCOLS, SANDBOX_GAPS, Record, registry_case_tags, registry_upstream_cases,
+                                sandbox_gap)
 
 FAST_P_THRESHOLDS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)
 VIEWS = ("covered", "suite")  # the problems a group has a result for; the whole selection (the paper's)
@@ -447,20 +449,20 @@ def build_report(records: Iterable[Record], problems: dict[str, str], group_by: 
     covered = {g: covered_problems(rs, problems) for g, rs in by_group.items()}
     views = {view: {g: {p: problems[p] for p in (covered[g] if view == "covered" else problems)} for g in by_group}
              for view in VIEWS}  # view -> group -> its problems, slug -> category
+    # The paper judges only the problems it has: pkb's own (no upstream case) are outside its denominator.
+    upstream_cases = registry_upstream_cases()
+    beyond = {r.problem for r in records if r.beyond_upstream} | {p for p in problems if upstream_cases.get(p) == frozenset()}
+    judged = {view: {g: {p: c for p, c in ps.items() if p not in beyond} for g, ps in views[view].items()}
+              for view in VIEWS}
     categories = tuple(dict.fromkeys(problems.values()))
-    on_protocol = {(view, protocol): _view_metrics(by_group, views[view], categories, ks, protocol)
+    on_protocol = {(view, protocol): _view_metrics(by_group, (judged if protocol == "paper" else views)[view],
+                                                   categories, ks, protocol)
                    for view in VIEWS for protocol in PROTOCOLS}
     overall, by_category = on_protocol[("suite", "pkb")]
     paper, paper_by_category = on_protocol[("suite", "paper")]
-    # The levels nest on the problems the paper judges: those of pkb's own (no upstream case) are left out.
-    beyond = {record.problem for record in records if record.beyond_upstream}
-    for view in VIEWS:
-        if beyond:
-            judged = {g: {p: c for p, c in ps.items() if p not in beyond} for g, ps in views[view].items()}
-            check_nesting(*(_view_metrics(by_group, judged, categories, ks, protocol) for protocol in ("pkb", "paper")),
-                          view)
-        else:
-            check_nesting(on_protocol[(view, "pkb")], on_protocol[(view, "paper")], view)
+    for view in VIEWS:  # the levels nest on the problems the paper judges
+        pkb_judged = _view_metrics(by_group, judged[view], categories, ks, "pkb") if beyond else on_protocol[(view, "pkb")]
+        check_nesting(pkb_judged, on_protocol[(view, "paper")], view)
     groups = tuple(sorted(overall, key=lambda g: _rank_key(g, overall[g])))  # ranked on the suite: comparable
     ordered = lambda by: {g: by[g] for g in groups}  # noqa: E731
     return Report(group_by, dict(problems), groups, ordered(overall), ordered(by_category), records, tuple(notes),

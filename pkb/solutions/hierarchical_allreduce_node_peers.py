@@ -24,30 +24,34 @@ _buffers = {}  # (elements, dtype, device, node group) -> its symmetric buffer (
 
 
 def solution(tensor, intra_group, inter_group):
-    local_size, local_rank = dist.get_world_size(intra_group), dist.get_rank(intra_group)
+    local_size = dist.get_world_size(intra_group)
     flat = tensor.reshape(-1)
     shard = -(-flat.numel() // local_size)
-    if not tensor.is_cuda:
-        return _with_collectives(flat, shard, local_size, intra_group, inter_group).view_as(tensor)
-    key = (shard * local_size, tensor.dtype, tensor.device, intra_group.group_name)
+    reduce = _with_peers if tensor.is_cuda else _with_collectives
+    return reduce(flat, shard, local_size, intra_group, inter_group).view_as(tensor)
+
+
+def _with_peers(flat, shard, local_size, intra_group, inter_group):
+    local_rank = dist.get_rank(intra_group)
+    key = (shard * local_size, flat.dtype, flat.device, intra_group.group_name)
     if key not in _buffers:
-        _buffers[key] = symmetric_buffer((shard * local_size,), tensor.dtype, tensor.device, group=intra_group)
+        _buffers[key] = symmetric_buffer((shard * local_size,), flat.dtype, flat.device, group=intra_group)
     buffer = _buffers[key]
     buffer.local[:flat.numel()].copy_(flat)
     buffer.local[flat.numel():].zero_()
     buffer.barrier()
     mine = slice(local_rank * shard, (local_rank + 1) * shard)
-    total = torch.zeros(shard, dtype=torch.float32, device=tensor.device)
+    total = torch.zeros(shard, dtype=torch.float32, device=flat.device)
     for peer in range(local_size):
         total += buffer.peer(peer)[mine].float()
-    reduced = total.to(tensor.dtype)
+    reduced = total.to(flat.dtype)
     dist.all_reduce(reduced, group=inter_group)
     buffer.barrier()  # every peer has read its shard of this buffer before it is overwritten
     buffer.local[mine].copy_(reduced)
     buffer.barrier()
     out = torch.cat([buffer.peer(peer)[peer * shard:(peer + 1) * shard] for peer in range(local_size)])
     buffer.barrier()  # every peer has read this buffer before the next call writes it
-    return out[:flat.numel()].clone()
+    return out[:flat.numel()]
 
 
 def _with_collectives(flat, shard, local_size, intra_group, inter_group):

@@ -7,6 +7,7 @@ and cuda modes, and racy solutions caught. Marked ``gpu``; skipped cleanly witho
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,12 +47,27 @@ def test_collective_references_pass_on_gpu(problem, mode, world_size, sessions):
 @pytest.mark.parametrize(("mode", "world_size"), SETTINGS, ids=lambda v: str(v))
 @pytest.mark.parametrize("path", GPU_SOLUTIONS, ids=lambda p: p.stem)
 def test_shipped_solutions_pass_on_gpu(path, mode, world_size, sessions):
+    """Each passes pkb's own cases. With the upstream case too it is ``ok``, except that a sum over ranks
+    accumulated in fp32 (the all-reduce, reduce and reduce-scatter here) may fail upstream's rule from
+    W = 4: allclose at 1e-2 against NCCL's bf16 ring, which rounds after every addition, rejects the more
+    accurate sum where it is large (as at W = 8 on the CPU: test_anticheat). pkb's ok requires upstream's
+    verdict, so that is a mismatch by upstream's rule alone, and the run must say exactly that."""
     _skip_unless_runnable(mode, world_size)
     problem = match_file(path, all_problems()).problem
     # device-side solutions: the stock collectives on the hot path would make them `forbidden`
     config = EvalConfig(world_size=world_size, mode=mode, num_trials=3, policy="forbid-collectives")
+    own = evaluate(problem, Candidate.from_file(path), replace(config, cases="tests"), sessions(world_size, mode))
+    assert own.status is Status.OK, own.message + "\n" + own.details.get("traceback", "")
     result = evaluate(problem, Candidate.from_file(path), config, sessions(world_size, mode))
-    assert result.status is Status.OK, result.message + "\n" + result.details.get("traceback", "")
+    if result.status is Status.OK:
+        return
+    assert problem.name in FP32_SUMS and world_size >= 4, result.message + "\n" + result.details.get("traceback", "")
+    assert (result.status, result.upstream_ok, result.details.get("rule")) == (Status.MISMATCH, False, "upstream"), \
+        result.message
+    print(f"\n{path.stem} at W = {world_size} ({mode}): {result.message[:200]}")
+
+
+FP32_SUMS = {"allreduce", "reduce", "reducescatter"}  # shipped solutions that accumulate a sum over ranks in fp32
 
 
 INTER_NODE = [p for p in all_problems().values() if p.category == "inter_node"]

@@ -73,3 +73,27 @@ def test_the_json_and_csv_metrics_keep_the_suite_view_and_add_the_covered_one(pa
     collectives = rows[("pkb shipped", "collectives", "paper")]
     assert (collectives["selected"], collectives["covered"], float(collectives["covered_pass@1"])) == ("8", "8", 1.0)
     assert rows[("pkb shipped", "tensor_parallel", "pkb")]["covered"] == "0"
+
+
+def test_the_default_selection_is_the_papers_suite_and_a_note_names_pkbs_own_problems(tmp_path):
+    """Results for pkb's own problems (beyond upstream) stay out of the paper's denominator by default; the
+    note names them and the command that reports them, and that command counts them."""
+    from helpers.reports import make_result
+    from pkb.options import Status
+
+    db = write_db(tmp_path / "own.sqlite", [
+        make_result("allreduce", "mine/allreduce", Status.OK, upstream_ok=True),
+        make_result("hierarchical_allreduce", "mine/hierarchical_allreduce", Status.OK, upstream_ok=None)])
+    done = pkb("report", "--db", str(db))
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"  1 of 87 in the suite  +1\.1% / 1\.1%  ", done.stdout)
+    assert ("note: results for 1 of pkb's own problems beyond upstream (hierarchical_allreduce) are outside the "
+            "paper's suite this headline counts: `pkb report --problems inter_node` reports them") in done.stdout
+
+    own = pkb("report", "--db", str(db), "--problems", "inter_node")
+    assert own.returncode == 0, own.stderr
+    lines = own.stdout.splitlines()
+    mine = next(line for line in lines if line.startswith("mine"))
+    assert re.search(r"  1 of 1 covered  +- / 100\.0%  ", mine)  # the paper has no say on pkb's own problems
+    assert re.search(r"  1 of 8 in the suite  +- / 12\.5%  ", lines[lines.index(mine) + 1])
+    assert "beyond upstream" not in own.stdout and "without an upstream verdict" not in own.stdout

@@ -179,6 +179,21 @@ def test_gpu_evaluations_are_admitted_by_the_memory_they_are_measured_to_need(mo
     admission.close()
 
 
+def test_ranks_that_cannot_start_for_the_memory_probe_leave_the_run_going_one_at_a_time(monkeypatch):
+    from pkb.runtime.group import StartFailure
+
+    def cold(self, config):
+        raise StartFailure("the reference ranks did not start: start-up did not finish within 120 s", None,
+                           "rank 0: importing torch\nrank 0: cuda init")
+
+    monkeypatch.setattr(LocalExecutor, "_measure_rank_memory", cold)
+    executor = LocalExecutor(8)
+    assert executor.capacity(replace(CONFIG, mode=Mode.SHARED_GPU, world_size=8)) == 1
+    assert executor.describe().startswith("local, 1 evaluation at once (one at a time: the GPU memory of W = 8 ranks "
+                                          "could not be measured (the reference ranks did not start")
+    assert "rank 0: cuda init" in executor.describe()
+
+
 def test_the_default_is_bound_by_cores_and_memory(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert default_parallel(Mode.CPU, 2).slots == 1  # this 2-core machine: the two ranks fill it

@@ -75,6 +75,22 @@ def test_pkb_runs_headline_reports_any_partial_set_on_both_views(capsys):
         assert any(line.startswith(f"note: {group} has results for") for line in lines)
 
 
+def test_a_run_without_a_selection_counts_the_papers_suite_and_names_pkbs_own_problems(capsys):
+    """`pkb run` over everything ran pkb's own problems too: its headline counts the paper's 87, as
+    `pkb report` does, and a note says where the others are."""
+    from pkb.cli import print_run_summary
+
+    rows = [make_result("allreduce", "mine/allreduce", Status.OK, upstream_ok=True),
+            make_result("hierarchical_allreduce", "mine/hierarchical_allreduce", Status.OK, upstream_ok=None)]
+    print_run_summary(rows, None, "r.sqlite")
+    out = capsys.readouterr().out
+    assert "1 of 87 in the suite" in out and "1.1% / 1.1%" in out
+    assert "beyond upstream (hierarchical_allreduce)" in out and "`pkb report --problems inter_node`" in out
+    print_run_summary(rows, list(all_problems().values()), "r.sqlite")  # `--problems all`: pkb's own count too
+    out = capsys.readouterr().out
+    assert f"2 of {len(all_problems())} in the suite" in out and "beyond upstream" not in out
+
+
 def test_the_html_headline_reports_a_partial_set_on_both_views(partial_db):
     page = Page()
     page.feed(report_html.render(suite_report(partial_db)))

@@ -1,0 +1,40 @@
+"""A session judges the next candidate of a problem against the reference outputs it kept: the reference
+ranks do not run the same trial again, and the verdicts are those of a session that ran them afresh."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pkb.evaluate.candidate import Candidate
+from pkb.evaluate.config import EvalConfig
+from pkb.evaluate.evaluator import evaluate
+from pkb.evaluate.session import ReferenceOutputs, Session
+from pkb.options import Status
+from pkb.registry import get_problem
+from pkb.runtime.modes import Mode
+
+SOLUTIONS = Path(__file__).resolve().parents[2] / "pkb" / "solutions"
+
+
+def test_the_second_candidate_of_a_problem_is_judged_against_the_kept_reference_outputs(tmp_path):
+    problem = get_problem("allreduce")
+    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=2, cases="all")
+    wrong = tmp_path / "1_allreduce_doubled.py"
+    wrong.write_text("import torch.distributed as dist\n\ndef solution(tensor):\n    out = tensor * 2\n"
+                     "    dist.all_reduce(out)\n    return out\n")
+    candidates = [Candidate.reference_of(problem), Candidate.from_file(SOLUTIONS / "1_allreduce_two_step.py"),
+                  Candidate.from_file(wrong)]
+    with Session(Mode.CPU, 2) as session:
+        first = evaluate(problem, candidates[0], config, session)
+        runs = session.reference_group(problem, 60).num_runs
+        kept = session.reference_outputs
+        assert kept.misses > 0 and kept.num_bytes > 0
+        misses = kept.misses
+        again = [evaluate(problem, candidate, config, session) for candidate in candidates[1:]]
+        assert session.reference_group(problem, 60).num_runs == runs  # no trial ran on the reference again
+        assert kept.misses == misses  # every trial's answer was kept
+        session.reference_outputs = ReferenceOutputs(max_bytes=0)  # the same seeds, the reference run afresh
+        afresh = [evaluate(problem, candidate, config, session) for candidate in candidates[1:]]
+        assert session.reference_group(problem, 60).num_runs > runs
+    assert first.status is Status.OK and [r.status for r in again] == [Status.OK, Status.MISMATCH]
+    assert [(r.status, r.upstream_ok, r.message) for r in again] == [(r.status, r.upstream_ok, r.message) for r in afresh]

@@ -1,0 +1,31 @@
+"""The reference's replies a session keeps (``pkb.evaluate.session.ReferenceOutputs``): by key, the least
+recently used dropped first once their tensors pass the limit, none kept that alone is larger."""
+
+from __future__ import annotations
+
+import torch
+
+from pkb.evaluate.session import ReferenceOutputs
+
+
+def replies(megabytes: int) -> list[dict]:
+    return [{"outputs": [torch.zeros(megabytes << 18)], "inputs_after": {"x": 1.0}}]  # fp32: 4 bytes each
+
+
+def test_replies_are_kept_by_key_and_the_least_recently_used_go_first():
+    kept = ReferenceOutputs(max_bytes=3 << 20)
+    first, second = replies(1), replies(1)
+    kept.put(("p", 1, "case", "bf16", 1, 0), first)
+    kept.put(("p", 1, "case", "bf16", 1, 1), second)
+    assert kept.get(("p", 1, "case", "bf16", 1, 0)) is first  # now the most recently used
+    assert kept.get(("p", 1, "case", "bf16", 1, 2)) is None
+    kept.put(("p", 1, "case", "bf16", 1, 2), replies(2))  # 4 MiB in all: the least recently used goes
+    assert kept.get(("p", 1, "case", "bf16", 1, 1)) is None
+    assert kept.get(("p", 1, "case", "bf16", 1, 0)) is first
+    assert kept.num_bytes == 3 << 20 and (kept.hits, kept.misses) == (2, 2)
+
+
+def test_a_reply_larger_than_the_limit_is_not_kept():
+    kept = ReferenceOutputs(max_bytes=1 << 20)
+    kept.put(("p", 1, "case", "bf16", 1, 0), replies(2))
+    assert kept.get(("p", 1, "case", "bf16", 1, 0)) is None and kept.num_bytes == 0
