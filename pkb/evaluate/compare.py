@@ -236,6 +236,8 @@ def upstream_compare(expected: Any, got: Any, path: str = "out") -> Mismatch | N
 
 
 def _upstream_allclose(expected: torch.Tensor, got: torch.Tensor, path: str) -> Mismatch | None:
+    if expected.dtype == got.dtype and expected.shape == got.shape and torch.equal(expected, got):
+        return None  # equal values hold no NaN (NaN is never equal), so allclose passes: at memory speed
     with warnings.catch_warnings():  # .float() of a complex tensor warns that it drops the imaginary part
         warnings.simplefilter("ignore")
         e, g = expected.float().reshape(-1), got.float().reshape(-1)

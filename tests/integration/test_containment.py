@@ -46,20 +46,11 @@ from pkb.options import Status
 from pkb.registry import get_problem
 from pkb.runtime.modes import Mode
 from helpers.containment import ATTACK_ORDER, ATTACKS, CONTAINED, nothing_done, shm_plant_contained
+from helpers.sources import HONEST_ALLREDUCE
 
 PKB_PACKAGE = Path(pkb.__file__).resolve().parent
 # The mode of the whole-run test: cpu in CI; shared-gpu on a GPU machine, for device evidence.
 RUN_MODE = os.environ.get("PKB_CONTAINMENT_MODE", "cpu")
-
-HONEST = """
-import torch
-import torch.distributed as dist
-
-def solution(tensor):
-    out = tensor.clone()
-    dist.all_reduce(out)
-    return out
-"""
 
 WRONG = """
 import torch
@@ -229,7 +220,7 @@ class Arena:
         for stem, attack in files.items():
             (self.solutions / f"{stem}.py").write_text(self.attack_source(attack))
         if honest:
-            (self.solutions / "1_allreduce_honest.py").write_text(HONEST)
+            (self.solutions / "1_allreduce_honest.py").write_text(HONEST_ALLREDUCE)
             files["1_allreduce_honest"] = "honest"
         if wrong:
             (self.solutions / "1_allreduce_wrong.py").write_text(WRONG)
