@@ -17,6 +17,7 @@ import tempfile
 import time
 import socket
 import threading
+import weakref
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -149,6 +150,9 @@ class RankGroup:
         self._num_builds = 0  # build requests its ranks made (max_build_requests at most)
         self.limits_hit: list[str] = []  # pkb's own limits that refused something its ranks asked for
         self._log_dir = Path(tempfile.mkdtemp(prefix=f"pkb-{role}-"))  # removed when the group ends
+        # ... or, for a group nobody ended (its owner dropped it, or left without closing it), when it is
+        # collected or at exit
+        self._remove_logs = weakref.finalize(self, shutil.rmtree, str(self._log_dir), True)
         self._tails: dict[int, str] = {}  # each rank's last output, kept when the logs are removed
 
     def spawn(self) -> "RankGroup":
@@ -378,7 +382,7 @@ class RankGroup:
                     pass
             member.conn.close()
         self._tails = {member.rank: _log_tail(member.log_path) for member in self.ranks}
-        shutil.rmtree(self._log_dir, ignore_errors=True)
+        self._remove_logs()
         self.closed = True
         self.store = None
 
