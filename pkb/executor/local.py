@@ -155,7 +155,7 @@ class LocalExecutor(Executor):
         if reader is None:
             return None
         self._memory = GpuAdmission(reader)
-        with RankGroup(config.mode, config.world_size, "reference").spawn() as group:
+        with RankGroup(config.mode, config.world_size, "reference") as group:
             group.wait_ready()
             usage = usage_of(descendants(group.root_pids(), children_by_parent()), reader.used_by_process())
         return sum(usage.by_device.values()) / config.world_size or None

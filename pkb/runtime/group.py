@@ -118,6 +118,12 @@ def finish_teardowns() -> None:
         _teardowns.pop().join()
 
 
+def _exception_line(error: str) -> str:
+    """The line of a traceback that names the exception (its last non-blank one), cut to 200 characters."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return lines[-1][:200] if lines else "no error given"
+
+
 class RankGroup:
     """W worker processes in one process group; ``role`` is 'reference' or 'candidate'.
 
@@ -156,6 +162,8 @@ class RankGroup:
         self._tails: dict[int, str] = {}  # each rank's last output, kept when the logs are removed
 
     def spawn(self) -> "RankGroup":
+        if self.ranks or self.jail is not None or self.closed:
+            raise RuntimeError(f"this {self.role} group has been started already: start a new RankGroup")
         env_updates = {**worker_environment(self.mode, base={}, cpu_threads=self.cpu_threads),
                        TOPOLOGY_ENV: self.topology.to_env()}
         if self.plan_for is not None:
@@ -206,7 +214,10 @@ class RankGroup:
             failed = [r for r, reply in enumerate(replies) if not reply.get("ready")]
             if failed:
                 self.kill()
-                raise StartFailure(f"rank {failed[0]} failed to start: {replies[failed[0]].get('error', '')}",
+                errors = {rank: replies[rank].get("error", "") for rank in failed}
+                said = "; ".join(f"rank {rank}: {_exception_line(error)}" for rank, error in errors.items())
+                raise StartFailure(f"{len(failed)} of {self.world_size} ranks failed to start ({said})\n"
+                                   + "\n".join(f"rank {rank}: {error}" for rank, error in errors.items()),
                                    failed[0], self.log_tail(failed[0]))
             self.sandbox_status = replies[0].get("sandbox")
             self.ready = True
@@ -404,7 +415,7 @@ class RankGroup:
         _teardowns[:] = [t for t in _teardowns if t.is_alive()] + [thread]
 
     def __enter__(self) -> "RankGroup":
-        return self.spawn()
+        return self if self.ranks or self.jail is not None else self.spawn()
 
     def __exit__(self, *exc) -> None:
         self.close()

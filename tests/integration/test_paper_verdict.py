@@ -9,7 +9,6 @@ leaf: tests/unit/test_upstream_rule.py.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +19,9 @@ from pkb.options import Status
 from pkb.protocol import UPSTREAM_TRIALS
 from pkb.registry import get_problem
 from pkb.runtime.modes import Mode
+from helpers.upstream import UPSTREAM_REFERENCE
 
-UPSTREAM = Path(__file__).resolve().parents[3] / "shared" / "upstream" / "reference"
+UPSTREAM = UPSTREAM_REFERENCE
 
 ALLGATHER = """
 import torch

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from pkb.loop import Job, run_jobs
 from pkb.evaluate.candidate import Candidate
@@ -102,3 +103,52 @@ def test_a_terminal_gets_the_live_display_and_a_log_gets_a_line_per_result(tmp_p
     lines = [line for line in logged.stderr.splitlines() if line.startswith("[")]
     assert lines[0] == "[1/5] allreduce/reference: ok" and len(lines) == 5 and "elapsed" not in logged.stderr
     assert "executor: local, 1 evaluation at once" in logged.stderr
+
+
+
+class _EveryProcessOnOneGpu:
+    """An NVML reader for a machine without one: every process uses 256 MiB of device 0."""
+
+    num_devices = 1
+
+    def used_by_process(self) -> dict[int, dict[int, int]]:
+        return {0: {int(name): 256 << 20 for name in os.listdir("/proc") if name.isdigit()}}
+
+    def free_bytes(self) -> dict[int, int]:
+        return {0: 64 << 30}
+
+    def total_bytes(self) -> dict[int, int]:
+        return {0: 64 << 30}
+
+
+def test_the_memory_probe_starts_one_group_of_ranks_and_measures_each(monkeypatch):
+    """Side by side on GPUs starts by measuring one rank's memory on a group of W ranks started for it. It
+    once started that group twice (``spawn()``, then again on entering ``with``): the first group's ranks
+    never answered, and every GPU run went one evaluation at a time."""
+    from pkb.executor import local
+    monkeypatch.setattr(local.NvmlReader, "open", classmethod(lambda cls: _EveryProcessOnOneGpu()))
+    measured: list[set[int]] = []
+    real_usage_of = local.usage_of
+    monkeypatch.setattr(local, "usage_of", lambda pids, per_process: (
+        measured.append(set(pids)), real_usage_of(pids, per_process))[1])
+    started = time.monotonic()
+    per_rank = LocalExecutor(parallel=2)._measure_rank_memory(EvalConfig(world_size=2, mode=Mode.CPU))
+    assert time.monotonic() - started < 60
+    assert per_rank == 256 << 20, per_rank  # one group of W rank processes, each counted once
+    assert len(measured) == 1 and len(measured[0]) == 2, measured
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in measured[0])  # the probe's group is gone
+
+
+def test_ranks_that_fail_to_start_are_named_each_by_its_exception():
+    """A group that cannot start (here: cuda mode on a machine whose ranks find no GPU to take) says which
+    ranks failed and with what exception on its first line (the line a verdict's message keeps), not the
+    first line of a traceback; the tracebacks follow."""
+    from pkb.runtime.group import RankGroup, StartFailure
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine whose ranks cannot take a GPU")
+    with pytest.raises(StartFailure) as failure, RankGroup(Mode.CUDA, 2, "reference") as group:
+        group.wait_ready(60)
+    first, *rest = str(failure.value).splitlines()
+    assert first.startswith("2 of 2 ranks failed to start (rank 0: ") and "; rank 1: " in first, first
+    assert "Traceback" not in first and "Error" in first, first
+    assert any(line.startswith("rank 1: Traceback") for line in rest), rest

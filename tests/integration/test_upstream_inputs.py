@@ -29,14 +29,13 @@ import multiprocessing
 import os
 import tempfile
 import traceback
-from pathlib import Path
 
 import pytest
 import torch
 
 from pkb.registry import all_problems
+from helpers.upstream import UPSTREAM
 
-UPSTREAM = Path(__file__).resolve().parents[3] / "shared" / "upstream"
 FACTORY = UPSTREAM / "utils" / "input_output_tensors.py"
 BASE_SHAPE = (1024, 1024)
 REPLY_TIMEOUT_S = 180.0

@@ -6,13 +6,13 @@ candidates: tests/integration/test_upstream_corpus.py.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from pkb.registry import all_problems
+from helpers.upstream import UPSTREAM_REFERENCE
 
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "upstream" / "reference"
+CORPUS = UPSTREAM_REFERENCE
 FILES = {int(p.name.split("_", 1)[0]): p for p in CORPUS.glob("*.py")} if CORPUS.is_dir() else {}
 
 pytestmark = pytest.mark.skipif(not FILES, reason=f"no upstream corpus at {CORPUS}")
