@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from pkb.kernels.build import BuildError, cached_library, extension_name
-from pkb.runtime.channel import ChannelError, decode_reply
+from pkb.runtime.channel import ChannelError, recv_reply
 from pkb.runtime.group import LIMIT_WORDS, RankGroup
 
 BUILD_TIMEOUT_S = 900.0
@@ -172,7 +172,7 @@ class BuildBroker:
             if not conn.poll(BUILD_TIMEOUT_S):
                 raise BuildError(f"{LIMIT_WORDS} the build did not finish within {BUILD_TIMEOUT_S:.0f} s")
             try:
-                reply = decode_reply(conn.recv_bytes())
+                reply = recv_reply(conn)
             except (EOFError, OSError, ChannelError):
                 raise BuildError("the build process died:\n" + group.log_tail(0)) from None
         finally:

@@ -3,14 +3,20 @@
 Parent -> worker: pickled job dicts (the worker trusts its parent).
 Worker -> parent: ``torch.save`` bytes read back with ``torch.load(weights_only=True)``, so a
 candidate that writes to the channel can send tensors, numbers, strings, lists and dicts, but never
-an object whose unpickling runs code in the process that decides the verdict.
+an object whose unpickling runs code in the process that decides the verdict. The parent reads a reply
+with ``recv_reply``: straight into one buffer of the announced size (``Connection.recv_bytes`` asks the
+kernel for all that is left on every read, a fresh allocation of up to the whole message per 64 KiB
+read), refusing a size past ``MAX_MESSAGE_BYTES`` and a sender that stops mid-message.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import pickle
+import select
+import struct
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -27,6 +33,41 @@ def send_job(conn: Connection, job: dict) -> None:
 
 def recv_job(conn: Connection) -> dict:
     return pickle.loads(conn.recv_bytes())
+
+
+_SIZE, _LONG_SIZE = struct.Struct("!i"), struct.Struct("!Q")  # Connection.send_bytes's framing
+MAX_MESSAGE_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+MESSAGE_STALL_S = 60.0  # a sender silent this long in the middle of a message has stopped
+
+
+def recv_reply(conn: Connection, stall_s: float = MESSAGE_STALL_S) -> dict:
+    """The next reply on ``conn`` (framed as ``Connection.send_bytes`` frames it), decoded. EOFError at
+    end of file before it starts, OSError at end of file within it; ChannelError for a size past
+    MAX_MESSAGE_BYTES, a sender silent for ``stall_s`` within a message, or a reply that does not decode."""
+    fd = conn.fileno()
+    size, = _SIZE.unpack(_read_exactly(fd, _SIZE.size, stall_s, at_start=True))
+    if size == -1:
+        size, = _LONG_SIZE.unpack(_read_exactly(fd, _LONG_SIZE.size, stall_s))
+    if not 0 <= size <= MAX_MESSAGE_BYTES:
+        raise ChannelError(f"a rank announced a reply of {size} bytes (at most {MAX_MESSAGE_BYTES} are read)")
+    return decode_reply(_read_exactly(fd, size, stall_s))
+
+
+def _read_exactly(fd: int, size: int, stall_s: float, at_start: bool = False) -> bytearray:
+    buffer = bytearray(size)
+    view, done = memoryview(buffer), 0
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while done < size:
+        if not poller.poll(stall_s * 1000):
+            raise ChannelError(f"a rank stopped for {stall_s:.0f} s in the middle of a reply")
+        read = os.readv(fd, [view[done:]])
+        if read == 0:
+            if at_start and done == 0:
+                raise EOFError
+            raise OSError("end of file in the middle of a reply")
+        done += read
+    return buffer
 
 
 MAX_FULL_ELEMENTS = 1 << 22  # larger tensors travel as a sample of elements at parent-chosen places
@@ -84,7 +125,7 @@ def send_reply(conn: Connection, reply: dict) -> None:
     conn.send_bytes(buffer.getbuffer())
 
 
-def decode_reply(data: bytes) -> dict:
+def decode_reply(data: bytes | bytearray) -> dict:
     try:
         reply = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as exc:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from pkb.runtime.channel import ChannelError, decode_reply, send_job
+from pkb.runtime.channel import ChannelError, recv_reply, send_job
 from pkb.runtime.modes import Mode, worker_environment
 from pkb.runtime.proctree import children_by_parent, helpers_cpu_seconds
 from pkb.runtime.sandbox import remove_tree
@@ -281,7 +281,7 @@ class RankGroup:
             for conn in wait(list(pending), timeout=min(remaining, step)):
                 member = by_conn[conn]
                 try:
-                    reply = decode_reply(conn.recv_bytes())
+                    reply = recv_reply(conn)
                 except (EOFError, OSError):
                     self._crashed(member, what)
                 except ChannelError as exc:
