@@ -27,8 +27,9 @@ LIGHT = {"world_size": 2, "mode": "cpu", "cases": "tests", "trials": 1, "upstrea
 CORRECT = ALLGATHER.format(tail="")
 WRONG = ALLGATHER.format(tail=" * 2")
 CRASHING = ALLGATHER.format(tail="\n\nraise_at_import = None\nsolution = lambda tensor: 1 / 0")
-SLOW = ALLGATHER.format(tail="\n\nimport time\n_gather = solution\n\n\ndef solution(tensor):\n    time.sleep(4)\n"
-                            "    return _gather(tensor)")
+SLOW = ALLGATHER.format(tail="\n\nimport time\n_gather = solution\n_calls = []\n\n\ndef solution(tensor):\n"
+                            "    if not _calls:  # its first call: the job runs 4 s at least\n        time.sleep(4)\n"
+                            "    _calls.append(1)\n    return _gather(tensor)")
 
 
 def _start(tmp: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
