@@ -4,9 +4,10 @@ Parent -> worker: pickled job dicts (the worker trusts its parent).
 Worker -> parent: ``torch.save`` bytes read back with ``torch.load(weights_only=True)``, so a
 candidate that writes to the channel can send tensors, numbers, strings, lists and dicts, but never
 an object whose unpickling runs code in the process that decides the verdict. The parent reads a reply
-with ``recv_reply``: straight into one buffer of the announced size (``Connection.recv_bytes`` asks the
-kernel for all that is left on every read, a fresh allocation of up to the whole message per 64 KiB
-read), refusing a size past ``MAX_MESSAGE_BYTES`` and a sender that stops mid-message.
+with ``recv_reply``, straight into the stream it decodes (``Connection.recv_bytes`` asks the kernel for
+all that is left on every read, a fresh allocation of up to the whole message per 64 KiB read, and the
+bytes are copied again to be decoded), refusing a size past ``MAX_MESSAGE_BYTES`` and a sender that
+stops mid-message.
 """
 
 from __future__ import annotations
@@ -45,20 +46,27 @@ def recv_reply(conn: Connection, stall_s: float = MESSAGE_STALL_S) -> dict:
     end of file before it starts, OSError at end of file within it; ChannelError for a size past
     MAX_MESSAGE_BYTES, a sender silent for ``stall_s`` within a message, or a reply that does not decode."""
     fd = conn.fileno()
-    size, = _SIZE.unpack(_read_exactly(fd, _SIZE.size, stall_s, at_start=True))
+    size, = _SIZE.unpack(_read_into(fd, bytearray(_SIZE.size), stall_s, at_start=True))
     if size == -1:
-        size, = _LONG_SIZE.unpack(_read_exactly(fd, _LONG_SIZE.size, stall_s))
+        size, = _LONG_SIZE.unpack(_read_into(fd, bytearray(_LONG_SIZE.size), stall_s))
     if not 0 <= size <= MAX_MESSAGE_BYTES:
         raise ChannelError(f"a rank announced a reply of {size} bytes (at most {MAX_MESSAGE_BYTES} are read)")
-    return decode_reply(_read_exactly(fd, size, stall_s))
+    body = io.BytesIO()  # read into the stream torch.load reads from: no second copy of the reply
+    if size:
+        body.seek(size - 1)
+        body.write(b"\0")
+        with body.getbuffer() as view:
+            _read_into(fd, view, stall_s)
+        body.seek(0)
+    return decode_reply(body)
 
 
-def _read_exactly(fd: int, size: int, stall_s: float, at_start: bool = False) -> bytearray:
-    buffer = bytearray(size)
-    view, done = memoryview(buffer), 0
+def _read_into(fd: int, buffer, stall_s: float, at_start: bool = False):
+    """Fill ``buffer`` (writable, of the size to read) from ``fd``; returns it."""
+    view, done = memoryview(buffer).cast("B"), 0
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    while done < size:
+    while done < len(view):
         if not poller.poll(stall_s * 1000):
             raise ChannelError(f"a rank stopped for {stall_s:.0f} s in the middle of a reply")
         read = os.readv(fd, [view[done:]])
@@ -67,6 +75,7 @@ def _read_exactly(fd: int, size: int, stall_s: float, at_start: bool = False) ->
                 raise EOFError
             raise OSError("end of file in the middle of a reply")
         done += read
+    view.release()
     return buffer
 
 
@@ -125,9 +134,9 @@ def send_reply(conn: Connection, reply: dict) -> None:
     conn.send_bytes(buffer.getbuffer())
 
 
-def decode_reply(data: bytes | bytearray) -> dict:
+def decode_reply(stream: io.BytesIO) -> dict:
     try:
-        reply = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        reply = torch.load(stream, weights_only=True, map_location="cpu")
     except Exception as exc:
         raise ChannelError(f"unreadable reply from a rank ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(reply, dict):

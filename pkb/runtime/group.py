@@ -161,8 +161,13 @@ class RankGroup:
         self._remove_logs = weakref.finalize(self, shutil.rmtree, str(self._log_dir), True)
         self._tails: dict[int, str] = {}  # each rank's last output, kept when the logs are removed
 
+    @property
+    def started(self) -> bool:
+        """Whether ``spawn`` has run (a group starts once; ``__enter__`` starts it unless it has)."""
+        return bool(self.ranks) or self.jail is not None
+
     def spawn(self) -> "RankGroup":
-        if self.ranks or self.jail is not None or self.closed:
+        if self.started or self.closed:
             raise RuntimeError(f"this {self.role} group has been started already: start a new RankGroup")
         env_updates = {**worker_environment(self.mode, base={}, cpu_threads=self.cpu_threads),
                        TOPOLOGY_ENV: self.topology.to_env()}
@@ -415,7 +420,7 @@ class RankGroup:
         _teardowns[:] = [t for t in _teardowns if t.is_alive()] + [thread]
 
     def __enter__(self) -> "RankGroup":
-        return self if self.ranks or self.jail is not None else self.spawn()
+        return self if self.started else self.spawn()
 
     def __exit__(self, *exc) -> None:
         self.close()

@@ -20,7 +20,7 @@ from pkb.evaluate.evaluator import evaluate
 from pkb.options import Status
 from pkb.registry import all_problems, select
 from pkb.runtime.modes import Mode
-from helpers.upstream import UPSTREAM_REFERENCE
+from helpers.upstream import UPSTREAM_REFERENCE as UPSTREAM_CORPUS
 
 NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NUM_GPUS == 0, reason="needs a CUDA GPU")]
@@ -220,7 +220,6 @@ flat = tensor.reshape(-1).clone()
     assert result.status is Status.OK, result.message
 
 
-UPSTREAM_CORPUS = UPSTREAM_REFERENCE
 SLOW_ON_CPU_UPSTREAM = (25, 76, 77, 87)  # upstream cases too slow for a reference on the CPU
 
 

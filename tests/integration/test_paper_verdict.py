@@ -9,7 +9,6 @@ leaf: tests/unit/test_upstream_rule.py.
 
 from __future__ import annotations
 
-
 import pytest
 
 from pkb.evaluate.candidate import Candidate
@@ -19,9 +18,7 @@ from pkb.options import Status
 from pkb.protocol import UPSTREAM_TRIALS
 from pkb.registry import get_problem
 from pkb.runtime.modes import Mode
-from helpers.upstream import UPSTREAM_REFERENCE
-
-UPSTREAM = UPSTREAM_REFERENCE
+from helpers.upstream import UPSTREAM_REFERENCE as UPSTREAM
 
 ALLGATHER = """
 import torch

@@ -105,7 +105,6 @@ def test_a_terminal_gets_the_live_display_and_a_log_gets_a_line_per_result(tmp_p
     assert "executor: local, 1 evaluation at once" in logged.stderr
 
 
-
 class _EveryProcessOnOneGpu:
     """An NVML reader for a machine without one: every process uses 256 MiB of device 0."""
 
@@ -129,8 +128,12 @@ def test_the_memory_probe_starts_one_group_of_ranks_and_measures_each(monkeypatc
     monkeypatch.setattr(local.NvmlReader, "open", classmethod(lambda cls: _EveryProcessOnOneGpu()))
     measured: list[set[int]] = []
     real_usage_of = local.usage_of
-    monkeypatch.setattr(local, "usage_of", lambda pids, per_process: (
-        measured.append(set(pids)), real_usage_of(pids, per_process))[1])
+
+    def usage_of(pids, per_process):
+        measured.append(set(pids))
+        return real_usage_of(pids, per_process)
+
+    monkeypatch.setattr(local, "usage_of", usage_of)
     started = time.monotonic()
     per_rank = LocalExecutor(parallel=2)._measure_rank_memory(EvalConfig(world_size=2, mode=Mode.CPU))
     assert time.monotonic() - started < 60

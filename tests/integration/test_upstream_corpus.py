@@ -9,7 +9,6 @@ user's clone has no ../shared). That every problem has its file: tests/unit/test
 
 from __future__ import annotations
 
-
 import pytest
 
 from pkb.evaluate.candidate import Candidate
@@ -18,9 +17,8 @@ from pkb.evaluate.evaluator import evaluate
 from pkb.options import Status
 from pkb.registry import get_problem
 from pkb.runtime.modes import Mode
-from helpers.upstream import UPSTREAM_REFERENCE
+from helpers.upstream import UPSTREAM_REFERENCE as CORPUS
 
-CORPUS = UPSTREAM_REFERENCE
 FILES = {int(p.name.split("_", 1)[0]): p for p in CORPUS.glob("*.py")} if CORPUS.is_dir() else {}
 MAX_SKIPPED = 5  # files cpu mode cannot run (CUDA tensors, Triton kernels): there should be only a few
 SKIPPED: dict[int, str] = {}

@@ -6,13 +6,11 @@ candidates: tests/integration/test_upstream_corpus.py.
 
 from __future__ import annotations
 
-
 import pytest
 
 from pkb.registry import all_problems
-from helpers.upstream import UPSTREAM_REFERENCE
+from helpers.upstream import UPSTREAM_REFERENCE as CORPUS
 
-CORPUS = UPSTREAM_REFERENCE
 FILES = {int(p.name.split("_", 1)[0]): p for p in CORPUS.glob("*.py")} if CORPUS.is_dir() else {}
 
 pytestmark = pytest.mark.skipif(not FILES, reason=f"no upstream corpus at {CORPUS}")
