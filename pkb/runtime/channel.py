@@ -4,16 +4,19 @@ Parent -> worker: pickled job dicts (the worker trusts its parent).
 Worker -> parent: ``torch.save`` bytes read back with ``torch.load(weights_only=True)``, so a
 candidate that writes to the channel can send tensors, numbers, strings, lists and dicts, but never
 an object whose unpickling runs code in the process that decides the verdict. The parent reads a reply
-with ``recv_reply``, straight into the stream it decodes (``Connection.recv_bytes`` asks the kernel for
-all that is left on every read, a fresh allocation of up to the whole message per 64 KiB read, and the
-bytes are copied again to be decoded), refusing a size past ``MAX_MESSAGE_BYTES`` and a sender that
-stops mid-message.
+with ``recv_reply``, refusing a size past ``MAX_MESSAGE_BYTES`` and a sender that stops mid-message
+(``Connection.recv_bytes`` waits for ever and allocates up to the whole remainder on every 64 KiB read).
+On Linux the reply is read into an anonymous memory file of its size that ``torch.load`` then maps, so
+its tensors are the very pages the kernel wrote (one copy of a reply in all; a stream of bytes costs two
+more, a zero-filled buffer and every tensor copied out of it). The file is the parent's: the rank only
+ever wrote into a pipe, so nothing it does later can change what the parent decoded.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import mmap
 import os
 import pickle
 import select
@@ -51,7 +54,9 @@ def recv_reply(conn: Connection, stall_s: float = MESSAGE_STALL_S) -> dict:
         size, = _LONG_SIZE.unpack(_read_into(fd, bytearray(_LONG_SIZE.size), stall_s))
     if not 0 <= size <= MAX_MESSAGE_BYTES:
         raise ChannelError(f"a rank announced a reply of {size} bytes (at most {MAX_MESSAGE_BYTES} are read)")
-    body = io.BytesIO()  # read into the stream torch.load reads from: no second copy of the reply
+    if size and _MEMORY_FILES:
+        return _recv_into_memory_file(fd, size, stall_s)
+    body = io.BytesIO()  # elsewhere: read into the stream torch.load reads from
     if size:
         body.seek(size - 1)
         body.write(b"\0")
@@ -61,21 +66,37 @@ def recv_reply(conn: Connection, stall_s: float = MESSAGE_STALL_S) -> dict:
     return decode_reply(body)
 
 
+_MEMORY_FILES = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+
+
+def _recv_into_memory_file(fd: int, size: int, stall_s: float) -> dict:
+    """Read ``size`` bytes of reply into a memory file and decode it with its tensors mapped, not copied
+    (``torch.load(mmap=True)`` maps privately: writing to an output never reaches the file)."""
+    memory_file = os.memfd_create("pkb-reply", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(memory_file, size)
+        with mmap.mmap(memory_file, size) as mapped:
+            _read_into(fd, mapped, stall_s)
+        return decode_reply(f"/proc/self/fd/{memory_file}", mmap=True)
+    finally:
+        os.close(memory_file)  # the mapped tensors keep their pages
+
+
 def _read_into(fd: int, buffer, stall_s: float, at_start: bool = False):
     """Fill ``buffer`` (writable, of the size to read) from ``fd``; returns it."""
-    view, done = memoryview(buffer).cast("B"), 0
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    while done < len(view):
-        if not poller.poll(stall_s * 1000):
-            raise ChannelError(f"a rank stopped for {stall_s:.0f} s in the middle of a reply")
-        read = os.readv(fd, [view[done:]])
-        if read == 0:
-            if at_start and done == 0:
-                raise EOFError
-            raise OSError("end of file in the middle of a reply")
-        done += read
-    view.release()
+    with memoryview(buffer) as raw, raw.cast("B") as view:  # released on every way out (a map can close)
+        done = 0
+        while done < len(view):
+            if not poller.poll(stall_s * 1000):
+                raise ChannelError(f"a rank stopped for {stall_s:.0f} s in the middle of a reply")
+            read = os.readv(fd, [view[done:]])
+            if read == 0:
+                if at_start and done == 0:
+                    raise EOFError
+                raise OSError("end of file in the middle of a reply")
+            done += read
     return buffer
 
 
@@ -134,9 +155,10 @@ def send_reply(conn: Connection, reply: dict) -> None:
     conn.send_bytes(buffer.getbuffer())
 
 
-def decode_reply(stream: io.BytesIO) -> dict:
+def decode_reply(source: io.BytesIO | str, mmap: bool = False) -> dict:
+    """A reply decoded from a stream or (``mmap``: mapped from) a file's path."""
     try:
-        reply = torch.load(stream, weights_only=True, map_location="cpu")
+        reply = torch.load(source, weights_only=True, map_location="cpu", mmap=mmap)
     except Exception as exc:
         raise ChannelError(f"unreadable reply from a rank ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(reply, dict):

@@ -13,11 +13,17 @@ from multiprocessing.connection import Connection
 import pytest
 import torch
 
+from pkb.runtime import channel
 from pkb.runtime.channel import MAX_MESSAGE_BYTES, ChannelError, recv_reply, send_reply
 
 
-@pytest.fixture
-def ends():
+@pytest.fixture(params=["memory-file", "stream"])
+def ends(request, monkeypatch):
+    """Both ways a reply is read: into a mapped memory file (Linux) and into a stream (elsewhere)."""
+    if request.param == "stream":
+        monkeypatch.setattr(channel, "_MEMORY_FILES", False)
+    elif not channel._MEMORY_FILES:
+        pytest.skip("no memory files here (Linux only)")
     ours, theirs = socket.socketpair()
     parent, rank = Connection(ours.detach()), Connection(theirs.detach())
     yield parent, rank
@@ -35,6 +41,8 @@ def test_a_reply_larger_than_the_socket_buffers_arrives_whole(ends):
     sender.join()
     assert got["ok"] is True and got["outputs"][1] == {"scale": 2.5, "name": "x"}
     assert torch.equal(got["outputs"][0], reply["outputs"][0])
+    got["outputs"][0].add_(1)  # an output the parent writes to (a mapped one is its private copy)
+    assert torch.equal(got["outputs"][0], reply["outputs"][0] + 1)
 
 
 def test_a_size_past_the_limit_is_refused_before_anything_is_allocated(ends):
