@@ -44,6 +44,7 @@ import platform
 import resource
 import secrets
 import struct
+import subprocess
 import sys
 import sysconfig
 from dataclasses import dataclass, field
@@ -163,33 +164,38 @@ def landlock_abi() -> int:
     return max(int(abi), 0)
 
 
+_NAMESPACE_NAMES = ("pid-namespace", "network-namespace", "mount-namespace")
+
+
 @functools.lru_cache(maxsize=None)
 def _namespaces_offered() -> dict[str, str | None]:
     """For each namespace protection: None if a child could set it up here, else why not (tried in a
-    throw-away child process, as the jail will)."""
-    names = ("pid-namespace", "network-namespace", "mount-namespace")
+    throw-away process, as the jail will; a fresh interpreter, not a fork, as the caller may have threads)."""
     if sys.platform != "linux":
-        return {name: "not Linux" for name in names}
+        return {name: "not Linux" for name in _NAMESPACE_NAMES}
     if os.geteuid() != 0:
-        return {name: "pkb is not root (run pkb as root for namespaces)" for name in names}
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_end)
-        results = []
-        for flag in (CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWNS):
-            results.append(0 if _libc.unshare(flag) == 0 else ctypes.get_errno())
-        if results[2] == 0:
-            results[2] = _try_mount_private_tmpfs()
-        os.write(write_end, struct.pack("3i", *results))
-        os._exit(0)
-    os.close(write_end)
-    data = os.read(read_end, 12)
-    os.close(read_end)
-    os.waitpid(pid, 0)
-    codes = struct.unpack("3i", data) if len(data) == 12 else (errno.EIO,) * 3
+        return {name: "pkb is not root (run pkb as root for namespaces)" for name in _NAMESPACE_NAMES}
+    package_root = str(Path(__file__).resolve().parents[2])
+    probe = (f"import sys; sys.path.insert(0, {package_root!r}); "
+             "from pkb.runtime.sandbox import _try_namespaces; print(*_try_namespaces())")
+    try:
+        done = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
+        codes = tuple(int(code) for code in done.stdout.split())
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        codes = ()
+    if len(codes) != len(_NAMESPACE_NAMES):
+        codes = (errno.EIO,) * len(_NAMESPACE_NAMES)
     return {name: (None if code == 0 else f"unshare/mount refused: {os.strerror(code)}")
-            for name, code in zip(names, codes)}
+            for name, code in zip(_NAMESPACE_NAMES, codes)}
+
+
+def _try_namespaces() -> list[int]:
+    """In the probe's own process: the errno of unsharing each namespace (0: it worked)."""
+    results = [0 if _libc.unshare(flag) == 0 else ctypes.get_errno()
+               for flag in (CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWNS)]
+    if results[2] == 0:
+        results[2] = _try_mount_private_tmpfs()
+    return results
 
 
 def _try_mount_private_tmpfs() -> int:
