@@ -9,7 +9,7 @@ with ``recv_reply``, refusing a size past ``MAX_MESSAGE_BYTES`` and a sender tha
 On Linux the reply is read into an anonymous memory file of its size that ``torch.load`` then maps, so
 its tensors are the very pages the kernel wrote (one copy of a reply in all; a stream of bytes costs two
 more, a zero-filled buffer and every tensor copied out of it). The file is the parent's: the rank only
-ever wrote into a pipe, so nothing it does later can change what the parent decoded.
+ever wrote into its socket, so nothing it does later can change what the parent decoded.
 """
 
 from __future__ import annotations
