@@ -77,7 +77,7 @@ def _recv_into_memory_file(fd: int, size: int, stall_s: float) -> dict:
         os.ftruncate(memory_file, size)
         with mmap.mmap(memory_file, size) as mapped:
             _read_into(fd, mapped, stall_s)
-        return decode_reply(f"/proc/self/fd/{memory_file}", mmap=True)
+        return decode_reply(f"/proc/self/fd/{memory_file}", mapped=True)
     finally:
         os.close(memory_file)  # the mapped tensors keep their pages
 
@@ -155,10 +155,10 @@ def send_reply(conn: Connection, reply: dict) -> None:
     conn.send_bytes(buffer.getbuffer())
 
 
-def decode_reply(source: io.BytesIO | str, mmap: bool = False) -> dict:
-    """A reply decoded from a stream or (``mmap``: mapped from) a file's path."""
+def decode_reply(source: io.BytesIO | str, mapped: bool = False) -> dict:
+    """A reply decoded from a stream or (``mapped``: its tensors mapped from) a file's path."""
     try:
-        reply = torch.load(source, weights_only=True, map_location="cpu", mmap=mmap)
+        reply = torch.load(source, weights_only=True, map_location="cpu", mmap=mapped)
     except Exception as exc:
         raise ChannelError(f"unreadable reply from a rank ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(reply, dict):
