@@ -1,9 +1,11 @@
-"""How fast the parent reads a rank's reply (``pkb.runtime.channel.recv_reply``), both ways it can: into a
-mapped memory file (Linux) and into a stream (elsewhere). Prints measured numbers; asserts nothing.
+"""How fast a rank's reply reaches the parent (``pkb.runtime.channel``), each way it can travel: as a sealed
+memory file the rank passes (Linux), through the socket into a memory file of the parent's (Linux, a reply
+past the rank's file-size limit) and through the socket into a stream (elsewhere). Prints measured numbers;
+asserts nothing.
 
-A forked sender writes the same ``torch.save``d reply (a list of fp32 tensors) ``--repeats`` times per way;
-the parent's wall time and CPU time per reply are the median over the repeats. The sender's own time
-(serialising, writing) is the same in both ways and is not in the numbers.
+A forked rank sends the same reply (8 fp32 tensors of ``--mib`` in all) ``--repeats`` times per way, each when
+the parent asks: the wall time from the ask to the decoded reply, the rank's CPU time in ``send_reply`` and
+the parent's in ``recv_reply`` are the medians over the repeats.
 
     python benchmarks/reply_channel.py [--mib 1 64 256] [--repeats 5]
 """
@@ -11,7 +13,6 @@ the parent's wall time and CPU time per reply are the median over the repeats. T
 from __future__ import annotations
 
 import argparse
-import io
 import multiprocessing
 import statistics
 import time
@@ -20,34 +21,41 @@ import torch
 
 from pkb.runtime import channel
 
-WAYS = {"memory file": True, "stream": False}
+# name: (the rank passes a sealed memory file, the parent reads a stream into a memory file)
+WAYS = {"sealed file": (True, True), "socket, parent's file": (False, True), "socket, stream": (False, False)}
 
 
-def send(conn, mib: int, count: int) -> None:
-    tensors = [torch.randn(mib * (1 << 20) // 4 // 8) for _ in range(8)]
-    buffer = io.BytesIO()
-    torch.save({"status": "ok", "outputs": tensors}, buffer)
+def rank(conn, mib: int, count: int, sealed: bool) -> None:
+    channel._MEMORY_FILES = sealed
+    reply = {"status": "ok", "outputs": [torch.randn(mib * (1 << 20) // 4 // 8) for _ in range(8)]}
+    cpus = []
     for _ in range(count):
-        conn.send_bytes(buffer.getbuffer())
+        conn.recv_bytes()
+        began = time.process_time()
+        channel.send_reply(conn, reply)
+        cpus.append(time.process_time() - began)
+    conn.send_bytes(repr(cpus).encode())
 
 
-def measure(mib: int, repeats: int, memory_file: bool) -> tuple[float, float]:
-    parent, rank = multiprocessing.Pipe()
-    sender = multiprocessing.get_context("fork").Process(target=send, args=(rank, mib, repeats))
+def measure(mib: int, repeats: int, sealed: bool, parent_file: bool) -> tuple[float, float, float]:
+    parent, end = multiprocessing.Pipe()
+    sender = multiprocessing.get_context("fork").Process(target=rank, args=(end, mib, repeats, sealed))
     sender.start()
     walls, cpus = [], []
-    saved, channel._MEMORY_FILES = channel._MEMORY_FILES, memory_file
+    saved, channel._MEMORY_FILES = channel._MEMORY_FILES, parent_file
     try:
         for _ in range(repeats):
             began, began_cpu = time.perf_counter(), time.process_time()
+            parent.send_bytes(b"go")
             reply = channel.recv_reply(parent)
             walls.append(time.perf_counter() - began)
             cpus.append(time.process_time() - began_cpu)
             del reply
+        rank_cpus = eval(parent.recv_bytes().decode())  # noqa: S307 (a list of floats from our own child)
     finally:
         channel._MEMORY_FILES = saved
         sender.join()
-    return statistics.median(walls), statistics.median(cpus)
+    return statistics.median(walls), statistics.median(rank_cpus), statistics.median(cpus)
 
 
 def main() -> None:
@@ -55,14 +63,14 @@ def main() -> None:
     parser.add_argument("--mib", type=int, nargs="+", default=[1, 64, 256], help="reply sizes in MiB")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    ways = {name: on for name, on in WAYS.items() if channel._MEMORY_FILES or not on}
-    print(f"{'reply':>8}  " + "  ".join(f"{name + ': wall / parent CPU':>34}" for name in ways))
+    ways = {name: way for name, way in WAYS.items() if channel._MEMORY_FILES or not any(way)}
+    print(f"{'reply':>8}  " + "  ".join(f"{name + ': wall / rank CPU / parent CPU':>44}" for name in ways))
     for mib in args.mib:
         cells = []
-        for on in ways.values():
-            wall, cpu = measure(mib, args.repeats, on)
-            cells.append(f"{wall * 1e3:9.1f} ms / {cpu * 1e3:7.1f} ms ({mib / 1024 / wall:4.2f} GiB/s)")
-        print(f"{mib:>4} MiB  " + "  ".join(f"{cell:>34}" for cell in cells))
+        for sealed, parent_file in ways.values():
+            wall, rank_cpu, parent_cpu = measure(mib, args.repeats, sealed, parent_file)
+            cells.append(f"{wall * 1e3:8.1f} / {rank_cpu * 1e3:7.1f} / {parent_cpu * 1e3:7.1f} ms")
+        print(f"{mib:>4} MiB  " + "  ".join(f"{cell:>44}" for cell in cells))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,32 +16,49 @@ TIERS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with the tier of the folder it is in (``-m unit``, ``-m integration``), and run a
-    module's tests of one problem one after another (``problem_major``)."""
+    """Mark each test with the tier of the folder it is in (``-m unit``, ``-m integration``), and run the tests
+    of one problem one after another (``problem_major``)."""
     for item in items:
         tier = next((folder.name for folder in item.path.parents if folder.parent == TESTS), None)
         if tier in TIERS:
             item.add_marker(TIERS[tier])
     items[:] = problem_major(items)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(worker_group(item)))
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: a worker per core, but no more than the memory holds (each keeps warm rank groups of up to
+    eight processes and runs evaluations beside them: about 8 GiB a worker) and at most 8."""
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    return max(1, min(os.cpu_count() or 1, int(memory_gib // 8), 8))
+
+
+def worker_group(item) -> str:
+    """What ``--dist loadgroup`` keeps on one worker (pytest-xdist; ``-n``): a problem's tests on the warm
+    sessions (so its reference outputs are kept for all of them), else the module (its module-scoped
+    servers and clusters start once)."""
+    name = _problem_of(item)
+    if name is not None and "sessions" in item.fixturenames:
+        return f"problem:{name}"
+    return f"module:{item.module.__name__ if item.module else item.nodeid.split('::')[0]}"
 
 
 def problem_major(items: list) -> list:
-    """Within each module, the tests parametrized by a ``problem`` grouped by it (in the order each problem
-    first appears; other tests keep their places). The module's warm session then loads each reference
-    once and judges every candidate of a problem against the reference outputs it kept
+    """The tests parametrized by a problem (a ``problem``, or its ``number``) grouped by it, in the order each
+    problem first appears; other tests keep their places. Tests on the run's warm ``sessions`` are grouped
+    across modules (a problem's self-check, its known-wrong candidates and its upstream file as a candidate,
+    one after another), others within their module. The warm session then loads each reference once and
+    judges every candidate of a problem against the reference outputs it kept
     (``pkb.evaluate.session.ReferenceOutputs``), instead of running the reference again per test."""
-    def problem_of(item):
-        callspec = getattr(item, "callspec", None)
-        value = callspec.params.get("problem") if callspec is not None else None
-        return getattr(value, "name", None)
-
     ordered, by_problem = [], {}
     for item in items:
-        name = problem_of(item)
+        name = _problem_of(item)
         if name is None:
             ordered.append([item])
             continue
-        key = (item.module.__name__ if item.module else "", name)
+        shared = "sessions" in item.fixturenames
+        key = ("", name) if shared else (item.module.__name__ if item.module else "", name)
         if key not in by_problem:
             by_problem[key] = []
             ordered.append(by_problem[key])
@@ -48,20 +66,54 @@ def problem_major(items: list) -> list:
     return [item for group in ordered for item in group]
 
 
-@pytest.fixture(scope="module")
-def sessions():
-    """``sessions(world_size, mode=Mode.CPU, nodes=1)``: a Session per (mode, world size, nodes), closed after the
-    module (an inter-node problem needs one of its nodes: ``nodes=problem.nodes[0]``)."""
+def _problem_of(item) -> str | None:
+    """The name of the problem a test is parametrized by (a ``problem``, or a ``number`` on the warm sessions)."""
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    if "problem" in params:
+        return getattr(params["problem"], "name", None)
+    if isinstance(params.get("number"), int) and "sessions" in item.fixturenames:
+        return _problem_name(params["number"])
+    return None
+
+
+def _problem_name(number: int) -> str | None:
+    from pkb.registry import UnknownProblem, get_problem
+
+    try:
+        return get_problem(number).name
+    except UnknownProblem:
+        return None
+
+
+@pytest.fixture(scope="session")
+def _warm_sessions():
     opened: dict[tuple[Mode, int, int], Session] = {}
-
-    def get(world_size: int, mode: Mode = Mode.CPU, nodes: int = 1) -> Session:
-        if (mode, world_size, nodes) not in opened:
-            opened[(mode, world_size, nodes)] = Session(mode, world_size, nodes=nodes)
-        return opened[(mode, world_size, nodes)]
-
-    yield get
+    yield opened
     for session in opened.values():
         session.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _gpu_sessions_end_with_their_module(_warm_sessions):
+    """Sessions on a GPU end with the module that opened them: their memory would shrink what later
+    modules measure free (side-by-side admission). cpu-mode sessions stay warm for the whole run."""
+    yield
+    for key in [key for key in _warm_sessions if key[0] is not Mode.CPU]:
+        _warm_sessions.pop(key).close()
+
+
+@pytest.fixture
+def sessions(_warm_sessions):
+    """``sessions(world_size, mode=Mode.CPU, nodes=1)``: the run's warm Session per (mode, world size, nodes),
+    shared by every test that asks (an inter-node problem needs one of its nodes: ``nodes=problem.nodes[0]``);
+    closed at the end of the run, or of the module for a GPU mode."""
+    def get(world_size: int, mode: Mode = Mode.CPU, nodes: int = 1) -> Session:
+        if (mode, world_size, nodes) not in _warm_sessions:
+            _warm_sessions[(mode, world_size, nodes)] = Session(mode, world_size, nodes=nodes)
+        return _warm_sessions[(mode, world_size, nodes)]
+
+    return get
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ import hashlib
 import secrets
 from collections import OrderedDict
 
-import torch
 
 from pkb.evaluate.verdicts import raise_reference_errors
 from pkb.problem import Problem
 from pkb.runtime.builds import BuildBroker
+from pkb.runtime.channel import tensor_bytes
 from pkb.runtime.group import RankGroup
 from pkb.runtime.modes import Mode
 from pkb.runtime.sandbox import check_sandbox, new_plan
@@ -42,7 +42,7 @@ class ReferenceOutputs:
         return found[0]
 
     def put(self, key: tuple, replies: list[dict]) -> None:
-        size = _tensor_bytes(replies)
+        size = tensor_bytes(replies)
         if size > self.max_bytes or key in self._replies:
             return
         self._replies[key] = (replies, size)
@@ -50,16 +50,6 @@ class ReferenceOutputs:
         while self.num_bytes > self.max_bytes:
             _, (_, dropped) = self._replies.popitem(last=False)
             self.num_bytes -= dropped
-
-
-def _tensor_bytes(value) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        return sum(_tensor_bytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in value)
-    return 0
 
 
 class Session:

@@ -6,25 +6,38 @@ candidate that writes to the channel can send tensors, numbers, strings, lists a
 an object whose unpickling runs code in the process that decides the verdict. The parent reads a reply
 with ``recv_reply``, refusing a size past ``MAX_MESSAGE_BYTES`` and a sender that stops mid-message
 (``Connection.recv_bytes`` waits for ever and allocates up to the whole remainder on every 64 KiB read).
-On Linux the reply is read into an anonymous memory file of its size that ``torch.load`` then maps, so
-its tensors are the very pages the kernel wrote (one copy of a reply in all; a stream of bytes costs two
-more, a zero-filled buffer and every tensor copied out of it). The file is the parent's: the rank only
-ever wrote into its socket, so nothing it does later can change what the parent decoded.
+
+On Linux a reply travels as a memory file, not through the socket: the rank writes it into a memory file,
+seals it against every change (``F_SEAL_WRITE``, ``F_SEAL_SHRINK``, ``F_SEAL_GROW``) and passes the file
+itself over the socket; the parent checks the seals and maps it, so a reply of GiB costs one copy (the
+rank's write), not four (a buffer, the socket both ways, the parent's file). The seals make the pages
+immutable for every process, the rank included, before the parent decodes a byte: the kernel refuses a
+write seal while anyone holds a writable shared mapping or a pin on them. A reply too large for the rank's
+file-size limit goes through the socket, which the parent reads into a memory file of its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import mmap
 import os
 import pickle
+import resource
 import select
+import socket
+import stat
 import struct
 from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: replies travel in the stream
+    fcntl = None
 
 
 class ChannelError(RuntimeError):
@@ -45,11 +58,15 @@ MESSAGE_STALL_S = 60.0  # a sender silent this long in the middle of a message h
 
 
 def recv_reply(conn: Connection, stall_s: float = MESSAGE_STALL_S) -> dict:
-    """The next reply on ``conn`` (framed as ``Connection.send_bytes`` frames it), decoded. EOFError at
-    end of file before it starts, OSError at end of file within it; ChannelError for a size past
-    MAX_MESSAGE_BYTES, a sender silent for ``stall_s`` within a message, or a reply that does not decode."""
+    """The next reply on ``conn`` (framed as ``Connection.send_bytes`` frames it, or a sealed memory file:
+    ``send_reply``), decoded. EOFError at end of file before it starts, OSError at end of file within it;
+    ChannelError for a size past MAX_MESSAGE_BYTES, a sender silent for ``stall_s`` within a message, a
+    memory file that is not sealed, or a reply that does not decode."""
     fd = conn.fileno()
-    size, = _SIZE.unpack(_read_into(fd, bytearray(_SIZE.size), stall_s, at_start=True))
+    header, memory_file = _read_header(fd, stall_s)
+    size, = _SIZE.unpack(header)
+    if memory_file is not None or size == _IN_MEMORY_FILE:
+        return _decode_sealed(memory_file, size)
     if size == -1:
         size, = _LONG_SIZE.unpack(_read_into(fd, bytearray(_LONG_SIZE.size), stall_s))
     if not 0 <= size <= MAX_MESSAGE_BYTES:
@@ -66,7 +83,63 @@ def recv_reply(conn: Connection, stall_s: float = MESSAGE_STALL_S) -> dict:
     return decode_reply(body)
 
 
-_MEMORY_FILES = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+_IN_MEMORY_FILE = -2  # the size field of a frame whose reply is the sealed memory file passed with it
+_SEALS = (getattr(fcntl, "F_SEAL_WRITE", 0) | getattr(fcntl, "F_SEAL_SHRINK", 0) | getattr(fcntl, "F_SEAL_GROW", 0)
+          if fcntl is not None else 0)
+
+
+def _read_header(fd: int, stall_s: float) -> tuple[bytes, int | None]:
+    """A frame's size field, and the file passed with it (None if none: a reply in the stream). The
+    field is read with ``recvmsg`` where ``fd`` is a socket, so a passed file is never dropped unseen; a
+    sender that passes more than one, or passes one with anything else, is refused (every file closed)."""
+    header = bytearray(_SIZE.size)
+    try:
+        sock = socket.socket(fileno=fd) if _MEMORY_FILES else None
+    except OSError:  # not a socket (a pipe): no file can come with the frame
+        sock = None
+    if sock is None:
+        return bytes(_read_into(fd, header, stall_s, at_start=True)), None
+    _wait_readable(fd, stall_s)
+    try:
+        data, fds, flags, _ = socket.recv_fds(sock, _SIZE.size, 1)
+    finally:
+        sock.detach()  # the connection keeps its descriptor
+    if fds and (len(fds) > 1 or flags & socket.MSG_CTRUNC or _SIZE.unpack(data.ljust(_SIZE.size, b"\0"))[0]
+                != _IN_MEMORY_FILE):
+        for passed in fds:
+            os.close(passed)
+        raise ChannelError("a rank passed files with a reply that is not one sealed memory file")
+    if not data:
+        raise EOFError
+    header[:len(data)] = data
+    if len(data) < _SIZE.size:
+        with memoryview(header) as view:
+            _read_into(fd, view[len(data):], stall_s)
+    return bytes(header), (fds[0] if fds else None)
+
+
+def _decode_sealed(memory_file: int | None, size: int) -> dict:
+    """The reply in a memory file a rank passed, decoded with its tensors mapped: only a memory file
+    sealed against writing, shrinking and growing, and of an allowed size, is read (closed in any case)."""
+    if memory_file is None or size != _IN_MEMORY_FILE:
+        raise ChannelError("a rank announced a reply in a memory file without passing one")
+    try:
+        try:
+            seals = fcntl.fcntl(memory_file, fcntl.F_GET_SEALS)  # EINVAL: not a memory file
+        except OSError:
+            raise ChannelError("a rank passed a file that is not a memory file") from None
+        if seals & _SEALS != _SEALS:
+            raise ChannelError("a rank passed a memory file it had not sealed against writing, shrinking and growing")
+        info = os.fstat(memory_file)
+        if not stat.S_ISREG(info.st_mode) or not 0 < info.st_size <= MAX_MESSAGE_BYTES:
+            raise ChannelError(f"a rank passed a reply of {info.st_size} bytes (at most {MAX_MESSAGE_BYTES} are read)")
+        return decode_reply(f"/proc/self/fd/{memory_file}", mapped=True)
+    finally:
+        os.close(memory_file)  # the mapped tensors keep their pages
+
+
+_MEMORY_FILES = (hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd") and fcntl is not None
+                 and hasattr(fcntl, "F_ADD_SEALS") and hasattr(socket, "send_fds"))
 
 
 def _recv_into_memory_file(fd: int, size: int, stall_s: float) -> dict:
@@ -84,13 +157,10 @@ def _recv_into_memory_file(fd: int, size: int, stall_s: float) -> dict:
 
 def _read_into(fd: int, buffer, stall_s: float, at_start: bool = False):
     """Fill ``buffer`` (writable, of the size to read) from ``fd``; returns it."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
     with memoryview(buffer) as raw, raw.cast("B") as view:  # released on every way out (a map can close)
         done = 0
         while done < len(view):
-            if not poller.poll(stall_s * 1000):
-                raise ChannelError(f"a rank stopped for {stall_s:.0f} s in the middle of a reply")
+            _wait_readable(fd, stall_s)
             read = os.readv(fd, [view[done:]])
             if read == 0:
                 if at_start and done == 0:
@@ -98,6 +168,14 @@ def _read_into(fd: int, buffer, stall_s: float, at_start: bool = False):
                 raise OSError("end of file in the middle of a reply")
             done += read
     return buffer
+
+
+def _wait_readable(fd: int, stall_s: float) -> None:
+    """Returns once ``fd`` has something to read (or its end); ChannelError after ``stall_s``."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    if not poller.poll(stall_s * 1000):
+        raise ChannelError(f"a rank stopped for {stall_s:.0f} s in the middle of a reply")
 
 
 MAX_FULL_ELEMENTS = 1 << 22  # larger tensors travel as a sample of elements at parent-chosen places
@@ -150,9 +228,53 @@ def to_plain(value: Any, sample_seed: int | None = None) -> Any:
 
 
 def send_reply(conn: Connection, reply: dict) -> None:
+    """Send ``reply`` to the parent: as a sealed memory file passed over the socket where this system has
+    them and the file fits under this process's file-size limit, else as bytes in the stream."""
+    memory_file = _sealed_memory_file(reply) if _MEMORY_FILES else None
+    if memory_file is not None:
+        try:
+            with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                socket.send_fds(sock, [_SIZE.pack(_IN_MEMORY_FILE)], [memory_file])
+            return
+        except OSError as exc:
+            if exc.errno != errno.ENOTSOCK:  # a pipe: the stream below; anything else is the channel's end
+                raise
+        finally:
+            os.close(memory_file)
     buffer = io.BytesIO()
     torch.save(reply, buffer)
     conn.send_bytes(buffer.getbuffer())
+
+
+def _sealed_memory_file(reply: dict) -> int | None:
+    """A memory file holding ``reply``, sealed against every change; None where it cannot be made or might
+    pass this process's file-size limit (a write past it ends the process: SIGXFSZ)."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and 2 * tensor_bytes(reply) + (64 << 20) > limit:
+        return None
+    try:
+        memory_file = os.memfd_create("pkb-reply", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except OSError:
+        return None
+    try:
+        with open(memory_file, "wb", closefd=False) as file:
+            torch.save(reply, file)
+        fcntl.fcntl(memory_file, fcntl.F_ADD_SEALS, _SEALS | fcntl.F_SEAL_SEAL)
+    except OSError:
+        os.close(memory_file)
+        return None
+    return memory_file
+
+
+def tensor_bytes(value) -> int:
+    """The bytes of the tensors in ``value`` (a reply: tensors, lists and dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
 
 
 def decode_reply(source: io.BytesIO | str, mapped: bool = False) -> dict:

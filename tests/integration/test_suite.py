@@ -44,7 +44,7 @@ def config(world_size: int, **overrides) -> EvalConfig:
 
 
 def session_for(sessions, problem, world_size: int):
-    """The module's warm session for ``problem`` at ``world_size``, on the problem's default nodes."""
+    """The run's warm session for ``problem`` at ``world_size``, on the problem's default nodes."""
     return sessions(world_size, nodes=problem.nodes[0])
 
 

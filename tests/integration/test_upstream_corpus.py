@@ -2,9 +2,10 @@
 
 Each ``../shared/upstream/reference/<n>_<name>.py`` is by definition a correct solution of problem n:
 pkb asks for the same function (docs/architecture.md, "Compatibility is the contract"). In ``cpu`` mode at
-W = 2 and 4 (W = 8 under ``slow``) every file must be ``ok``, except the few that need a GPU, which
-are ``skipped`` with the reason printed and listed at the end. Skipped where the folder is absent (a
-user's clone has no ../shared). That every problem has its file: tests/unit/test_upstream_files.py.
+W = 2 and 4 (W = 8 under ``slow``) every file must be ``ok``, except the few that need a GPU (listed in
+``NEEDS_A_GPU``, each with why), which are ``skipped`` with the reason printed; any other file skipped
+fails. Skipped where the folder is absent (a user's clone has no ../shared). That every problem has its
+file: tests/unit/test_upstream_files.py.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from pkb.runtime.modes import Mode
 from helpers.upstream import UPSTREAM_REFERENCE as CORPUS
 
 FILES = {int(p.name.split("_", 1)[0]): p for p in CORPUS.glob("*.py")} if CORPUS.is_dir() else {}
-MAX_SKIPPED = 5  # files cpu mode cannot run (CUDA tensors, Triton kernels): there should be only a few
-SKIPPED: dict[int, str] = {}
+NEEDS_A_GPU = {  # the files cpu mode cannot run, and why: there should be only a few
+    10: "allocates its output on the GPU (torch.cuda)",
+    19: "a Triton kernel",
+    20: "a Triton kernel",
+}
 
 pytestmark = pytest.mark.skipif(not FILES, reason=f"no upstream corpus at {CORPUS}")
 
@@ -43,16 +47,12 @@ def test_the_upstream_reference_is_ok_on_every_case(number, precision, world_siz
                         cases="all", precision=precision)
     result = evaluate(problem, Candidate.from_file(FILES[number]), config, sessions(world_size))
     if result.status is Status.SKIPPED:
-        SKIPPED[number] = result.message
         print(f"\n{FILES[number].name} W={world_size} {precision}: skipped: {result.message}")
+        assert number in NEEDS_A_GPU, f"{FILES[number].name} was skipped in cpu mode: {result.message}"
+        assert "needs a GPU" in result.message, result.message
         return
     assert result.status is Status.OK, (f"{FILES[number].name} W={world_size} {precision}: {result.status.value}: "
                                         f"{result.message}")
     if any(not c.slow_on_cpu for c in problem.cases("upstream", world_size)):  # else checked in cuda mode only
         assert any(problem.find_case(name).kind == "upstream" for name in result.cases), result.cases
 
-
-def test_only_a_few_upstream_files_need_a_gpu():
-    print("\nupstream files skipped in cpu mode: " + (", ".join(f"{n} ({m})" for n, m in sorted(SKIPPED.items()))
-                                                    or "none"))
-    assert len(SKIPPED) <= MAX_SKIPPED, SKIPPED
