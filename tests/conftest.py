@@ -12,6 +12,7 @@ from pkb.evaluate.session import Session
 from pkb.runtime.modes import Mode
 
 TESTS = Path(__file__).parent
+RAY_MODULES = ("test_ray", "test_placement")  # they start local Ray clusters
 TIERS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration}
 
 
@@ -27,6 +28,7 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(worker_group(item)))
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without xdist, not called
 def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto``: a worker per core, but no more than the memory holds (each keeps warm rank groups of up to
     eight processes and runs evaluations beside them: about 8 GiB a worker) and at most 8."""
@@ -41,6 +43,8 @@ def worker_group(item) -> str:
     name = _problem_of(item)
     if name is not None and "sessions" in item.fixturenames:
         return f"problem:{name}"
+    if "ray_cluster" in item.fixturenames or (item.module is not None and item.module.__name__ in RAY_MODULES):
+        return "ray"  # one local Ray cluster at a time: ray.init joins one another worker started
     return f"module:{item.module.__name__ if item.module else item.nodeid.split('::')[0]}"
 
 
