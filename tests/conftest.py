@@ -124,10 +124,12 @@ def sessions(_warm_sessions):
 def ray_cluster():
     """A local Ray cluster for a test module (4 logical CPUs and no GPU, on any machine: two cpu-mode
     slots of world size 2), stopped after it so that no other module shares the machine with Ray; the
-    executors the tests make connect to it. Skipped where the ``ray`` extra is not installed."""
+    executors the tests make connect to it; a new one even where another process runs a cluster (``address="local"``:
+    an xdist worker beside it may). Skipped where the ``ray`` extra is not installed."""
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
     import logging
 
-    ray.init(num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    ray.init(address="local", num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False,
+             logging_level=logging.WARNING)
     yield ray
     ray.shutdown()
