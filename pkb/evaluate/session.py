@@ -7,7 +7,6 @@ import hashlib
 import secrets
 from collections import OrderedDict
 
-
 from pkb.evaluate.verdicts import raise_reference_errors
 from pkb.problem import Problem
 from pkb.runtime.builds import BuildBroker

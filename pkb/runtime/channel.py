@@ -65,8 +65,8 @@ def recv_reply(conn: Connection, stall_s: float = MESSAGE_STALL_S) -> dict:
     fd = conn.fileno()
     header, memory_file = _read_header(fd, stall_s)
     size, = _SIZE.unpack(header)
-    if memory_file is not None or size == _IN_MEMORY_FILE:
-        return _decode_sealed(memory_file, size)
+    if size == _IN_MEMORY_FILE:  # a passed file comes with no other size (``_read_header``)
+        return _decode_sealed(memory_file)
     if size == -1:
         size, = _LONG_SIZE.unpack(_read_into(fd, bytearray(_LONG_SIZE.size), stall_s))
     if not 0 <= size <= MAX_MESSAGE_BYTES:
@@ -118,10 +118,10 @@ def _read_header(fd: int, stall_s: float) -> tuple[bytes, int | None]:
     return bytes(header), (fds[0] if fds else None)
 
 
-def _decode_sealed(memory_file: int | None, size: int) -> dict:
+def _decode_sealed(memory_file: int | None) -> dict:
     """The reply in a memory file a rank passed, decoded with its tensors mapped: only a memory file
     sealed against writing, shrinking and growing, and of an allowed size, is read (closed in any case)."""
-    if memory_file is None or size != _IN_MEMORY_FILE:
+    if memory_file is None:
         raise ChannelError("a rank announced a reply in a memory file without passing one")
     try:
         try:
