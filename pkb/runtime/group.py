@@ -26,14 +26,17 @@ import torch.distributed as dist
 
 from pkb.runtime.channel import ChannelError, recv_reply, send_job
 from pkb.runtime.modes import Mode, worker_environment
-from pkb.runtime.proctree import children_by_parent, helpers_cpu_seconds
+from pkb.runtime.proctree import asleep, children_by_parent, helpers_cpu_seconds
 from pkb.runtime.sandbox import remove_tree
 from pkb.runtime.zygote import Zygote
 from pkb.topology import ENV as TOPOLOGY_ENV, Topology
 
-# After one rank reports an error, how long the others get to report theirs before the group is
-# torn down (they are usually stuck in a collective that the failed rank will never join).
+# After one rank reports an error, how long at most the others get to report theirs before the group is
+# torn down (they are usually stuck in a collective that the failed rank will never join). The wait ends
+# sooner once every process of the group has been seen asleep twice, GRACE_CHECK_S apart, with no reply
+# between: then none is computing towards an error of its own.
 ERROR_GRACE_S = 1.0
+GRACE_CHECK_S = 0.05
 LIMIT_WORDS = "pkb's limit:"  # begins every refusal that is a bound of pkb's (its build broker's), not a verdict
 STARTUP_TIMEOUT_S = 120.0
 
@@ -267,7 +270,7 @@ class RankGroup:
         replies: dict[int, dict] = {}
         by_conn = {member.conn: member for member in self.ranks}
         pending = set(by_conn)
-        checked, helpers_cpu, compiled = began, None, False
+        checked, helpers_cpu, compiled, quiet = began, None, False, 0
         while pending:
             now = time.monotonic()
             if self._num_builds and self.broker is not None and self.broker.waiting_for(self):
@@ -283,7 +286,14 @@ class RankGroup:
             if remaining <= 0:
                 break
             step = 0.5 if self._num_builds or compile_limit else remaining
-            for conn in wait(list(pending), timeout=min(remaining, step)):
+            if grace_deadline is not None:
+                step = GRACE_CHECK_S
+            ready = wait(list(pending), timeout=min(remaining, step))
+            if grace_deadline is not None:
+                quiet = 0 if ready or not asleep(self.root_pids(), children_by_parent()) else quiet + 1
+                if quiet == 2:  # no rank is computing: those left are stuck waiting for the one that failed
+                    break
+            for conn in ready:
                 member = by_conn[conn]
                 try:
                     reply = recv_reply(conn)

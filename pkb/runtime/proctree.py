@@ -33,6 +33,26 @@ def descendants(roots: list[int], tree: dict[int, list[int]]) -> set[int]:
     return found
 
 
+def asleep(roots: list[int], tree: dict[int, list[int]]) -> bool:
+    """Whether every thread of ``roots`` and of every process below them is asleep (state ``S``: waiting for
+    something, such as a peer in a collective; not running, not in an uninterruptible wait); a process that
+    is gone counts as asleep."""
+    for pid in descendants(roots, tree):
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for thread in threads:
+            try:
+                with open(f"/proc/{pid}/task/{thread}/stat", "rb") as handle:
+                    state = handle.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in (b"S", b"Z", b"X"):
+                return False
+    return True
+
+
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
