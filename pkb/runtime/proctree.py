@@ -5,17 +5,26 @@ from __future__ import annotations
 import os
 
 
+def _stat_fields(path: str) -> list[bytes] | None:
+    """The fields of a /proc ``stat`` file after the command name, from the state on (``proc(5)``: the name,
+    in parentheses, may itself hold spaces and parentheses, so it ends at the last ``)``); None if unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def children_by_parent(include_zombies: bool = True) -> dict[int, list[int]]:
     """Every process's children (parent pid -> child pids), from one walk of /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
+        fields = _stat_fields(f"/proc/{entry.name}/stat")
         try:
-            with open(f"/proc/{entry.name}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
             parent = int(fields[1])
-        except (OSError, IndexError, ValueError):
+        except (TypeError, IndexError, ValueError):
             continue
         if include_zombies or fields[0] != b"Z":
             children.setdefault(parent, []).append(int(entry.name))
@@ -43,12 +52,8 @@ def asleep(roots: list[int], tree: dict[int, list[int]]) -> bool:
         except OSError:
             continue
         for thread in threads:
-            try:
-                with open(f"/proc/{pid}/task/{thread}/stat", "rb") as handle:
-                    state = handle.read().rsplit(b")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if state not in (b"S", b"Z", b"X"):
+            fields = _stat_fields(f"/proc/{pid}/task/{thread}/stat")
+            if fields and fields[0] not in (b"S", b"Z", b"X"):
                 return False
     return True
 
@@ -60,9 +65,8 @@ def cpu_seconds(pid: int, own: bool = True, reaped: bool = True) -> float:
     """CPU seconds ``pid`` has used itself (``own``) and that its children it has waited for used
     (``reaped``); 0 for a process that is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = [int(v) for v in handle.read().rsplit(b")", 1)[1].split()[11:15]]  # utime stime cutime cstime
-    except (OSError, IndexError, ValueError):
+        fields = [int(v) for v in _stat_fields(f"/proc/{pid}/stat")[11:15]]  # utime stime cutime cstime
+    except (TypeError, ValueError):
         return 0.0
     return (sum(fields[:2]) * own + sum(fields[2:]) * reaped) / _TICKS
 
