@@ -22,9 +22,11 @@ def children_by_parent(include_zombies: bool = True) -> dict[int, list[int]]:
         if not entry.name.isdigit():
             continue
         fields = _stat_fields(f"/proc/{entry.name}/stat")
+        if fields is None:  # gone since the walk saw it
+            continue
         try:
             parent = int(fields[1])
-        except (TypeError, IndexError, ValueError):
+        except (IndexError, ValueError):
             continue
         if include_zombies or fields[0] != b"Z":
             children.setdefault(parent, []).append(int(entry.name))
@@ -64,9 +66,12 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 def cpu_seconds(pid: int, own: bool = True, reaped: bool = True) -> float:
     """CPU seconds ``pid`` has used itself (``own``) and that its children it has waited for used
     (``reaped``); 0 for a process that is gone."""
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    if fields is None:
+        return 0.0
     try:
-        fields = [int(v) for v in _stat_fields(f"/proc/{pid}/stat")[11:15]]  # utime stime cutime cstime
-    except (TypeError, ValueError):
+        fields = [int(v) for v in fields[11:15]]  # utime stime cutime cstime
+    except ValueError:
         return 0.0
     return (sum(fields[:2]) * own + sum(fields[2:]) * reaped) / _TICKS
 
