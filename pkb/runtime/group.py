@@ -101,7 +101,8 @@ def _finish_jail(pid: int, control: socket.socket, scratch: str | None) -> None:
     remove the group's scratch directory."""
     try:
         control.settimeout(RankGroup.JAIL_END_TIMEOUT_S)
-        control.recv(16)
+        while control.recv(16) not in (b"done", b""):  # a late "flushed" is not the end
+            pass
     except OSError:
         pass
     finally:
@@ -163,6 +164,7 @@ class RankGroup:
         # collected or at exit
         self._remove_logs = weakref.finalize(self, shutil.rmtree, str(self._log_dir), True)
         self._tails: dict[int, str] = {}  # each rank's last output, kept when the logs are removed
+        self._jail_lock = threading.Lock()  # one exchange at a time on the jail's control socket
 
     @property
     def started(self) -> bool:
@@ -371,7 +373,30 @@ class RankGroup:
         """The end of rank ``rank``'s output (kept from when the group ended, once its logs are gone)."""
         if rank in self._tails:
             return self._tails[rank]
+        self._flush_logs()
         return _log_tail(self.ranks[rank].log_path) if rank < len(self.ranks) else ""
+
+    FLUSH_TIMEOUT_S = 2.0
+
+    def _flush_logs(self) -> None:
+        """In a sandbox the ranks' output reaches their logs through the jail (pkb.runtime.jail.RankLog): have it
+        relay what they have written so far, so that a log's end read next is their latest output."""
+        with self._jail_lock:
+            if self.jail is None:
+                return
+            control = self.jail[1]
+            try:
+                control.settimeout(self.FLUSH_TIMEOUT_S)
+                control.send(b"flush")
+                while control.recv(16) not in (b"flushed", b""):
+                    pass
+            except OSError:  # the jail is gone or slow: the logs hold what they hold
+                pass
+            finally:
+                try:
+                    control.settimeout(None)
+                except OSError:
+                    pass
 
     def close(self, timeout: float = 10.0) -> None:
         """Ask every rank to exit; kill whatever has not within ``timeout`` (a sandboxed group: at once)."""
@@ -397,6 +422,7 @@ class RankGroup:
         if self.closed:
             return
         if self.jail is not None:
+            self._flush_logs()
             self._end_jail()
         if self.broker is not None:
             self.broker.release(self)
@@ -418,12 +444,13 @@ class RankGroup:
         """Have the jail end every process of the group now. The jail kills them at once; the kernel's
         teardown of the namespaces (milliseconds) and the removal of the scratch directory finish on a
         thread, so the next evaluation does not wait for them (``finish_teardowns`` waits)."""
-        pid, control = self.jail
-        self.jail = None
-        try:
-            control.send(b"kill")
-        except OSError:
-            pass
+        with self._jail_lock:
+            pid, control = self.jail
+            self.jail = None
+            try:
+                control.send(b"kill")
+            except OSError:
+                pass
         thread = threading.Thread(target=_finish_jail, args=(pid, control, self.scratch), daemon=True,
                                   name="pkb-jail-teardown")
         thread.start()

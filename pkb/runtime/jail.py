@@ -1,20 +1,28 @@
 """The processes that hold one sandboxed candidate group: the jail and its keeper (pkb.runtime.sandbox).
 
 The zygote forks the *jail* for each group. The jail takes new namespaces where the kernel allows,
-forks the *keeper*, and then only waits for the parent's word to end the group: it kills the keeper
-(pid 1 of the group's pid namespace, so the kernel ends every process in it) or, without a pid
-namespace, kills every process that reaches it as child subreaper until none is left, answers
-``done`` and exits. The jail runs no candidate code and is outside the candidates' Landlock domain:
-they cannot signal it.
+forks the *keeper*, and then relays the ranks' output into their logs until the parent's word to end the
+group: it kills the keeper (pid 1 of the group's pid namespace, so the kernel ends every process in it) or,
+without a pid namespace, kills every process that reaches it as child subreaper until none is left,
+answers ``done`` and exits. The jail runs no candidate code and is outside the candidates' Landlock
+domain: they cannot signal it.
 
-The keeper makes the private mounts, opens the ranks' logs, enters the sandbox (irreversibly), then
-forks the W ranks (or one build process) and hosts their rendezvous store; it never imports a
-candidate either, but it shares the candidates' domain.
+A rank's stdout and stderr are a pipe to the jail, not a file on the grader's disk: the jail writes them
+into the rank's log, which keeps the latest ``LOG_BYTES`` at most (``RankLog``), so a candidate that prints
+without end fills neither the disk that other evaluations and the results share nor the parent's memory,
+and its writes never fail for it. The parent asks for a ``flush`` before it reads a log's end.
+
+The keeper makes the private mounts, enters the sandbox (irreversibly), then forks the W ranks (or one
+build process) and hosts their rendezvous store; it never imports a candidate either, but it shares the
+candidates' domain.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import selectors
 import signal
 import socket
 import time
@@ -27,28 +35,145 @@ from pkb.runtime import sandbox
 from pkb.runtime.channel import send_reply
 from pkb.runtime.proctree import children_by_parent
 
+LOG_BYTES = 1 << 20  # the most a rank's log on the grader's disk holds: its latest output
+LOG_KEPT_BYTES = 64 << 10  # the end of the output a log keeps when it starts again
+_READ_BYTES = 64 << 10
+_FLUSH_READS = 64  # a flush relays at most this many reads per rank: one that prints without end cannot stall it
+
+
+class RankLog:
+    """One rank's output, relayed from the read end of its pipe (``fd``, non-blocking) into its log file.
+
+    The file never holds more than ``LOG_BYTES``: a write that would pass it starts the file again with a
+    line that says how many bytes were dropped, then the last ``LOG_KEPT_BYTES`` of the output. Its end is
+    always the rank's latest output, which is all the parent reads of it."""
+
+    def __init__(self, fd: int, path: str):
+        self.fd = fd
+        self.file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self.size = 0  # bytes in the file
+        self.received = 0  # bytes read from the pipe
+        self.dropped = 0
+        self._recent = b""  # the last LOG_KEPT_BYTES received
+
+    def relay(self, max_reads: int = 1) -> bool:
+        """Move what the pipe holds (up to ``max_reads`` reads) into the file; False once the pipe is closed
+        (every process that could write to it has ended)."""
+        for _ in range(max_reads):
+            try:
+                data = os.read(self.fd, _READ_BYTES)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not data:
+                return False
+            self._write(data)
+        return True
+
+    def _write(self, data: bytes) -> None:
+        if self.size + len(data) > LOG_BYTES:
+            self.dropped = self.received - len(self._recent)
+            note = (f"[pkb: {self.dropped} earlier bytes of this rank's output dropped: its log keeps the last "
+                    f"{LOG_BYTES} bytes at most]\n").encode()
+            os.ftruncate(self.file, 0)
+            os.lseek(self.file, 0, os.SEEK_SET)
+            self.size = 0
+            self._append(note + self._recent)
+        self._append(data)
+        self.received += len(data)
+        self._recent = (self._recent + data)[-LOG_KEPT_BYTES:]
+
+    def _append(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.write(self.file, view)
+            except OSError as exc:  # the grader's disk is full: the output is lost, never the candidate's write
+                if exc.errno == errno.EINTR:
+                    continue
+                return
+            self.size += written
+            view = view[written:]
+
+    def close(self) -> None:
+        for fd in (self.fd, self.file):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def relay_until_told(control: socket.socket, logs: list[RankLog]) -> None:
+    """Relay the ranks' output into their logs until the parent's ``kill`` (or its end closing); answer each
+    ``flush`` with ``flushed`` once what the ranks wrote before it is in the logs."""
+    selector = selectors.DefaultSelector()
+    selector.register(control, selectors.EVENT_READ)
+    for log in logs:
+        selector.register(log.fd, selectors.EVENT_READ, log)
+    while True:
+        for key, _ in selector.select():
+            if key.data is not None:
+                if not key.data.relay():
+                    selector.unregister(key.fd)
+                continue
+            try:
+                word = control.recv(64)
+            except InterruptedError:
+                continue
+            except OSError:
+                word = b""
+            if word != b"flush":  # "kill", or the parent's end closing
+                selector.close()
+                return
+            for log in logs:
+                log.relay(_FLUSH_READS)
+            try:
+                control.send(b"flushed")
+            except OSError:
+                selector.close()
+                return
+
+
+def _output_pipe() -> tuple[int, int]:
+    """A pipe for a rank's output: the jail's end does not block; the rank's holds up to 1 MiB where the kernel
+    allows (a burst of output is not held up by the relay)."""
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    try:
+        fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, 1 << 20)
+    except (OSError, AttributeError):  # above /proc/sys/fs/pipe-max-size, or not Linux: the default 64 KiB
+        pass
+    return read, write
+
+
 def jail_main(control: socket.socket, rank_ends: list[socket.socket], request: dict) -> None:
     """Entry point of the jail (forked by the zygote); never returns."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     sandbox.die_with_parent()
     plan: sandbox.SandboxPlan = request["plan"]
+    pipes = [_output_pipe() for _ in request["log_paths"]]  # (read, write): a rank's stdout and stderr, to its log
+    logs = [RankLog(read, path) for (read, _), path in zip(pipes, request["log_paths"])]
     namespaces = sandbox.unshare_namespaces(plan)
     if "pid-namespace" not in namespaces:
         sandbox.become_subreaper()
     keeper = os.fork()
     if keeper == 0:
         control.close()
+        for log in logs:
+            log.close()
         try:
-            keeper_main(rank_ends, plan, namespaces, request)
+            keeper_main(rank_ends, plan, namespaces, request, [write for _, write in pipes])
         finally:
             os._exit(1)
     for end in rank_ends:
         end.close()
-    try:
-        control.recv(64)  # "kill", or the parent's end closing
-    except OSError:
-        pass
+    for _, write in pipes:
+        os.close(write)
+    relay_until_told(control, logs)
     _end_tree(keeper, "pid-namespace" in namespaces)
+    for log in logs:
+        log.close()
     try:
         control.send(b"done")
     except OSError:
@@ -95,14 +220,14 @@ def _children(parent: int) -> list[int]:
     return children_by_parent(include_zombies=False).get(parent, [])
 
 
-def keeper_main(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, namespaces: list[str], request: dict) -> None:
-    """Enter the sandbox, fork the group's processes, host their store, reap them; never returns."""
+def keeper_main(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, namespaces: list[str], request: dict,
+                log_fds: list[int]) -> None:
+    """Enter the sandbox, fork the group's processes (rank i's output to ``log_fds[i]``, a pipe to the jail),
+    host their store, reap them; never returns."""
     sandbox.die_with_parent()
     ranks: list[dict] = request["ranks"]
     try:
         sandbox.prepare_keeper(plan, namespaces)
-        log_fds = [os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-                   for path in request["log_paths"]]
         quiet = os.open(os.devnull, os.O_WRONLY)  # the store's warnings are not the user's business
         os.dup2(quiet, 1)
         os.dup2(quiet, 2)

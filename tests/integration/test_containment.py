@@ -28,6 +28,7 @@ import signal
 import socket
 import sqlite3
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -546,3 +547,73 @@ def test_dev_shm_is_shared_without_the_sandbox(unsandboxed, tmp_path):
         assert "peek" in peeked["done"], peeked
     finally:
         arena.clean_up()
+
+
+# -- output: a candidate that prints without end fills neither the grader's disk nor its memory -------------
+
+FLOOD_BYTES = 256 << 20  # each rank's output
+FLOOD = f"""
+import os
+import sys
+
+BLOCK = (b"x" * 1023 + b"\\n") * 1024
+
+
+def solution(tensor):
+    written = 0
+    while written < {FLOOD_BYTES}:
+        written += sys.stdout.buffer.write(BLOCK)
+    sys.stdout.buffer.write(f"FLOOD-END wrote={{written}}\\n".encode())
+    sys.stdout.buffer.flush()
+    os._exit(3)
+"""
+
+
+class LogWatcher:
+    """The largest rank log seen under ``folder`` (the grader's temporary directory), sampled every 5 ms."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.largest = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for log in self.folder.glob("pkb-*/rank*.log"):
+                try:
+                    self.largest = max(self.largest, log.stat().st_size)
+                except OSError:
+                    pass
+            time.sleep(0.005)
+
+    def __enter__(self) -> "LogWatcher":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.parametrize("level", [pytest.param("auto", marks=needs_landlock), "off"])
+def test_a_flood_of_output_stays_off_the_graders_disk_in_the_sandbox(level, tmp_path, monkeypatch):
+    """Each rank prints 256 MiB and exits. Under the sandbox its log on the grader's disk never passes
+    ``LOG_BYTES`` and its end is still the rank's last line (the crash's ``log_tail``); with the sandbox
+    off the whole flood lands there (the damage is real)."""
+    from pkb.runtime.jail import LOG_BYTES
+
+    grader_tmp = tmp_path / "grader-tmp"
+    grader_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(grader_tmp))  # where this session's groups keep their logs
+    path = tmp_path / "1_allreduce_flood.py"
+    path.write_text(FLOOD)
+    with LogWatcher(grader_tmp) as watcher, open_session(level) as session:
+        result = evaluate(get_problem("allreduce"), Candidate.from_file(path), eval_config(level), session)
+    assert result.status is Status.CRASH, result.message
+    assert f"FLOOD-END wrote={FLOOD_BYTES}" in result.details.get("log_tail", ""), result.details.get("log_tail")
+    if level == "off":
+        assert watcher.largest >= FLOOD_BYTES // 2, f"the flood never reached the grader's disk: {watcher.largest}"
+    else:
+        expect_full_sandbox(result.details.get("sandbox"), "flood")
+        assert 0 < watcher.largest <= LOG_BYTES, f"a rank's log reached {watcher.largest} bytes"
