@@ -96,15 +96,21 @@ def _log_tail(path: Path, limit: int = 4000) -> str:
 _teardowns: list[threading.Thread] = []
 
 
+def _wait_for(control: socket.socket, word: bytes, timeout: float) -> None:
+    """Read the jail's control socket until ``word`` (other answers passed over), its end closing, or ``timeout``."""
+    try:
+        control.settimeout(timeout)
+        while control.recv(16) not in (word, b""):
+            pass
+    except OSError:
+        pass
+
+
 def _finish_jail(pid: int, control: socket.socket, scratch: str | None) -> None:
     """Wait for the jail's word that no process of its group is left (or kill it after a timeout), then
     remove the group's scratch directory."""
     try:
-        control.settimeout(RankGroup.JAIL_END_TIMEOUT_S)
-        while control.recv(16) not in (b"done", b""):  # a late "flushed" is not the end
-            pass
-    except OSError:
-        pass
+        _wait_for(control, b"done", RankGroup.JAIL_END_TIMEOUT_S)  # a late "flushed" is not the end
     finally:
         control.close()
         try:
@@ -386,17 +392,14 @@ class RankGroup:
                 return
             control = self.jail[1]
             try:
-                control.settimeout(self.FLUSH_TIMEOUT_S)
                 control.send(b"flush")
-                while control.recv(16) not in (b"flushed", b""):
-                    pass
-            except OSError:  # the jail is gone or slow: the logs hold what they hold
+            except OSError:  # the jail is gone: the logs hold what they hold
+                return
+            _wait_for(control, b"flushed", self.FLUSH_TIMEOUT_S)  # or, if the jail is slow, what they hold by then
+            try:
+                control.settimeout(None)
+            except OSError:
                 pass
-            finally:
-                try:
-                    control.settimeout(None)
-                except OSError:
-                    pass
 
     def close(self, timeout: float = 10.0) -> None:
         """Ask every rank to exit; kill whatever has not within ``timeout`` (a sandboxed group: at once)."""

@@ -70,10 +70,10 @@ def cpu_seconds(pid: int, own: bool = True, reaped: bool = True) -> float:
     if fields is None:
         return 0.0
     try:
-        fields = [int(v) for v in fields[11:15]]  # utime stime cutime cstime
+        ticks = [int(v) for v in fields[11:15]]  # utime stime cutime cstime
     except ValueError:
         return 0.0
-    return (sum(fields[:2]) * own + sum(fields[2:]) * reaped) / _TICKS
+    return (sum(ticks[:2]) * own + sum(ticks[2:]) * reaped) / _TICKS
 
 
 def helpers_cpu_seconds(ranks: list[int], tree: dict[int, list[int]]) -> float:

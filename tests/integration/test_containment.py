@@ -28,8 +28,8 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import tempfile
 import sys
+import tempfile
 import threading
 import time
 from contextlib import closing

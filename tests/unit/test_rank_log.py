@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from pkb.runtime import jail
 from pkb.runtime.jail import LOG_BYTES, LOG_KEPT_BYTES, RankLog
 
 
@@ -26,8 +27,7 @@ class Pipe:
 
 @pytest.fixture
 def pipe_log(tmp_path):
-    read, write = os.pipe()
-    os.set_blocking(read, False)
+    read, write = jail._output_pipe()  # the jail's: its end does not block
     log, rank = RankLog(read, str(tmp_path / "rank0.log")), Pipe(write)
     yield log, rank, tmp_path / "rank0.log"
     log.close()
