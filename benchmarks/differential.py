@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pkb.loop import Job, run_jobs
+from pkb.executor import Evaluation
+from pkb.loop import run_evaluations
 from pkb.solution_files import match_file
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
@@ -64,24 +65,24 @@ def judge(files: list[Path], mode: Mode, world_size: int, arm: Arm, parallel: in
     """Each file's verdict in one arm at one world size (name -> {status, upstream_ok, rerun_alone, message}),
     and the most evaluations seen in flight at once."""
     problems = all_problems()
-    jobs = []
+    evaluations = []
     for path in files:
         problem = match_file(path, problems).problem
         if problem is None:
             raise ValueError(f"{path.name} names no problem")
         if world_size in problem.world_sizes:
-            jobs.append(Job(problem, Candidate.from_file(path), "differential"))
+            evaluations.append(Evaluation(problem, Candidate.from_file(path), "differential"))
     config = EvalConfig(world_size=world_size, mode=mode, num_trials=trials, upstream_trials=trials, cases="all",
                         sandbox=arm.sandbox)
     most_at_once = [0]
 
-    def seen(job, result, resumed):
+    def seen(evaluation, result, resumed):
         most_at_once[0] = max(most_at_once[0], len(executor.in_flight()) + 1)
 
     with tempfile.TemporaryDirectory(prefix="pkb-differential-") as folder, \
             LocalExecutor(parallel if arm.side_by_side else 1) as executor, \
             ResultStore(Path(folder) / "results.sqlite") as store:
-        results = run_jobs(jobs, config, store, seen, executor=executor)
+        results = run_evaluations(evaluations, config, store, seen, executor=executor)
         if arm.side_by_side:
             print(f"executor: {executor.describe()}", flush=True)
     return {result.solution: {"status": result.status.value, "upstream_ok": result.upstream_ok,

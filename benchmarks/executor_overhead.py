@@ -1,7 +1,7 @@
 """Evaluations per minute on this machine's executor and on a Ray cluster started here (``--executor ray``).
 
-The same jobs (each selected problem's reference as a candidate: every one is ``ok``, so the work per
-job is the harness's) run in rounds, each round into a fresh store so nothing is skipped as stored:
+The same evaluations (each selected problem's reference as a candidate: every one is ``ok``, so the work per
+evaluation is the harness's) run in rounds, each round into a fresh store so nothing is skipped as stored:
 first with the local executor, then on a local Ray cluster with one slot (what Ray adds per
 evaluation: the task round trip, the candidate's source shipped to the node), then with as many slots
 as the node holds (``--slots``). Round 1 includes starting the rank processes (and the Ray actors);
@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pkb.loop import Job, run_jobs
+from pkb.executor import Evaluation
+from pkb.loop import run_evaluations
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
 from pkb.executor import LocalExecutor
@@ -33,20 +34,20 @@ from pkb.runtime.modes import Mode
 from pkb.store.db import ResultStore
 
 
-def rounds(make_executor, jobs: list[Job], config: EvalConfig, count: int) -> dict:
-    """Run ``jobs`` ``count`` times on one executor; seconds per round and the verdicts."""
+def rounds(make_executor, evaluations: list[Evaluation], config: EvalConfig, count: int) -> dict:
+    """Run ``evaluations`` ``count`` times on one executor; seconds per round and the verdicts."""
     seconds, statuses = [], {}
     with make_executor() as executor, tempfile.TemporaryDirectory() as scratch:
         for number in range(count):
             with ResultStore(Path(scratch) / f"round{number}.sqlite") as store:
                 began = time.monotonic()
-                results = run_jobs(jobs, config, store, executor=executor)
+                results = run_evaluations(evaluations, config, store, executor=executor)
                 seconds.append(time.monotonic() - began)
             for result in results:
                 statuses[result.status.value] = statuses.get(result.status.value, 0) + 1
     steady = statistics.median(seconds[1:]) if len(seconds) > 1 else seconds[0]
     return {"round_s": [round(s, 3) for s in seconds], "first_round_s": round(seconds[0], 3),
-            "steady_round_s": round(steady, 3), "evaluations_per_minute": round(60 * len(jobs) / steady, 1),
+            "steady_round_s": round(steady, 3), "evaluations_per_minute": round(60 * len(evaluations) / steady, 1),
             "statuses": statuses}
 
 
@@ -66,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     from pkb.executor.ray_cluster import RayExecutor
 
     config = EvalConfig(world_size=args.world_size, mode=Mode(args.mode), num_trials=args.trials)
-    jobs = [Job(p, Candidate.reference_of(p), "reference") for p in select(args.problems)
+    evaluations = [Evaluation(p, Candidate.reference_of(p), "reference") for p in select(args.problems)
             if args.world_size in p.world_sizes]
-    rows = [{"executor": "local", "slots": 1, **rounds(LocalExecutor, jobs, config, args.rounds)}]
-    print(f"{len(jobs)} evaluations per round, {args.mode} mode, W={args.world_size}, {args.trials} trial(s); "
+    rows = [{"executor": "local", "slots": 1, **rounds(LocalExecutor, evaluations, config, args.rounds)}]
+    print(f"{len(evaluations)} evaluations per round, {args.mode} mode, W={args.world_size}, {args.trials} trial(s); "
           f"{os.cpu_count()} CPUs", flush=True)
     print(f"local: {rows[0]}", flush=True)
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             with RayExecutor(parallel=parallel) as probe:
                 count = probe.capacity(config)
             row = {"executor": "ray", "slots": count,
-                   **rounds(lambda: RayExecutor(parallel=parallel), jobs, config, args.rounds)}
+                   **rounds(lambda: RayExecutor(parallel=parallel), evaluations, config, args.rounds)}
             rows.append(row)
             print(f"ray, {count} slot(s): {row}", flush=True)
     finally:
@@ -96,11 +97,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['evaluations_per_minute']:>9.1f} {local_steady / row['steady_round_s']:>8.2f}x  {row['statuses']}")
     one_slot = next((r for r in rows if r["executor"] == "ray" and r["slots"] == 1), None)
     if one_slot:
-        added_ms = 1000 * (one_slot["steady_round_s"] - local_steady) / len(jobs)
+        added_ms = 1000 * (one_slot["steady_round_s"] - local_steady) / len(evaluations)
         print(f"Ray adds {added_ms:.0f} ms per evaluation at one slot (steady rounds)")
     if args.out:
         args.out.write_text(json.dumps({"mode": args.mode, "world_size": args.world_size, "trials": args.trials,
-                                        "evaluations_per_round": len(jobs), "cpus": os.cpu_count(),
+                                        "evaluations_per_round": len(evaluations), "cpus": os.cpu_count(),
                                         "machine": platform.machine(), "ray": ray.__version__,
                                         "cluster_start_s": round(cluster_start_s, 2), "rows": rows}, indent=1))
     bad = [r for r in rows if set(r["statuses"]) - {"ok", "skipped"}]

@@ -3,6 +3,8 @@
 #   bash benchmarks/gpu_proof.sh env tests timing calibrate fidelity solutions shipped baseline1 baseline2
 #                                setup corpus compat ray sandbox attacks overhead parallel_solutions parallel_corpus
 #                                paper_corpus (PAPER_WS: its world sizes, default "2 4"; PAPER_PROBLEMS: a selection)
+#                                accuracy (ACCURACY_WS, default "2 4 8": the honest and wrong candidates of
+#                                tests/candidates/accuracy, both verdicts, issue 47)
 #                                compile_bound (COMPILE_COPIES variants of each own-extension CUDA solution, default 6;
 #                                COMPILE_ARM both|side|alone; COMPILE_PART i/n: that part of the folder only)
 #                                serve (SERVE_MODES, default "cpu shared-gpu": latency and throughput through pkb serve;
@@ -41,6 +43,11 @@ for name in "$@"; do
           --world-size "$w" --db "$OUT/paper_w$w.sqlite" --quiet ${PARALLEL:+--parallel "$PARALLEL"} \
           ${PAPER_PROBLEMS:+--problems "$PAPER_PROBLEMS"}
         stage paper_corpus_w$w python3 benchmarks/paper_summary.py "$OUT/paper_w$w.sqlite" --json "$OUT/paper_w$w.json"
+      done ;;
+    accuracy) for w in ${ACCURACY_WS:-2 4 8}; do  # honest sums of other orders and precisions, and wrong ones
+        stage accuracy_w$w python3 -m pkb.cli run --solutions tests/candidates/accuracy --mode shared-gpu \
+          --world-size "$w" --db "$OUT/accuracy_w$w.sqlite" --quiet ${PARALLEL:+--parallel "$PARALLEL"}
+        stage accuracy_w$w python3 benchmarks/paper_summary.py "$OUT/accuracy_w$w.sqlite" --all --json "$OUT/accuracy_w$w.json"
       done ;;
     env) stage env bash -c 'date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
            python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"triton\", triton.__version__, \"nccl\", torch.cuda.nccl.version())"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from pkb.loop import run_jobs
+from pkb.loop import run_evaluations
 from pkb.solution_files import plan
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
@@ -46,12 +46,12 @@ dist.destroy_process_group()
 
 def full_pass(world_size: int, trials: int) -> None:
     config = EvalConfig(world_size=world_size, mode=Mode.CPU, num_trials=trials)
-    jobs = plan(all_problems().values(), solutions_dir=None, include_reference=True)
-    jobs = [job for job in jobs if job.candidate.is_reference]
+    evaluations = plan(all_problems().values(), solutions_dir=None, include_reference=True)
+    evaluations = [evaluation for evaluation in evaluations if evaluation.candidate.is_reference]
     per_problem = []
     with tempfile.TemporaryDirectory() as tmp, ResultStore(Path(tmp) / "pass.sqlite") as store:
         started = time.monotonic()
-        results = run_jobs(jobs, config, store, lambda job, result, resumed: per_problem.append(result))
+        results = run_evaluations(evaluations, config, store, lambda _, result, resumed: per_problem.append(result))
         total = time.monotonic() - started
     failed = [r.problem for r in results if r.status not in (Status.OK, Status.SKIPPED)]
     slowest = sorted(per_problem, key=lambda r: -r.wall_s)[:5]

@@ -7,7 +7,7 @@ the same file, one at a time, interleaved round by round so load drifts hit ever
   - ``client``: ``pkb.client.Client.evaluate`` from this process (warm server);
   - ``cli --server``: ``pkb eval PROBLEM FILE --server URL --json`` as a whole command (no torch).
 Throughput: evaluations per minute with 1, 2, 4, 8 client threads, each submitting ``--per-client``
-files; every verdict is checked to be there exactly once (by job id and in the database) and the
+files; every verdict is checked to be there exactly once (by evaluation id and in the database) and the
 server's resident memory is printed before and after.
 Soak (``--soak N``): N more evaluations from ``--soak-clients`` threads, a correct, a wrong and a crashing
 file in turn, with the light options (``--soak-cases``, one trial); the resident memory of the server and of
@@ -205,7 +205,7 @@ def main() -> None:
             thread.start()
         for thread in threads:
             thread.join()
-        finished = [client.job(job_id, wait_s=900) for job_id in ids]
+        finished = [client.evaluation(evaluation_id, wait_s=900) for evaluation_id in ids]
         wall = time.monotonic() - began
         with sqlite3.connect(scratch / "served.sqlite") as db:
             stored = db.execute("SELECT COUNT(*) FROM results WHERE solution_set = ?", (f"throughput-{clients}",)).fetchone()[0]

@@ -18,9 +18,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from pkb.loop import EvaluationLoop, Job
+from pkb.executor import Evaluation
+from pkb.loop import EvaluationLoop
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
 from pkb.options import Status
@@ -34,8 +36,8 @@ HONEST_FILES = {"alltoall": ["tests/candidates/p2p_batched.py", "tests/candidate
                 "allreduce": ["pkb/solutions/1_allreduce_two_step.py"]}
 
 
-def job_list(count: int, offset: int) -> list[tuple[str, str, int]]:
-    """``count`` (problem, candidate, world size) jobs, cycling over the suite from ``offset``."""
+def evaluation_list(count: int, offset: int) -> list[tuple[str, str, int]]:
+    """``count`` (problem, candidate, world size) evaluations, cycling over the suite from ``offset``."""
     base = []
     for world_size in (2, 4):
         for problem in all_problems().values():
@@ -46,23 +48,23 @@ def job_list(count: int, offset: int) -> list[tuple[str, str, int]]:
     return list(cycle)
 
 
-def run_jobs(jobs: list[tuple[str, str, int]], trials: int) -> list[dict]:
-    """Evaluate ``jobs`` one after another through pkb's evaluation loop, each afresh (a repeat of a job is
+def run_evaluations(evaluations: list[tuple[str, str, int]], trials: int) -> list[dict]:
+    """Evaluate each of ``evaluations`` one after another through pkb's evaluation loop, each afresh (a repeat is
     judged again, never answered from the store), rank groups kept warm per world size."""
     config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=trials)
     rows = []
     with tempfile.TemporaryDirectory() as scratch, ResultStore(Path(scratch) / "soak.sqlite") as store, \
             EvaluationLoop(store, config, reuse="never") as loop:
-        for index, (problem_name, candidate_name, world_size) in enumerate(jobs):
+        for index, (problem_name, candidate_name, world_size) in enumerate(evaluations):
             problem = get_problem(problem_name)
             candidate = (Candidate.reference_of(problem) if candidate_name == "reference"
                          else Candidate.from_file(HERE.parent / candidate_name))
-            loop.submit(Job(problem, candidate, "soak", world_size=world_size), tag=index)
-        for done in loop.finished():
-            problem_name, candidate_name, world_size = jobs[done.tag]
+            loop.submit(Evaluation(problem, candidate, "soak", replace(config, world_size=world_size), tag=index))
+        for stored in loop.finished():
+            problem_name, candidate_name, world_size = evaluations[stored.evaluation.tag]
             rows.append({"problem": problem_name, "candidate": candidate_name, "world_size": world_size,
-                         "status": done.result.status.value, "message": done.result.message[:300],
-                         "wall_s": round(done.result.wall_s, 3)})
+                         "status": stored.result.status.value, "message": stored.result.message[:300],
+                         "wall_s": round(stored.result.wall_s, 3)})
     return rows
 
 
@@ -76,13 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", nargs=2, type=int, metavar=("COUNT", "OFFSET"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(run_jobs(job_list(*args.worker), args.trials)))
+        print(json.dumps(run_evaluations(evaluation_list(*args.worker), args.trials)))
         return 0
 
     started = time.monotonic()
     side_by_side = int(args.evaluations * args.parallel_share) // args.parallel * args.parallel
     sequential = args.evaluations - side_by_side
-    rows = run_jobs(job_list(sequential, 0), args.trials)
+    rows = run_evaluations(evaluation_list(sequential, 0), args.trials)
     sequential_s = time.monotonic() - started
     print(f"phase 1: {len(rows)} evaluations one after another in {sequential_s:.1f} s", flush=True)
 
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         out, _ = process.communicate()
         try:
             rows += [{**row, "side_by_side": True} for row in json.loads(out)]
-        except json.JSONDecodeError:  # a whole process lost: every job it had counts as failed
+        except json.JSONDecodeError:  # a whole process lost: every evaluation it had counts as failed
             rows += [{"status": "lost", "message": f"worker process exited {process.returncode}", "side_by_side": True}] * share
     parallel_s = time.monotonic() - began
     print(f"phase 2: {side_by_side} evaluations in {len(processes)} processes side by side in {parallel_s:.1f} s")

@@ -2,10 +2,10 @@
 
 Every file ``<n>_<name>.py`` in the corpus folder (default ``../shared/upstream/reference`` beside
 the project) is, by definition, a correct solution of upstream problem ``n``. This evaluates each
-against pkb's problem of that number, through pkb's evaluation loop (pkb.loop.run_jobs: ``--parallel``
-side by side, every verdict stored in ``--db`` as it finishes, so a cut run resumes there), and prints
-one line per file, then the counts by verdict; ``--out`` writes every result as JSON (rewritten after
-each file).
+against pkb's problem of that number, through pkb's evaluation loop (pkb.loop.run_evaluations:
+``--parallel`` side by side, every verdict stored in ``--db`` as it finishes, so a cut run resumes there),
+and prints one line per file, then the counts by verdict; ``--out`` writes every result as JSON (rewritten
+after each file).
 
     python benchmarks/upstream_corpus.py [--world-size 2] [--mode cpu] [--problems 1-87]
         [--cases all|upstream|tests] [--trials 1] [--parallel N] [--db corpus.sqlite] [--out results.json]
@@ -21,7 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pkb.loop import Job, run_jobs
+from pkb.executor import Evaluation
+from pkb.loop import run_evaluations
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
 from pkb.executor import LocalExecutor
@@ -64,13 +65,14 @@ def main(argv: list[str] | None = None) -> int:
         files = {n: path for n, path in files.items() if n in wanted}
     config = EvalConfig(world_size=args.world_size, mode=Mode(args.mode), num_trials=args.trials,
                         timeout_s=args.timeout, cases=args.cases)
-    jobs = [Job(get_problem(number), Candidate.from_file(path), "upstream-corpus") for number, path in files.items()]
+    evaluations = [Evaluation(get_problem(number), Candidate.from_file(path), "upstream-corpus")
+                   for number, path in files.items()]
     rows = []
 
-    def show(job: Job, result, resumed: bool) -> None:
-        problem = job.problem
+    def show(evaluation: Evaluation, result, resumed: bool) -> None:
+        problem = evaluation.problem
         rows.append({"upstream_id": problem.upstream_id, "problem": problem.name, "version": problem.version,
-                     "file": job.candidate.path.name, "status": result.status.value, "message": result.message,
+                     "file": evaluation.candidate.path.name, "status": result.status.value, "message": result.message,
                      "upstream_ok": result.upstream_ok, "cases": result.cases, "wall_s": round(result.wall_s, 2)})
         print(f"{problem.upstream_id:3d} {problem.name:42s} {result.status.value:14s} {rows[-1]['wall_s']:6.1f}s "
               f"{result.message[:200]}", flush=True)
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as scratch, ResultStore(args.db or Path(scratch) / "corpus.sqlite") as store, \
             LocalExecutor(args.parallel) as executor:
-        run_jobs(jobs, config, store, show, executor)
+        run_evaluations(evaluations, config, store, show, executor)
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1

@@ -1,8 +1,10 @@
 """The ``pkb`` command: list, show, eval, run.
 
 Exit codes: 0 success (``eval``: the verdict is ``ok``), 1 a verdict other than ``ok`` (or, for
-``run``, any failed evaluation), 2 a usage error (unknown problem, missing file, a mode this machine
-cannot run, ``--sandbox required`` where a protection is missing), with a message that says what to do instead.
+``run``, any failed evaluation), 2 a usage error (unknown problem, missing file, an option out of its range, a
+mode this machine cannot run, ``--sandbox required`` where a protection is missing, a results database pkb cannot
+write), with one sentence that says what to do instead and nothing written; with ``--json`` also one JSON object
+on stdout (``{"status": "usage_error", ...}``). 3 when pkb itself failed.
 """
 
 from __future__ import annotations
@@ -11,14 +13,17 @@ import argparse
 import importlib
 import inspect
 import json
+import os
+import re
 import sys
 import time
 from pathlib import Path
 
 from pkb import __version__
-from pkb.commands import SELF_CHECK_TRIALS, add_eval_options, make_config, make_executor, served_options
+from pkb.commands import SELF_CHECK_TRIALS, add_eval_options, add_option, make_config, make_executor, served_options
 from pkb.console import UsageError, print_table
 from pkb.describe import describe, human_bytes, shapes_of_inputs
+from pkb.options import OPTIONS
 
 USAGE_ERROR = 2
 HARNESS_FAILURE = 3  # pkb itself failed: no verdict on the candidate
@@ -67,6 +72,14 @@ def cmd_show(args) -> int:
           + (f"  nodes {list(problem.nodes)}" if problem.nodes != (1,) else ""))
     if problem.local_answer:
         print(f"# note: the answer needs no communication ({problem.local_answer})")
+    if problem.exact_dtype is None:
+        print(f"# accuracy: floating outputs against the reference's by the tolerance ({problem.exact_note})")
+    else:
+        from pkb.evaluate.accuracy import FACTOR
+
+        print(f"# accuracy: against the exact answer, the reference in {str(problem.exact_dtype).removeprefix('torch.')}"
+              + (f" ({problem.exact_note})" if problem.exact_note else "") + f": at most {FACTOR:g}x the reference's "
+              "error (docs/paper-protocol.md)")
     for kind in CASE_KINDS:
         print(f"# {kind}: " + (", ".join(c.name + (f" (W={','.join(map(str, c.world_sizes))})" if c.world_sizes else "")
                                          for c in getattr(problem, kind)) or "-"))
@@ -99,11 +112,7 @@ def cmd_eval(args) -> int:
     if args.candidate == "reference":
         candidate = Candidate.reference_of(problem)
     else:
-        path = Path(args.candidate)
-        if not path.is_file():
-            raise UsageError(f"candidate file {args.candidate} not found (give a .py file defining `solution`, "
-                             "or `reference` to check the problem's reference against itself)")
-        candidate = Candidate.from_file(path)
+        candidate = Candidate.from_file(candidate_path(args.candidate))
     world_size = args.world_size or problem.world_sizes[0]
     if world_size not in problem.world_sizes:
         raise UsageError(f"{problem.name} runs at world sizes {list(problem.world_sizes)}; pick one with --world-size")
@@ -116,6 +125,18 @@ def cmd_eval(args) -> int:
     return 0 if result.ok else 1 if result.status.is_verdict else HARNESS_FAILURE
 
 
+def candidate_path(given: str) -> Path:
+    """The candidate file ``given`` names; UsageError saying what to give where it is no file."""
+    path = Path(given)
+    if path.is_dir():
+        raise UsageError(f"{given} is a directory: give one .py file defining `solution` (a folder of solution "
+                         "files is `pkb run --solutions DIR`)")
+    if not path.is_file():
+        raise UsageError(f"candidate file {given} not found (give a .py file defining `solution`, "
+                         "or `reference` to check the problem's reference against itself)")
+    return path
+
+
 def _eval_on_server(args) -> int:
     """``pkb eval --server URL``: the file's text to the service, its verdict printed as here."""
     import os
@@ -123,9 +144,8 @@ def _eval_on_server(args) -> int:
     from pkb.client import Client, ServerError, result_view
 
     reference = args.candidate == "reference"
-    if not reference and not Path(args.candidate).is_file():
-        raise UsageError(f"candidate file {args.candidate} not found (give a .py file defining `solution`, "
-                         "or `reference` to check the problem's reference against itself)")
+    if not reference:
+        candidate_path(args.candidate)
     options = {**served_options(args), "name": "reference" if reference else Path(args.candidate).stem}
     if reference:
         options["reference"] = True
@@ -150,7 +170,9 @@ def print_verdict(result) -> None:
     print(f"{result.problem} / {result.solution}: {result.status.value}  ({result.mode}, {ranks}, {result.wall_s:.1f} s)")
     print(f"  {result.message}")
     if result.details.get("traceback") or result.details.get("error"):
-        print("  " + (result.details.get("traceback") or result.details["error"]).strip().replace("\n", "\n  "))
+        text = user_traceback(result.details.get("traceback") or result.details["error"],
+                              result.details.get("solution_path"))
+        print("  " + text.strip().replace("\n", "\n  "))
     if result.details.get("log_tail"):
         print("  rank output (tail):\n    " + result.details["log_tail"].strip()[-1500:].replace("\n", "\n    "))
     for timing in result.timings:
@@ -160,12 +182,45 @@ def print_verdict(result) -> None:
         print(f"  (times measured in {result.mode} mode: not GPU performance)")
 
 
+_FRAME = re.compile(r'^(\s*)File "([^"]+)", line \d+')
+
+
+def user_traceback(text: str, solution_path: str | None) -> str:
+    """A rank's traceback as the candidate's author reads it: the frames of pkb's own code that lead into the
+    candidate left out (a line says how many), so that the author's file and line come first, and the copy the
+    rank imported (in its scratch folder) named by the author's file (``solution_path``, shown relative to the
+    working directory where it is inside it). A traceback that never reaches code outside pkb is kept whole."""
+    own = str(Path(__file__).resolve().parent) + os.sep
+    blocks = re.split(r"(?m)^(?=Traceback \(most recent call last\):)", text)
+    shown = []
+    for block in blocks:
+        lines = block.splitlines()
+        frames = [(i, match) for i, match in ((i, _FRAME.match(line)) for i, line in enumerate(lines)) if match]
+        first_user = next((n for n, (_, match) in enumerate(frames) if not match.group(2).startswith(own)), None)
+        if first_user:
+            start, indent = frames[0][0], frames[0][1].group(1)
+            end = frames[first_user][0]
+            note = f"{indent}({first_user} frame{'s' * (first_user > 1)} of pkb's own code before it left out)"
+            lines = lines[:start] + [note] + lines[end:]
+        shown.append("\n".join(lines))
+    text = "\n".join(block for block in shown if block)
+    if not solution_path:
+        return text
+    path = Path(solution_path)
+    try:
+        display = str(path.relative_to(Path.cwd()))
+    except ValueError:
+        display = str(path)
+    return re.sub(rf'"[^"\n]*{re.escape(os.sep + path.name)}"',
+                  lambda match: match.group(0) if match.group(0)[1:].startswith(own) else f'"{display}"', text)
+
+
 def cmd_run(args) -> int:
-    from pkb.loop import run_jobs
+    from pkb.loop import run_evaluations
     from pkb.solution_files import light_self_checks, plan, solution_files
     from pkb.progress import Progress
     from pkb.registry import select
-    from pkb.store.db import DEFAULT_DB, ResultStore
+    from pkb.store.db import DEFAULT_DB, ResultStore, check_store
 
     problems = select(args.problems)
     solutions_dir = Path(args.solutions) if args.solutions else None
@@ -180,25 +235,28 @@ def cmd_run(args) -> int:
     if args.set is not None and not args.set.strip():
         raise UsageError("--set needs a name, e.g. --set gpt5-oneshot")
     self_check = solutions_dir is None or args.self_check
-    jobs = plan(problems, solutions_dir, include_reference=self_check, solution_set=args.set)
-    if not jobs:
+    evaluations = plan(problems, solutions_dir, include_reference=self_check, solution_set=args.set)
+    if not evaluations:
         raise UsageError("nothing to run: no solution file matches the selected problems")
+    check_store(args.db or DEFAULT_DB)  # a --db it cannot store results in: said before any work, nothing written
     with make_executor(args) as executor:
         config = make_config(args, args.world_size, executor)
-        jobs = light_self_checks(jobs, config, cases=args.cases is None,
-                                 trials=SELF_CHECK_TRIALS if args.trials is None else None)
+        evaluations = light_self_checks(evaluations, config, cases=args.cases is None,
+                                        trials=SELF_CHECK_TRIALS if args.trials is None else None)
         executor.capacity(config)  # decided now (a local executor's default is by the run's mode and world size)
         if not args.json and args.executor == "local":
             print(f"executor: {executor.describe()}", file=sys.stderr)
-        with Progress(len(jobs), enabled=not args.json, live=False if args.quiet else None,
+        with Progress(len(evaluations), enabled=not args.json, live=False if args.quiet else None,
                       in_flight=lambda: running_labels(executor)) as progress, \
                 ResultStore(args.db or DEFAULT_DB) as store:
-            results = run_jobs(jobs, config, store, progress.update, executor)
+            results = run_evaluations(evaluations, config, store, progress.update, executor)
     if args.json:
         print(json.dumps([r.to_dict() for r in results], default=str))
     else:
         print_run_summary(results, None if args.problems is None else problems, args.db or DEFAULT_DB,
                           checked_line(args, config, self_check, solutions_dir))
+        if solutions_dir is None:
+            print("\n" + what_it_means(results, config))
     return 0 if all(r.status in QUIET_STATUSES for r in results) else 1
 
 
@@ -224,32 +282,41 @@ def checked_line(args, config, self_check: bool, solutions_dir: Path | None) -> 
 def running_labels(executor) -> list[tuple[str, float]]:
     """The evaluations ``executor`` runs now, as ``(problem/solution, seconds running)``."""
     now = time.monotonic()
-    return [(f"{item.task.problem.name}/{item.task.candidate.name}", now - item.started) for item in executor.in_flight()]
+    return [(f"{item.evaluation.problem.name}/{item.evaluation.candidate.name}", now - item.started)
+            for item in executor.in_flight()]
 
 
 def print_run_summary(results, problems, db: str, checked: str = "") -> None:
-    """What ``pkb run`` ends with: the results that need a look, the counts, what was ``checked`` (a
-    sentence), then the headline over the run's selection (``problems``; None: none was asked for, and the
-    headline counts the paper's suite as ``pkb report`` does). A set with results for only part of it (pkb's
-    shipped worked examples, a folder missing files) gets two rows, one on the problems it covers and one
-    on the whole selection (the paper's denominator: a problem without a result counts as failed), and a
-    note saying which is which.
+    """What ``pkb run`` ends with: the results that need a look (each message's first line whole), the counts,
+    how to report them (with ``--problems`` where the run's sets cover part of the suite, so that the HTML
+    report plots what ran), what was ``checked`` (a sentence), then the headline over the run's selection
+    (``problems``; None: none was asked for, and the headline counts the paper's suite as ``pkb report`` does).
+    A set with results for only part of it (pkb's shipped worked examples, a folder missing files) gets two
+    rows, one on the problems it covers and one on the whole selection (the paper's denominator: a problem
+    without a result counts as failed), and a note saying which is which.
     """
+    from pkb.registry import selection_text
     from pkb.report import metrics, records
     from pkb.report.cli import headline_lines, suite_selection
-    from pkb.store.db import DEFAULT_DB
+    from pkb.store.db import DEFAULT_DB, REFERENCE_SET
 
     failed = [r for r in results if r.status not in QUIET_STATUSES]
     if failed:
-        print_table([{"problem": r.problem, "set": r.solution_set, "solution": r.solution, "status": r.status.value,
-                      "message": r.message[:90]} for r in failed], ["problem", "set", "solution", "status", "message"])
+        print("results that need a look:")
+        for r in failed:
+            print(f"  {r.problem} / {r.solution} ({r.solution_set}): {r.status.value}\n"
+                  f"    {(r.message.strip().splitlines() or [''])[0][:MESSAGE_CHARS]}")
         print()
     counts: dict[str, int] = {}
     for r in results:
         counts[r.status.value] = counts.get(r.status.value, 0) + 1
     report_command = "pkb report" + ("" if db == DEFAULT_DB else f" --db {db}")
+    covered = {r.problem for r in results if r.solution_set != REFERENCE_SET}
+    plotted = f"{report_command} --problems {selection_text(covered)} --html report.html" if covered else ""
     print(f"{len(results)} results in {db}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-          + f"\n(`{report_command}` for every set in the database, `--html FILE` for plots)")
+          + f"\n(`{report_command}` for every set in the database"
+          + (f"; `{plotted}` plots the {len(covered)} problem{'s' * (len(covered) > 1)} this run's sets cover)"
+             if plotted else ", `--html FILE` for plots)"))
     print((checked + "\n") if checked else "")
     found = records.from_results(results)
     if problems is None:
@@ -260,11 +327,57 @@ def print_run_summary(results, problems, db: str, checked: str = "") -> None:
     headline_lines(report, "no candidate results: only the references' self-checks ran")
 
 
+MESSAGE_CHARS = 400  # of a result's first line in `pkb run`'s list of results that need a look
+
+
+def what_it_means(results, config) -> str:
+    """For the main job (pkb's shipped solutions and every reference's self-check, run with ``config``): what it
+    showed on this machine, in words a first reader needs before the headline's percentages."""
+    from pkb.store.db import REFERENCE_SET, SHIPPED_SET
+
+    def tally(solution_set: str) -> tuple[int, int, list]:
+        rows = [r for r in results if r.solution_set == solution_set]
+        skipped = [r for r in rows if r.status.value == "skipped"]
+        return len(rows), sum(r.status.value == "ok" for r in rows), skipped
+
+    checked, ok, skipped = tally(REFERENCE_SET)
+    example = f", e.g. {skipped[0].problem}: {skipped[0].message.splitlines()[0][:120]}" if skipped else ""
+    lines = [f"what this means: {ok} of the {checked - len(skipped)} references judged here passed against "
+             f"themselves ({len(skipped)} skipped{example}): the suite and the harness work on this machine "
+             f"({config.mode.value} mode, W = {config.world_size})."]
+    shipped, ok, skipped = tally(SHIPPED_SET)
+    if shipped:
+        lines.append(f"pkb's shipped solutions are {shipped} worked examples, not a model's answers: {ok} ok, "
+                     f"{len(skipped)} `skipped` (they need what this run lacks: a GPU, or more ranks; neither a "
+                     "failure nor a success). Their `in the suite` row counts every problem of the paper's suite, as a "
+                     "model's set is counted, so for them it measures how few problems they cover.")
+    on_gpu = "; the shipped kernels and GPU timings need --mode cuda or shared-gpu" if config.mode.value == "cpu" \
+        else ""
+    lines.append(f"Score a model's files with `pkb run --solutions DIR`{on_gpu}.")
+    return "\n".join(lines)
+
+
 # -- parser ------------------------------------------------------------------------------------------
 
 
+class _ParseError(UsageError):
+    """A command line argparse refused; ``prog`` is the command it was for (``pkb eval``)."""
+
+    def __init__(self, message: str, prog: str):
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (for every subcommand too), whose refusals are pkb's usage errors (``main``): one
+    sentence and exit status 2, with ``--json`` one object on stdout, instead of argparse's usage block."""
+
+    def error(self, message: str):
+        raise _ParseError(f"{message} (`{self.prog} --help` lists what it takes)", self.prog)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pkb", description="Benchmark and evaluation harness for multi-GPU kernels.")
+    parser = _Parser(prog="pkb", description="Benchmark and evaluation harness for multi-GPU kernels.")
     parser.add_argument("--version", action="version", version=f"pkb {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -276,8 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="a problem's reference, a case's per-rank inputs, its cost")
     p.add_argument("problem", help="slug or upstream number")
     p.add_argument("--case")
-    p.add_argument("--world-size", type=int)
-    p.add_argument("--nodes", type=int, help="the nodes the ranks are split into (default: the problem's)")
+    add_option(p, OPTIONS["world_size"])
+    add_option(p, OPTIONS["nodes"])
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("eval", help="one verdict for one candidate file")
@@ -312,15 +425,15 @@ COMMAND_MODULES: tuple[str, ...] = ("pkb.report.cli", "pkb.measure.cli", "pkb.ge
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = None
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except UsageError as exc:
-        print(f"pkb: error: {exc}", file=sys.stderr)
-        return USAGE_ERROR
+        return _usage_error(str(exc), getattr(exc, "prog", "pkb"), args, argv)
     except KeyError as exc:  # an unknown problem (pkb.registry.UnknownProblem) or case name
-        print(f"pkb: error: {exc.args[0]}", file=sys.stderr)
-        return USAGE_ERROR
+        return _usage_error(str(exc.args[0]), "pkb", args, argv)
     except KeyboardInterrupt:
         print("\npkb: interrupted; finished results are in the database, rerun to resume", file=sys.stderr)
         return 130
@@ -339,6 +452,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pkb: internal error ({type(exc).__name__}: {exc}); this is pkb's failure, not the candidate's",
                   file=sys.stderr)
         return HARNESS_FAILURE
+
+
+def _usage_error(message: str, prog: str, args, argv: list[str]) -> int:
+    """A usage error said in one sentence on stderr, and with ``--json`` (asked for, even where the command line
+    did not parse) as one object on stdout; exit status 2."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    if getattr(args, "json", False) or (args is None and "--json" in argv):
+        command = getattr(args, "command", None) or next((word for word in argv if not word.startswith("-")), None)
+        print(json.dumps({"status": "usage_error", "command": command, "message": message}))
+    return USAGE_ERROR
 
 
 if __name__ == "__main__":  # `python -m pkb.cli`: run the imported module's main, so its exception classes are the ones raised

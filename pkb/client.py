@@ -5,8 +5,8 @@
     result = client.evaluate("allgather", source)       # the JSON of ``pkb eval --json``
     result["status"], result["upstream_ok"]
 
-``evaluate`` waits for the verdict (polling a long one); ``submit`` and ``job`` leave the waiting to the
-caller. A full queue (HTTP 429) is retried after the server's ``Retry-After`` until ``busy_timeout_s``.
+``evaluate`` waits for the verdict (polling a long one); ``submit`` and ``evaluation`` leave the waiting to
+the caller. A full queue (HTTP 429) is retried after the server's ``Retry-After`` until ``busy_timeout_s``.
 """
 
 from __future__ import annotations
@@ -43,15 +43,15 @@ class Client:
         upstream_trials, dtype, perf, policy, timeout) plus ``name`` and ``solution_set``. Waits up to
         ``wait_s``; ServerError if it has not finished by then."""
         deadline = time.monotonic() + wait_s
-        job = self.submit(problem, source, wait_s=min(wait_s, 60.0), **options)
-        while job["state"] != "done":
+        served = self.submit(problem, source, wait_s=min(wait_s, 60.0), **options)
+        while served["state"] != "done":
             if time.monotonic() > deadline:
-                raise ServerError(f"evaluation {job['id']} has not finished after {wait_s:.0f} s")
-            job = self.job(job["id"], wait_s=min(60.0, max(deadline - time.monotonic(), 0.0)))
-        return job["result"]
+                raise ServerError(f"evaluation {served['id']} has not finished after {wait_s:.0f} s")
+            served = self.evaluation(served["id"], wait_s=min(60.0, max(deadline - time.monotonic(), 0.0)))
+        return served["result"]
 
     def submit(self, problem: str | int, source: str | None = None, wait_s: float = 0.0, **options: Any) -> dict:
-        """Queue an evaluation; the job (``id``, ``state``, and ``result`` once done) after ``wait_s``."""
+        """Queue an evaluation; where it stands (``id``, ``state``, and ``result`` once done) after ``wait_s``."""
         body = {"problem": str(problem), **({"source": source} if source is not None else {}),
                 **request_options(**{k: v for k, v in options.items() if k != "reference"})}
         if options.get("reference"):
@@ -65,8 +65,9 @@ class Client:
                     raise
                 time.sleep(1.0)
 
-    def job(self, job_id: str, wait_s: float = 0.0) -> dict:
-        return self._call("GET", f"/v1/evaluations/{urllib.parse.quote(job_id)}?wait={wait_s}")
+    def evaluation(self, evaluation_id: str, wait_s: float = 0.0) -> dict:
+        """Where the evaluation ``evaluation_id`` (``submit``'s ``id``) stands, after up to ``wait_s``."""
+        return self._call("GET", f"/v1/evaluations/{urllib.parse.quote(evaluation_id)}?wait={wait_s}")
 
     def problems(self) -> list[dict]:
         return self._call("GET", "/v1/problems")
@@ -103,7 +104,7 @@ class Client:
 
 
 def result_view(result: dict) -> SimpleNamespace:
-    """A verdict's JSON (``pkb eval --json``, a job's ``result``) with the attributes of the EvalResult it
+    """A verdict's JSON (``pkb eval --json``, an evaluation's ``result``) with the attributes of the EvalResult it
     was made from that pkb's printers and messages read (``status.value``, ``ok``, ``timings[i].speedup``,
     ...), without importing torch as ``EvalResult.from_dict`` would."""
     return SimpleNamespace(**{**result, "ok": result["status"] == "ok",

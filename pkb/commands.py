@@ -1,12 +1,14 @@
 """What the commands that evaluate share (``pkb eval``, ``run``, ``generate``, ``agent``, ``serve``): their
-options on the command line, made from pkb.options's one declaration; the evaluation settings those
-options resolve to on this machine (``make_config``); the options a request to ``pkb serve`` carries
-(``served_options``); and the executor they run on (``make_executor``). Nothing heavy is imported until
-a function runs.
+options on the command line, made from pkb.options's one declaration and checked against it as they are parsed
+(``add_option``: a value out of range is a usage error, exit 2); the evaluation settings those options resolve to
+on this machine (``make_config``, through pkb.evaluate.config.config_from_options); the options a request to
+``pkb serve`` carries (``served_options``); and the executor they run on (``make_executor``). Nothing heavy is
+imported until a function runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from pkb.console import UsageError
@@ -23,16 +25,36 @@ _EXTRA_HELP = {
 }
 
 
-def add_option(parser, option: Option, default=None) -> None:
-    """``option`` as a flag of ``parser`` (its default unless ``default`` is given)."""
+def add_option(parser, option: Option, default=None, help: str | None = None) -> None:
+    """``option`` as a flag of ``parser`` (its default unless ``default`` is given; its help unless ``help`` is),
+    its value checked against the option's row as it is parsed (``checked_type``)."""
     if option.kind is bool:
-        parser.add_argument(option.flag, action="store_true", help=option.help)
+        parser.add_argument(option.flag, action="store_true", help=help or option.help)
         return
-    kwargs = {"type": option.kind, "help": option.help + _EXTRA_HELP.get(option.name, "")}
+    kwargs = {"type": checked_type(option), "help": (help or option.help) + _EXTRA_HELP.get(option.name, "")}
     if option.choices:
         kwargs["choices"] = list(option.choices)
     parser.add_argument(option.flag, default=default if default is not None or option.name in UNSET_MEANS_DEFAULT
                         else option.default, **kwargs)
+
+
+def checked_type(option: Option):
+    """An argparse ``type`` for ``option``: the text as its kind, refused (argparse's usage error, exit 2) where
+    it is out of the option's range, e.g. ``argument --timeout: must be from 1 to 3600, got 0.0``."""
+    def parse(text: str):
+        try:
+            value = option.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"takes {'an integer' if option.kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        complaint = option.complaint(value)
+        if complaint:
+            raise argparse.ArgumentTypeError(complaint)
+        return value
+
+    parse.__name__ = option.kind.__name__
+    parse.option = option  # which row of the table checks it
+    return parse
 
 
 def add_precision_option(parser) -> None:
@@ -51,10 +73,7 @@ def add_eval_options(parser, world_size_default, executor: bool = False) -> None
         parser.add_argument("--address", help="with --executor ray: auto (the cluster this machine is in), "
                                               "ray://HOST:PORT, or local (a new cluster on this machine; the default "
                                               "unless RAY_ADDRESS is set)")
-        parser.add_argument("--parallel", type=int,
-                            help="at most this many evaluations at once (default: as many as this machine holds, by its "
-                                 "cores, memory and GPU memory at the run's world size; on Ray, as many as the cluster's "
-                                 "nodes hold). Timed evaluations (--perf) always run alone, after the untimed ones")
+        add_option(parser, OPTIONS["parallel"])
 
 
 def option_values(args) -> dict:
@@ -76,10 +95,10 @@ def served_options(args) -> dict:
 
 
 def make_config(args, world_size: int, executor=None):
-    """The evaluation settings of ``args``; ``--mode auto`` decides by the GPUs of ``executor``'s machines
-    (a Ray cluster's largest node) or, without one, of this machine. The mode and the sandbox candidates
-    get are said on stderr (unless ``--json``)."""
-    from pkb.evaluate.config import EvalConfig
+    """The evaluation settings of ``args`` (pkb.evaluate.config.config_from_options); ``--mode auto`` decides by
+    the GPUs of ``executor``'s machines (a Ray cluster's largest node) or, without one, of this machine. The mode
+    and the sandbox candidates get are said on stderr (unless ``--json``)."""
+    from pkb.evaluate.config import OptionError, config_from_options
     from pkb.runtime.modes import ModeUnavailable, choose_mode
 
     values = option_values(args)
@@ -88,22 +107,20 @@ def make_config(args, world_size: int, executor=None):
         choice = choose_mode(values["mode"], world_size, num_gpus=gpus)
     except ModeUnavailable as exc:
         raise UsageError(str(exc) + (" (GPUs counted on the largest node of the Ray cluster)" if gpus is not None else "")) from None
+    try:
+        config = config_from_options(values, world_size, choice.mode)
+    except OptionError as exc:  # e.g. --nodes that does not divide --world-size
+        raise UsageError(str(exc)) from None
     sandbox = sandbox_line(values["sandbox"], choice.mode, on_ray=executor is not None and executor.name == "ray")
     if not args.json:
         print(f"mode: {choice.mode} ({choice.reason})", file=sys.stderr)
         print(f"sandbox: {sandbox}", file=sys.stderr)
-    try:
-        return EvalConfig(world_size=world_size, nodes=values["nodes"] or 0, mode=choice.mode, num_trials=values["trials"],
-                          timeout_s=values["timeout"], perf=values["perf"], cuda_graph=values["cuda_graph"],
-                          policy=values["policy"], cases=values["cases"], sandbox=values["sandbox"],
-                          precision=values["dtype"], upstream_trials=values["upstream_trials"])
-    except ValueError as exc:  # e.g. --nodes that does not divide --world-size
-        raise UsageError(f"{exc}: pick --nodes that divides --world-size") from None
+    return config
 
 
 def sandbox_line(level: str, mode, on_ray: bool = False) -> str:
     """What ``--sandbox level`` gives candidates here, e.g. ``auto (full: landlock-fs, ...)``; on a Ray
-    cluster each node checks for itself (a node that cannot honour ``required`` ends its tasks as
+    cluster each node checks for itself (a node that cannot honour ``required`` ends its evaluations as
     ``infra_error``). Raises UsageError where ``required`` cannot be honoured on this machine."""
     from pkb.runtime.sandbox import SandboxStatus, SandboxUnavailable, check_sandbox
 
@@ -124,8 +141,6 @@ def make_executor(args):
 
     if args.executor == "local" and args.address is not None:
         raise UsageError("--address is for --executor ray")
-    if args.parallel is not None and args.parallel < 1:
-        raise UsageError("--parallel must be at least 1")
     executor = make(args.executor, args.address, args.parallel)
     if not args.json and args.executor != "local":
         print(f"executor: {executor.describe()}", file=sys.stderr)

@@ -2,9 +2,12 @@
 
 Every way of asking for an evaluation reads them from here: ``pkb eval`` and ``pkb run`` (their flags are
 made from ``EVAL_OPTIONS``), the evaluation service (``EvaluationRequest``: a request's JSON), the client
-(``pkb.client``) and the RL environments; ``pkb.evaluate.config.EvalConfig`` takes its defaults and
-choices from here. Each option has one name (``world_size``: ``--world-size`` on the command line,
-``world_size`` in JSON), one default, its choices or its range, and one line of help.
+(``pkb.client``) and the RL environments; ``pkb.evaluate.config.config_from_options`` turns them into an
+``EvalConfig``. Each option has one name (``world_size``: ``--world-size`` on the command line,
+``world_size`` in JSON), one default, its choices or its range, and one line of help; its bounds are checked
+where it is parsed (``Option.check``: the command line, a request's JSON, the client), in this one table. The
+numbers single commands take (``--parallel``, ``--samples``, ``--port``, ...) are rows here too
+(``COMMAND_OPTIONS``).
 
     >>> EvaluationRequest.from_json({"problem": "allgather", "source": text, "trials": 1}).trials
     1
@@ -13,13 +16,21 @@ choices from here. Each option has one name (``world_size``: ``--world-size`` on
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
 from pkb.protocol import DEFAULT_PRECISION, PRECISION_NAMES, UPSTREAM_TRIALS
 
 
-class Status(str, enum.Enum):
+class _Named(str, enum.Enum):
+    """An enum whose members are their names as the options and result rows spell them (``str(Mode.CPU) == "cpu"``)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Status(_Named):
     """The verdict of one evaluation (docs/architecture.md, "Verdicts")."""
 
     OK = "ok"
@@ -40,16 +51,34 @@ class Status(str, enum.Enum):
     # ran out (pkb.executor): no verdict on the candidate either, left out and evaluated again the same way.
     INFRA_ERROR = "infra_error"
 
-    def __str__(self) -> str:
-        return self.value
-
     @property
     def is_verdict(self) -> bool:
         """False for pkb's own failures and the machine's (no verdict on the candidate: a rerun retries)."""
         return self not in (Status.HARNESS_ERROR, Status.INFRA_ERROR)
 
 
-MODES = ("auto", "cpu", "cuda", "shared-gpu")
+class Mode(_Named):
+    """Where the ranks run (pkb.runtime.modes: how ``auto`` picks one): gloo on the CPU, NCCL with a GPU per rank, or
+    gloo and symmetric memory with the ranks sharing one GPU. Times outside ``cuda`` are not GPU performance."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+    SHARED_GPU = "shared-gpu"
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self is Mode.CUDA else "gloo"
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self is not Mode.CPU
+
+    @property
+    def times_are_gpu_performance(self) -> bool:
+        return self is Mode.CUDA
+
+
+MODES = ("auto", *(mode.value for mode in Mode))  # what --mode takes: auto decides (pkb.runtime.modes.choose_mode)
 # What `--cases` selects for the correctness trials. `all` is the upstream cases and the tests; the
 # benchmark shapes are checked after they are timed (--perf), or on their own with `benchmarks`.
 CASE_SELECTIONS = {"all": ("upstream", "tests"), "upstream": ("upstream",), "tests": ("tests",),
@@ -58,6 +87,11 @@ POLICIES = ("report", "forbid-collectives")
 SANDBOX_LEVELS = ("auto", "required", "off")
 EXECUTORS = ("local", "ray")
 DEFAULT_TRIALS = 3
+DEFAULT_TIMEOUT_S = 120.0
+# How much longer than --timeout one step of an evaluation (loading the candidate, its first call) may run while
+# processes its ranks started keep compiling (a first build, torch.compile); a hang compiles nothing and gets none
+# of it. Time queued for pkb's build broker is pkb's and never counted (pkb.runtime.builds has its own limit).
+BUILD_ALLOWANCE_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -78,17 +112,37 @@ class Option:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
-    def check(self, value: Any) -> None:
-        """ValueError naming the option where ``value`` is not one it takes."""
+    def complaint(self, value: Any) -> str | None:
+        """What is wrong with ``value`` for this option, as the end of a sentence that names it (e.g. ``must be
+        at least 1, got 0``), or None where it is one the option takes."""
         if value is None and self.default is None:
-            return
+            return None
         kinds = (int, float) if self.kind is float else (self.kind,)
         if not isinstance(value, kinds) or (self.kind is not bool and isinstance(value, bool)):
-            raise ValueError(f"`{self.name}` has the wrong type ({type(value).__name__}; it takes {self.kind.__name__})")
+            return f"has the wrong type ({type(value).__name__}; it takes {self.kind.__name__})"
         if self.choices and value not in self.choices:
-            raise ValueError(f"`{self.name}` must be one of {list(self.choices)}, got {value!r}")
+            return f"must be one of {list(self.choices)}, got {value!r}"
+        if self.kind is float and not math.isfinite(value):
+            return f"must be a finite number, got {value!r}"
         if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
-            raise ValueError(f"`{self.name}` must be in [{self.low:g}, {self.high:g}], got {value!r}")
+            return f"must be {self.bounds}, got {value!r}"
+        return None
+
+    @property
+    def bounds(self) -> str:
+        """The range it takes in words, e.g. ``from 1 to 1024`` or ``at least 0``."""
+        def number(value: float) -> str:
+            return str(int(value)) if value == int(value) else f"{value:g}"
+
+        if self.low is not None and self.high is not None:
+            return f"from {number(self.low)} to {number(self.high)}"
+        return f"at least {number(self.low)}" if self.low is not None else f"at most {number(self.high)}"
+
+    def check(self, value: Any) -> None:
+        """ValueError naming the option where ``value`` is not one it takes."""
+        complaint = self.complaint(value)
+        if complaint:
+            raise ValueError(f"`{self.name}` {complaint}")
 
 
 EVAL_OPTIONS: tuple[Option, ...] = (
@@ -98,7 +152,11 @@ EVAL_OPTIONS: tuple[Option, ...] = (
            low=1, high=64),
     Option("mode", "auto", str, "auto picks cuda with W GPUs, shared-gpu with fewer, else cpu", choices=MODES),
     Option("trials", DEFAULT_TRIALS, int, "correctness trials, each with fresh secret seeds", low=1, high=100),
-    Option("timeout", 120.0, float, "seconds one job may take before its ranks are killed", low=0.001, high=3600),
+    Option("timeout", DEFAULT_TIMEOUT_S, float,
+           "seconds any one step of an evaluation may take before its ranks are killed and the verdict is `timeout`, "
+           "loading the candidate included (an import that hangs); a step whose ranks are compiling gets up to "
+           f"{BUILD_ALLOWANCE_S:g} s more (pkb's build allowance), and time queued for pkb's build broker is not "
+           "counted", low=1, high=3600),
     Option("perf", False, bool, "also time reference and candidate (speedup)"),
     Option("cuda_graph", False, bool, "with --perf in cuda mode: time CUDA-graph replays (for microsecond-scale "
                                       "problems)", served=False),
@@ -121,7 +179,25 @@ EVAL_OPTIONS: tuple[Option, ...] = (
                                    "unconfined, for debugging only (its results are stored apart and reports flag them)",
            choices=SANDBOX_LEVELS, served=False),
 )
-OPTIONS = {option.name: option for option in EVAL_OPTIONS}
+# The numbers single commands take (not evaluation settings), declared here too so that every option of every
+# command is checked the same way where it is parsed (pkb.commands.add_option).
+COMMAND_OPTIONS: tuple[Option, ...] = (
+    Option("parallel", None, int, "at most this many evaluations at once (default: as many as this machine holds, by "
+                                  "its cores, memory and GPU memory at the run's world size; on Ray, as many as the "
+                                  "cluster's nodes hold). Timed evaluations (--perf) always run alone, after the "
+                                  "untimed ones", low=1, high=1024),
+    Option("max_queue", 64, int, "evaluations queued or running at most; more are answered 429 busy (default 64)",
+           low=1, high=1_000_000),
+    Option("port", 0, int, "default: one the system picks, printed at start", low=0, high=65535),
+    Option("samples", 1, int, "samples per problem (k of pass@k)", low=1, high=10_000),
+    Option("concurrency", 4, int, "model calls in flight at once", low=1, high=1024),
+    Option("steps", 10, int, "model turns at most (default 10)", low=1, high=10_000),
+    Option("max_tokens", 16384, int, "most tokens in one answer", low=1, high=10_000_000),
+    Option("request_timeout", 600.0, float, "seconds one model request may take", low=0.1, high=86_400),
+    Option("retries", 5, int, "retries of a rate-limited, failed or timed-out request", low=0, high=100),
+    Option("temperature", None, float, "default: the provider's", low=0, high=2),
+)
+OPTIONS = {option.name: option for option in EVAL_OPTIONS + COMMAND_OPTIONS}
 
 
 SERVED_OPTIONS = tuple(option.name for option in EVAL_OPTIONS if option.served)

@@ -228,6 +228,10 @@ class Problem:
     ``replicated_inputs``: every rank receives the same inputs because the workload replicates them
     (e.g. each rank decodes its own tiles of one latent); the suite then checks only that they are
     random, and that a local-only answer still fails.
+    ``upstream_inputs``: ``(case, rank, world_size, trial, device) -> tuple``, the VALUES upstream's factory
+    gives the ``upstream`` cases, bit for bit, for the paper's verdict (``upstream_values`` seeds the
+    generators as upstream does first); ``make_inputs`` gives every case, the upstream ones included, pkb's
+    secret random values.
     ``local_answer``: non-empty where the upstream function's answer needs no communication at all
     (say why): pkb keeps the upstream function, and the suite cannot require a local-only answer to
     fail. ``pkb show`` prints it, so users know a candidate may skip the collectives there.
@@ -246,6 +250,12 @@ class Problem:
     cost: Callable[[Case, int], Cost]
     tolerance: ToleranceSpec = None
     upstream: tuple[Case, ...] = ()
+    upstream_inputs: Callable[..., tuple] | None = None
+    # the dtype the exact answer is computed in (the reference on the same inputs raised to it: ``raised``); None
+    # where a higher precision changes the answer's meaning (quantisation, ties, sampling): the floating outputs
+    # are then compared with the reference's by the tolerance. ``exact_note`` says why it is not fp64.
+    exact_dtype: torch.dtype | None = torch.float64
+    exact_note: str = ""
     deterministic: bool = False
     replicated_inputs: bool = False
     local_answer: str = ""
@@ -297,6 +307,17 @@ class Problem:
         for fn_name in ("reference", "make_inputs", "cost"):
             if not callable(getattr(self, fn_name)):
                 raise ProblemError(f"{where}: {fn_name} must be callable")
+        if self.exact_dtype not in (torch.float64, torch.float32, None):
+            raise ProblemError(f"{where}: exact_dtype must be torch.float64, torch.float32 or None")
+        if self.exact_dtype is not torch.float64 and not self.exact_note:
+            raise ProblemError(f"{where}: say in exact_note why the exact answer is not computed in fp64")
+        if self.upstream and self.upstream_inputs is None:
+            raise ProblemError(f"{where}: upstream cases need upstream_inputs, upstream's own values of them (the paper's "
+                               "verdict runs on those)")
+        if self.upstream_inputs is not None:
+            params = list(inspect.signature(self.upstream_inputs).parameters)
+            if len(params) != 5:
+                raise ProblemError(f"{where}: upstream_inputs must take (case, rank, world_size, trial, device), has {params}")
         params = list(inspect.signature(self.make_inputs).parameters)
         if len(params) != 4:
             raise ProblemError(f"{where}: make_inputs must take (case, rank, world_size, gen), has {params}")
@@ -336,6 +357,16 @@ class Problem:
         names = [c.name for c in self.all_cases]
         raise KeyError(f"problem {self.name!r} has no case {name!r}; cases: {', '.join(names)}")
 
+    def upstream_values(self, case: Case, rank: int, world_size: int, trial: int, device) -> tuple:
+        """The inputs upstream's factory gives ``rank`` in ``trial`` of an upstream case (the paper's verdict):
+        the generators seeded as upstream seeds them for most problems (``upstream_seed``; a problem whose
+        factory branch seeds otherwise seeds again in its ``upstream_inputs``), then its draws."""
+        if self.upstream_inputs is None or case.kind != "upstream":
+            raise ValueError(f"{self.name}: no upstream values for case {case.name!r}")
+        upstream_seed(self.upstream_id, rank, trial)
+        inputs = self.upstream_inputs(case, rank, world_size, trial, device)
+        return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
     def tolerance_for(self, case: Case, world_size: int, dtype: torch.dtype) -> Tolerance:
         """The tolerance for an output of ``dtype``; a tolerance function may take ``(case, world_size)``
         or ``(case, world_size, dtype)`` (one rule per output dtype, e.g. fp8 payload vs fp32 scales)."""
@@ -368,6 +399,65 @@ def reduction_tolerance(dtype: torch.dtype, num_terms: int, scale: float = 1.0) 
         return Tolerance.exact()
     n = max(int(num_terms), 1)
     return Tolerance(atol=u * n * (2.0 + n**0.5) * scale, rtol=4.0 * u)
+
+
+# Dtypes a tensor of the inputs is raised from, to the exact answer's dtype (fp8 payloads, integers and bools stay).
+_RAISED_FROM = (torch.bfloat16, torch.float16, torch.float32, torch.complex64)
+
+
+def raised(value: Any, dtype: torch.dtype, memo: dict | None = None) -> Any:
+    """``value`` (a call's inputs) with its floating tensors, modules and gradients raised to ``dtype`` (torch.float64
+    or torch.float32; complex to the matching complex dtype) where they hold fewer bits: the inputs of the exact
+    answer. The values are the same numbers (raising is exact); integers, bools, fp8, numbers, process groups and
+    other objects are kept; a tensor that appears twice is raised once (``memo``), so aliases stay aliases.
+
+        >>> raised((torch.ones(2, dtype=torch.bfloat16), 3), torch.float64)[0].dtype
+        torch.float64
+    """
+    memo = {} if memo is None else memo
+    if isinstance(value, torch.Tensor):
+        if id(value) not in memo:
+            memo[id(value)] = _raised_tensor(value, dtype)
+        return memo[id(value)]
+    if isinstance(value, torch.nn.Module):
+        return value.to(dtype) if id(value) not in memo else memo[id(value)]
+    if isinstance(value, (list, tuple)):
+        items = [raised(item, dtype, memo) for item in value]
+        return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
+    if isinstance(value, dict):
+        return type(value)((key, raised(item, dtype, memo)) for key, item in value.items())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: raised(getattr(value, f.name), dtype, memo)
+                                             for f in dataclasses.fields(value) if f.init})
+    return value
+
+
+def _raised_tensor(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    target = (torch.complex128 if dtype == torch.float64 else torch.complex64) if tensor.is_complex() else dtype
+    if tensor.dtype not in _RAISED_FROM or tensor.dtype.itemsize >= target.itemsize:
+        return tensor
+    grad = tensor.grad
+    out = tensor.detach().to(target)
+    if isinstance(tensor, torch.nn.Parameter):
+        out = torch.nn.Parameter(out, requires_grad=tensor.requires_grad)
+    elif tensor.requires_grad:
+        out.requires_grad_(True)
+    if grad is not None:
+        out.grad = _raised_tensor(grad, dtype)
+    return out
+
+
+# Upstream's factory (``create_input_tensor``) at the defaults of its launchers: base_shape = (M, N).
+UPSTREAM_BASE_SHAPE = (1024, 1024)
+
+
+def upstream_seed(problem_id: int, rank: int, trial: int) -> None:
+    """Seed this process's generators (the CPU's and every GPU's) as upstream's factory does before it draws
+    a problem's inputs: ``torch.manual_seed(42 + 1000 * problem_id + rank + 1_000_003 * trial)``. The draws
+    that follow (``torch.randn(..., device=device)`` and the like, in upstream's order) then give upstream's
+    very tensors: on the CPU the values its factory gives with ``device="cpu"``, on a GPU those it gives on
+    any GPU (one Philox stream per seed, whichever device)."""
+    torch.manual_seed(42 + 1000 * problem_id + rank + 1_000_003 * trial)
 
 
 def randn(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:

@@ -25,7 +25,7 @@ def label_of(result) -> str:
 
 
 class Progress:
-    """``update(job, result, resumed)`` after each result; ``close()`` at the end (or use ``with``).
+    """``update(evaluation, result, resumed)`` after each result; ``close()`` at the end (or use ``with``).
     ``in_flight``: what runs now, as ``[(label, seconds running)]`` (an executor's ``in_flight``)."""
 
     def __init__(self, total: int, enabled: bool = True, live: bool | None = None,
@@ -38,7 +38,7 @@ class Progress:
             live = sys.stdout.isatty() and self.stream.isatty()
         self._live = _LiveDisplay(self) if enabled and live and rich_available() else None
 
-    def update(self, job, result, resumed: bool) -> None:
+    def update(self, evaluation, result, resumed: bool) -> None:
         self.done += 1
         status = result.status.value
         self.counts[status] = self.counts.get(status, 0) + 1

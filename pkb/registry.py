@@ -6,6 +6,7 @@ a selection string (``"1-8,12,allgather_gemm"``) picks several.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import pkgutil
@@ -60,11 +61,19 @@ def get_problem(key: str | int) -> Problem:
         for problem in problems.values():
             if problem.upstream_id == int(text):
                 return problem
-    raise UnknownProblem(
-        f"unknown problem {text!r}; known problems: "
-        + ", ".join(f"{p.upstream_id or '-'}:{p.name}" for p in problems.values())
-        + " (run `pkb list`)"
-    )
+    raise UnknownProblem(f"unknown problem {text!r}; {closest_names(text)}")
+
+
+def closest_names(text: str) -> str:
+    """The end of a sentence naming the problems closest to ``text`` (a slug misspelt, or a word of one), e.g.
+    ``did you mean 2 allgather or 12 allgather_gemm? `pkb list` shows all 95 (give a slug or an upstream number)``."""
+    problems = all_problems()
+    word = text.lower().replace("-", "_")
+    close = difflib.get_close_matches(word, problems, n=4, cutoff=0.6)
+    close += [name for name in problems if word and word in name and name not in close][:4 - len(close)]
+    named = [f"{p.upstream_id} {p.name}" if p.upstream_id else p.name for p in map(problems.get, close)]
+    suggestion = f"did you mean {', '.join(named[:-1])}{' or ' if len(named) > 1 else ''}{named[-1]}? " if named else ""
+    return f"{suggestion}`pkb list` shows all {len(problems)} (give a slug or an upstream number)"
 
 
 def select(selection: str | Iterable[str] | None) -> list[Problem]:
@@ -96,3 +105,19 @@ def select(selection: str | Iterable[str] | None) -> list[Problem]:
         else:
             chosen.add(get_problem(part).name)
     return [p for name, p in problems.items() if name in chosen]
+
+
+def selection_text(names: Iterable[str]) -> str:
+    """The selection ``select`` reads back as exactly the problems ``names`` (slugs): upstream numbers as ranges,
+    then the slugs of problems without one, e.g. ``1-8,12,hierarchical_allreduce``."""
+    problems = all_problems()
+    names = set(names)
+    numbers = sorted(problems[name].upstream_id for name in names if problems[name].upstream_id)
+    ranges: list[tuple[int, int]] = []
+    for number in numbers:
+        if ranges and ranges[-1][1] == number - 1:
+            ranges[-1] = (ranges[-1][0], number)
+        else:
+            ranges.append((number, number))
+    parts = [str(low) if low == high else f"{low}-{high}" for low, high in ranges]
+    return ",".join(parts + sorted(name for name in names if not problems[name].upstream_id))

@@ -1,9 +1,9 @@
-"""Which problem each solution file is for, and the jobs of a run (``pkb run``'s planning).
+"""Which problem each solution file is for, and the evaluations of a run (``pkb run``'s planning).
 
 A run pairs problems with candidates: each problem's reference against itself (a self-check of the
 suite and the harness) and every solution file found for it, either in a directory the user names
 or in pkb's shipped solutions. Every result names its solution set (pkb.store.db): the folder's name
-(or the name given with ``--set``), ``pkb shipped`` or ``reference``. The jobs run through
+(or the name given with ``--set``), ``pkb shipped`` or ``reference``. The evaluations run through
 pkb.loop.EvaluationLoop.
 """
 
@@ -18,7 +18,7 @@ from typing import Iterable
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
 from pkb.evaluate.evaluator import checked_cases
-from pkb.loop import Job
+from pkb.executor import Evaluation
 from pkb.problem import Problem
 from pkb.registry import all_problems
 from pkb.store.db import REFERENCE_SET, SHIPPED_SET, SHIPPED_SOLUTIONS
@@ -132,29 +132,37 @@ def set_name(solutions_dir: Path | None) -> str:
 
 
 def plan(problems: Iterable[Problem], solutions_dir: Path | None, include_reference: bool,
-         solution_set: str | None = None) -> list[Job]:
-    """The jobs of a run; ``solution_set`` names the files' set (default: ``set_name(solutions_dir)``)."""
+         solution_set: str | None = None) -> list[Evaluation]:
+    """The evaluations of a run (each with the run's settings: no ``config`` of its own); ``solution_set`` names
+    the files' set (default: ``set_name(solutions_dir)``)."""
     files = solution_files(solutions_dir or SHIPPED_SOLUTIONS)
     solution_set = solution_set or set_name(solutions_dir)
-    jobs = []
+    evaluations = []
     for problem in problems:
         if include_reference:
-            jobs.append(Job(problem, Candidate.reference_of(problem), REFERENCE_SET))
+            evaluations.append(Evaluation(problem, Candidate.reference_of(problem), REFERENCE_SET))
         for path in files.get(problem.name, []):
-            jobs.append(Job(problem, Candidate.from_file(path), solution_set))
-    return jobs
+            evaluations.append(Evaluation(problem, Candidate.from_file(path), solution_set))
+    return evaluations
 
 
-def light_self_checks(jobs: list[Job], config: EvalConfig, cases: bool = True, trials: int | None = None) -> list[Job]:
-    """``jobs`` with the references' self-checks made lighter for a first look: on their upstream cases
-    (``cases``; a problem whose upstream cases this mode leaves out, too slow where the reference runs
-    on the CPU, on its tests cases instead) and with ``trials`` trials (None: the run's)."""
-    def lighter(job: Job) -> Job:
-        if job.solution_set != REFERENCE_SET:
-            return job
-        upstream = checked_cases(job.problem, replace(config, cases="upstream"))
-        return replace(job, cases=("upstream" if upstream else "tests") if cases else None, trials=trials)
+def light_self_checks(evaluations: list[Evaluation], config: EvalConfig, cases: bool = True,
+                      trials: int | None = None) -> list[Evaluation]:
+    """``evaluations`` (of a run with ``config``) with the references' self-checks made lighter for a first look:
+    on their upstream cases (``cases``; a problem whose upstream cases this mode leaves out, too slow where the
+    reference runs on the CPU, on its tests cases instead) and with ``trials`` trials, the upstream cases as
+    deep (None: the run's)."""
+    def lighter(evaluation: Evaluation) -> Evaluation:
+        if evaluation.solution_set != REFERENCE_SET:
+            return evaluation
+        own = config
+        if cases:
+            upstream = checked_cases(evaluation.problem, replace(config, cases="upstream"))
+            own = replace(own, cases="upstream" if upstream else "tests")
+        if trials:
+            own = replace(own, num_trials=trials, upstream_trials=trials)
+        return replace(evaluation, config=own)
 
-    return [lighter(job) for job in jobs]
+    return [lighter(evaluation) for evaluation in evaluations]
 
 

@@ -4,8 +4,10 @@ Rank r sits on node ``r // gpus_per_node`` as local rank ``r % gpus_per_node`` (
 node the GPUs share NVLink (symmetric memory, peer loads and stores, the copy engine); between nodes
 there is only the network: one NIC per GPU, ``network_gbps`` (GB/s) per direction. On one machine (cpu mode, or a
 single GPU in shared-gpu mode, or a single node's GPUs in cuda mode) the nodes are *virtual*: pkb keeps
-their boundary by refusing peer memory that spans it (pkb.runtime.guards), and traffic between them goes
-through torch.distributed. docs/topology.md says what is and is not faithful about virtual nodes.
+their boundary by making each node a sandbox domain of its own (pkb.runtime.sandbox: its own processes,
+files, shared memory and handles) and by refusing the peer-memory calls that span it (pkb.runtime.guards);
+traffic between them goes through torch.distributed. docs/topology.md says what is and is not faithful
+about virtual nodes.
 
     >>> t = Topology(world_size=8, num_nodes=2)
     >>> t.gpus_per_node, t.node_of(5), t.local_rank(5), t.intra_node_ranks(1), t.inter_node_ranks(1)

@@ -1,4 +1,4 @@
-"""Print the README's problem table (markdown) from the registry: python scripts/problem_table.py"""
+"""Print the problem table of docs/problems.md (markdown) from the registry: python scripts/problem_table.py"""
 
 from pkb.registry import all_problems
 

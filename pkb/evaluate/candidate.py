@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pkb import syntax
 from pkb.problem import Problem
-from pkb.runtime.modes import Mode
+from pkb.options import Mode
 
 KNOWN_REQUIREMENTS = ("cuda", "nvshmem")
 

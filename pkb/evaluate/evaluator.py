@@ -1,9 +1,13 @@
-"""Evaluate one candidate against one problem: the verdict, and with ``perf`` the timings.
+"""Evaluate one candidate against one problem: two verdicts, and with ``perf`` the timings.
 
-Read ``evaluate`` top to bottom: static checks, load, correctness over trials and cases, timing,
-verdict. Each step either returns or raises ``Verdict``; nothing the candidate's processes say is
-taken as a verdict: they send data (outputs, inputs after the call, errors, times), and the
+Read ``evaluate`` top to bottom: static checks, load, the paper's verdict (upstream's values and rule), pkb's verdict
+(secret values, every rank, judged against the exact answer), timing. Nothing the candidate's processes say is taken
+as a verdict: they send data (outputs, inputs after the call, errors, times) through pkb.evaluate.ranks, and the
 comparison and the judgement happen here, in the parent.
+
+The two verdicts are independent: ``result.status`` is pkb's (``ok`` when every check of its cases passed) and
+``result.upstream_ok`` the paper's; each message says which rule passed or failed, and why in numbers where they
+differ (docs/paper-protocol.md).
 """
 
 from __future__ import annotations
@@ -13,21 +17,21 @@ import functools
 import time
 import traceback
 
+from pkb.evaluate.accuracy import UNAVAILABLE, Accuracy, ExactAnswer
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.compare import Mismatch, compare, upstream_compare
 from pkb.evaluate.config import EvalConfig
+from pkb.evaluate.ranks import Ranks, Replies
 from pkb.evaluate.result import EvalResult
 from pkb.evaluate.session import Session
 from pkb.evaluate.timing import perf_cases, summarise_timings, time_case
 from pkb.evaluate.tripwire import scan
-from pkb.evaluate.verdicts import (HarnessError, Verdict, candidate_failures, candidate_request, first_real_failure,
-                                   raise_candidate_error, raise_reference_errors, skip_if_gpu_needed, used)
-from pkb.options import CASE_SELECTIONS, Status
-from pkb.problem import Case, Problem, Tolerance
-from pkb.runtime.group import RankGroup
-from pkb.runtime.guards import SYNC_ONLY
-from pkb.runtime.modes import Mode
-from pkb.runtime.sandbox import SandboxStatus
+from pkb.evaluate.verdicts import Verdict
+from pkb.options import CASE_SELECTIONS, Mode, Status
+from pkb.problem import PRECISIONS, Case, Problem, Tolerance
+from pkb.protocol import UPSTREAM_ATOL, UPSTREAM_RTOL
+
+UPSTREAM_RULE = f"allclose atol={UPSTREAM_ATOL:g} rtol={UPSTREAM_RTOL:g} against the reference's outputs"
 
 
 @contextlib.contextmanager
@@ -51,7 +55,7 @@ def new_result(problem: Problem, candidate: Candidate, config: EvalConfig, statu
 
 
 def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session: Session | None = None) -> EvalResult:
-    """One verdict for ``candidate`` on ``problem``; never raises for anything the candidate does. A
+    """Both verdicts for ``candidate`` on ``problem``; never raises for anything the candidate does. A
     ``session`` given must be of the run's topology (``config.on(problem).nodes`` nodes)."""
     config = config.on(problem)
     own_session = session is None
@@ -60,14 +64,14 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
         raise ValueError(f"a session of {session.nodes} node(s) cannot run {problem.name} on {config.nodes}")
     started = time.monotonic()
     result = new_result(problem, candidate, config, Status.OK)
-    result.details["sandbox"] = session.sandbox_offered.to_dict()  # until a group says what it enforced
+    ranks = Ranks(session, problem, candidate, config)
+    result.details["sandbox"] = ranks.sandbox_offered()  # until a group says what it enforced
     result.details["tripwire"] = [str(label) for label in scan(candidate.source)] if not candidate.is_reference else []
-    cases = checked_cases(problem, config)
-    left_out = left_out_cases(problem, config)
-    upstream_checked = any(c.kind == "upstream" for c in cases)
-    group = None
+    cases, left_out = checked_cases(problem, config), left_out_cases(problem, config)
+    upstream = tuple(case for case in cases if case.kind == "upstream")
+    accuracy: list[Accuracy] = []
     try:
-        if upstream_checked:
+        if upstream:
             result.upstream_ok = False  # until every upstream trial has passed upstream's rule
         _check_statically(problem, candidate, config)
         result.cases = [c.name for c in cases]
@@ -76,37 +80,38 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
                                                         "and shared-gpu modes" for c in left_out}
         phases = result.details["phase_s"] = {}  # where the wall time went: load (import, builds), check, time
         with _phase(phases, "start"):
-            reference = session.reference_group(problem, config.load_timeout_s)
-            group = session.candidate_group()
+            ranks.reference
         try:
             with _phase(phases, "load"):
-                _load(group, problem, candidate, config)
-            result.details["sandbox"] = _sandbox_of(group, session)
+                ranks.start()
+            result.details["sandbox"] = ranks.sandbox()
             with _phase(phases, "check"):
-                first = _check_trials(session, reference, group, problem, candidate, cases, config, result)
-                last = _check_case(session, reference, group, problem, cases[0], 0, config)
-                _check_repeatable(first, last, problem, cases[0], config)
-            result.collectives_used = used(last)  # each reply carries everything recorded so far
+                if upstream:
+                    _judge_paper(ranks, upstream, result)
+                first = _check_trials(ranks, cases, accuracy)
+                _check_repeatable(first, _check_case(ranks, cases[0], 0, accuracy), ranks, cases[0])
+            result.collectives_used = ranks.used  # each reply carries everything recorded so far
             if config.perf:
                 timed = perf_cases(problem, config)
                 with _phase(phases, "time"):
-                    result.timings = [time_case(session, reference, group, problem, case, config) for case in timed]
+                    result.timings = [time_case(ranks, case) for case in timed]
                     for case in timed:  # fresh inputs after timing, in the same processes: no cache survives
-                        last = _check_case(session, reference, group, problem, case, "after-timing", config)
-                result.collectives_used = used(last)
+                        _check_case(ranks, case, "after-timing", accuracy)
+                result.collectives_used = ranks.used
                 summarise_timings(result)
-            _apply_policy(result, config)
-            result.message = (f"all outputs match on {config.world_size} ranks: {_trials_text(problem, cases, config)}"
+            _apply_policy(result, ranks)
+            result.message = (f"{_accuracy_text(accuracy)} on {config.world_size} ranks: "
+                              f"{_trials_text(cases, config)}"
                               + (f" ({', '.join(c.name for c in left_out)} left out: too slow on the CPU)" if left_out else ""))
         finally:
-            group.kill()  # a candidate's processes are never reused: no need to let them wind down
+            ranks.close()
     except Verdict as verdict:
         result.status, result.message = verdict.status, verdict.message
         result.details.update(verdict.details)
         if verdict.status is Status.SKIPPED:
             result.upstream_ok = None
-        if group is not None and group.limits_hit:  # refused by a bound of pkb's, which the verdict names
-            result.details["pkb_limits"] = list(group.limits_hit)
+        if ranks.limits_hit:  # refused by a bound of pkb's, which the verdict names
+            result.details["pkb_limits"] = ranks.limits_hit
     except Exception as exc:  # pkb's own failure (HarnessError or a bug): said so, never the candidate's verdict
         result.status = Status.HARNESS_ERROR
         result.upstream_ok = None
@@ -118,7 +123,9 @@ def evaluate(problem: Problem, candidate: Candidate, config: EvalConfig, session
         result.wall_s = time.monotonic() - started
         if own_session:
             session.close()
-    _state_the_rules(result, _why_upstream_unchecked(problem, config, left_out) if not upstream_checked else None)
+    if accuracy:
+        result.details["accuracy"] = _accuracy_summary(accuracy)
+    _state_the_rules(result, _why_upstream_unchecked(problem, config, left_out) if not upstream else None)
     return result
 
 
@@ -131,149 +138,184 @@ def _why_upstream_unchecked(problem: Problem, config: EvalConfig, left_out: tupl
 
 
 def _state_the_rules(result: EvalResult, upstream_unchecked: str | None) -> None:
-    """Begin the message with exactly which rule passed or failed, and record it (``details["rules"]``).
+    """Begin the message with both verdicts, and why where they differ; record them (``details["rules"]``).
 
-    The two levels nest: pkb's verdict is ``ok`` only where upstream's rule passed too (on the upstream
-    cases, when the run checks them). ``upstream_unchecked``: why the run checked no upstream case."""
+    pkb's (``status``) and the paper's (``upstream_ok``) are independent: each may pass where the other fails.
+    ``upstream_unchecked``: why the run checked no upstream case."""
     if result.status in (Status.SKIPPED, Status.HARNESS_ERROR, Status.INFRA_ERROR):
         return
+    paper = result.details.get("upstream", {})
     upstream = "not checked" if upstream_unchecked else "passed" if result.upstream_ok else "failed"
-    only_upstream = result.details.get("rule") == "upstream"  # its own checks passed; upstream's rule did not
     result.details["rules"] = {"pkb": "passed" if result.ok else "failed", "upstream": upstream}
-    if result.ok:
-        said = ("ok by pkb's rule and upstream's" if upstream == "passed"
-                else f"ok by pkb's rule; upstream's rule not checked ({upstream_unchecked})")
-    elif only_upstream:
-        said = (f"fails {UPSTREAM_RULE}, so pkb's verdict too (pkb's ok requires it), though pkb's own "
-                "per-problem tolerance passed these outputs")
-    elif upstream == "passed":
-        said = "fails pkb's rule; upstream's rule passed on the upstream cases"
+    if upstream == "passed":
+        theirs = f"ok by the paper's (upstream's inputs and rule: {UPSTREAM_RULE}, {paper.get('trials')} trials)"
+    elif upstream == "failed" and paper.get("failed"):
+        failed = paper["failed"]
+        theirs = f"fails the paper's (upstream's inputs, trial {failed['trial']}: {failed['reason']})"
     elif upstream == "failed":
-        said = "fails pkb's rule and upstream's"
+        theirs = "fails the paper's too (the candidate did not load)"
     else:
-        said = f"fails pkb's rule; upstream's rule not checked ({upstream_unchecked})"
-    result.message = f"{said}: {result.message}"
+        theirs = f"the paper's not checked ({upstream_unchecked})"
+    ours = "ok by pkb's rule" if result.ok else "fails pkb's rule"
+    result.message = f"{ours}; {theirs}. pkb's: {result.message}"
 
 
-def _trials_text(problem: Problem, cases: tuple[Case, ...], config: EvalConfig) -> str:
-    """e.g. ``1 upstream case x 5 trials, 4 cases x 3 trials``."""
+def _trials_text(cases: tuple[Case, ...], config: EvalConfig) -> str:
+    """e.g. ``5 cases x 3 trials (1 upstream case also x 5 trials on upstream's inputs)``."""
     upstream = sum(c.kind == "upstream" for c in cases)
-    parts = []
+    text = f"{len(cases)} case{'s' * (len(cases) > 1)} x {config.num_trials} trials"
     if upstream:
-        trials = max(config.num_trials, config.upstream_trials)
-        parts.append(f"{upstream} upstream case{'s' * (upstream > 1)} x {trials} trials")
-    if len(cases) > upstream:
-        others = len(cases) - upstream
-        parts.append(f"{others} case{'s' * (others > 1)} x {config.num_trials} trials")
-    return ", ".join(parts)
+        text += (f" on pkb's secret inputs; {upstream} upstream case{'s' * (upstream > 1)} x {config.upstream_trials} "
+                 "trials on upstream's")
+    return text
 
 
-def _sandbox_of(group: RankGroup, session: Session) -> dict:
-    """What the candidate's processes ran under; for ``required``, HarnessError unless the full set."""
-    if session.sandbox == "off":
-        return SandboxStatus.off().to_dict()
-    status = group.sandbox_status or {"level": session.sandbox, "full": False, "enforced": [],
-                                      "missing": {"all": "the ranks did not say what they enforced"}}
-    if session.sandbox == "required" and not status.get("full"):
-        raise HarnessError(f"--sandbox required, but the candidate's sandbox lacked: {status.get('missing')}")
-    return status
+def _accuracy_text(accuracy: list[Accuracy]) -> str:
+    """How accurate the outputs were, in a few words: e.g. ``RMS error at most 1.02x the reference's``."""
+    if not accuracy:
+        return "all outputs the reference's bit for bit (or exact where the problem wants them exact)"
+    worst = max(accuracy, key=lambda a: a.rms_ratio)
+    return (f"all outputs within pkb's accuracy rule against the exact answer (RMS error at most "
+            f"{worst.rms_ratio:.2f}x the reference's, at {worst.path})")
 
 
-def _check_trials(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, candidate: Candidate,
-                  cases: tuple[Case, ...], config: EvalConfig, result: EvalResult) -> list[dict]:
-    """Every trial of the upstream cases, then every trial of the others; the replies to the first
-    case's first trial. Raises the strict verdict's first failure.
-
-    The upstream cases also decide the paper's verdict, ``result.upstream_ok``, by upstream's rule
-    (``_check_upstream``), so a stricter failure there or later leaves it as upstream would have it."""
-    upstream = tuple(c for c in cases if c.kind == "upstream")
-    others = tuple(c for c in cases if c not in upstream)
-    first = _check_upstream(session, reference, group, problem, candidate, upstream, config, result) if upstream else None
-    for trial in range(config.num_trials):
-        for case in others:
-            got = _check_case(session, reference, group, problem, case, trial, config)
-            if first is None:
-                first = got
-    return first
+def _accuracy_summary(accuracy: list[Accuracy]) -> dict:
+    """``details["accuracy"]``: how many tensors were judged against the exact answer, and the least accurate."""
+    worst = max(accuracy, key=lambda a: a.rms_ratio)
+    return {"tensors_judged": len(accuracy), "worst": worst.to_dict(),
+            "largest_bias": max((abs(a.bias) for a in accuracy), default=0.0)}
 
 
-UPSTREAM_RULE = "upstream's rule (allclose, atol=rtol=1e-2)"
+# -- the paper's verdict ----------------------------------------------------------------------------------------
 
 
-def _check_upstream(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, candidate: Candidate,
-                    cases: tuple[Case, ...], config: EvalConfig, result: EvalResult) -> list[dict] | None:
-    """The upstream cases, ``config.upstream_trials`` trials deep (at least the run's), each output
-    judged twice: by pkb's strict comparison and by upstream's rule (``compare.upstream_compare``), which
-    sets ``result.upstream_ok``. The levels nest: a trial that fails upstream's rule fails pkb's verdict
-    too, even where pkb's per-problem tolerance would have let it pass; the first failure of either
-    rule is raised once upstream's verdict is decided.
+def _judge_paper(ranks: Ranks, cases: tuple[Case, ...], result: EvalResult) -> None:
+    """The paper's verdict, ``result.upstream_ok``: upstream's values of the upstream cases (its constants, its seeds,
+    its draws: ``Problem.upstream_values``), ``config.upstream_trials`` trials (upstream's 5), every rank's outputs
+    against the reference's by upstream's rule (``compare.upstream_compare``); the first trial that fails decides,
+    as upstream stops at it. Never raises for the candidate: a crash, a timeout or an error fails this verdict
+    alone, and pkb's goes on in new processes.
 
-    Upstream runs each trial in new processes. Here the trials share the candidate's processes, so a
-    trial that fails upstream's rule after the processes' first call is run again in new ones (same
-    inputs); that run decides the paper's verdict, as it would upstream. After a strict failure that
-    left the processes unusable (a crash, a timeout, an error), the remaining trials run in new ones too.
-    """
-    trials = max(config.num_trials, config.upstream_trials)
-    paper = result.details["upstream"] = {"rule": "upstream's outputs_match_rank_outputs (allclose, atol=rtol=1e-2)",
-                                          "trials": trials, "trials_in_new_processes": 0}
-    first, strict_failure, live, calls = None, None, group, 0
-    for trial in range(trials):
+    Upstream runs each trial in new processes. Here the trials share the candidate's processes, so a trial that
+    fails after the processes' first call is run again in new ones (the same inputs), and that run decides, as it
+    would upstream."""
+    paper = result.details["upstream"] = {"rule": f"upstream's outputs_match_rank_outputs: {UPSTREAM_RULE}",
+                                          "inputs": "upstream's (its constants and seeds)",
+                                          "trials": ranks.config.upstream_trials, "trials_in_new_processes": 0}
+    for trial in range(ranks.config.upstream_trials):
         for case in cases:
-            failure, rerun = None, live is None  # no live processes (a strict failure stopped them): new ones
-            if live is not None:
-                fresh = calls == 0  # the processes' first call: as new as upstream's
-                try:
-                    expected, got = _run_case(session, reference, live, problem, case, trial, config)
-                except Verdict as verdict:
-                    strict_failure, live = strict_failure or verdict, None  # its processes may be dead or stuck
-                    failure = verdict
-                else:
-                    calls += 1
-                    first = first or got
-                    strict_failure = strict_failure or _strict_verdict(expected, got, problem, case, trial, config)
-                    failure = _upstream_failure(expected, got, case, trial, config)
-                rerun = failure is not None and not fresh
-            if rerun:
+            fresh = ranks.fresh
+            failure = _paper_trial(ranks, case, trial)
+            if failure is not None and not fresh:
                 paper["trials_in_new_processes"] += 1
-                failure = _upstream_trial_in_new_processes(session, reference, problem, candidate, case, trial, config)
-            if failure is not None:  # upstream's verdict is decided: the candidate fails it, and so pkb's
+                failure = _paper_trial(ranks, case, trial, renew=True)
+            if failure is not None:
                 result.upstream_ok = False
-                paper["failed"] = {"case": case.name, "trial": trial, "reason": f"{failure.status.value}: {failure.message}"}
-                raise strict_failure or failure
+                paper["failed"] = {"case": case.name, "trial": trial, "status": failure.status.value,
+                                   "reason": failure.message}
+                return
     result.upstream_ok = True
-    if strict_failure:
-        raise strict_failure
-    return first
 
 
-def _upstream_failure(expected: list[dict], got: list[dict], case: Case, trial, config: EvalConfig) -> Verdict | None:
-    """A ``mismatch`` if the outputs fail upstream's rule (every rank's, in order), or None."""
-    for rank in range(config.world_size):
-        mismatch = upstream_compare(expected[rank]["outputs"], got[rank].get("outputs"))
+def _paper_trial(ranks: Ranks, case: Case, trial: int, renew: bool = False) -> Verdict | None:
+    """Why one trial of an upstream case fails upstream's rule (a mismatch, or what the candidate's processes
+    earned), or None. ``renew``: in new processes."""
+    try:
+        if renew:
+            ranks.renew()
+        replies = ranks.run_upstream(case, trial)
+    except Verdict as verdict:
+        ranks.close()  # its processes may be dead or stuck: the next step starts new ones
+        return verdict
+    for rank in range(ranks.config.world_size):
+        mismatch = upstream_compare(replies.expected[rank]["outputs"], replies.got[rank].get("outputs"))
         if mismatch is not None:
-            return Verdict(Status.MISMATCH, f"rank {rank}, case {case.name}, trial {trial}: {mismatch.describe()}",
-                           rank=rank, case=case.name, trial=trial, mismatch=mismatch.to_dict(), rule="upstream")
+            return Verdict(Status.MISMATCH, f"rank {rank}, case {case.name}: {mismatch.describe()}", rank=rank,
+                           mismatch=mismatch.to_dict())
     return None
 
 
-def _upstream_trial_in_new_processes(session: Session, reference: RankGroup, problem: Problem, candidate: Candidate,
-                                     case: Case, trial, config: EvalConfig) -> Verdict | None:
-    """One upstream trial in a new candidate group, as upstream runs every trial; its failure, or None."""
-    group = session.candidate_group()
-    try:
-        _load(group, problem, candidate, config)
-        expected, got = _run_case(session, reference, group, problem, case, trial, config)
-        return _upstream_failure(expected, got, case, trial, config)
-    except Verdict as verdict:
-        return verdict
-    finally:
-        group.kill()
+# -- pkb's verdict ----------------------------------------------------------------------------------------------
 
 
-def _apply_policy(result: EvalResult, config: EvalConfig) -> None:
-    """Under ``forbid-collectives``, a solution that moved data through the stock stack is ``forbidden``."""
-    moved = [label for label in result.collectives_used if label not in SYNC_ONLY]
-    if config.policy == "forbid-collectives" and moved:
+def _check_trials(ranks: Ranks, cases: tuple[Case, ...], accuracy: list[Accuracy]) -> Replies:
+    """Every trial of every case on pkb's secret values; the replies to the first case's first trial. Raises
+    the first failure."""
+    first = None
+    for trial in range(ranks.config.num_trials):
+        for case in cases:
+            replies = _check_case(ranks, case, trial, accuracy)
+            first = first or replies
+    return first
+
+
+def _check_case(ranks: Ranks, case: Case, trial, accuracy: list[Accuracy]) -> Replies:
+    """Run ``case`` on both groups with this trial's seeds and judge every rank; the replies."""
+    replies = ranks.run(case, trial)
+    failure = _strict_verdict(ranks, replies, case, trial, accuracy)
+    if failure:
+        raise failure
+    return replies
+
+
+def _strict_verdict(ranks: Ranks, replies: Replies, case: Case, trial, accuracy: list[Accuracy]) -> Verdict | None:
+    """pkb's judgement of every rank's outputs, then of its inputs after the call: against the exact answer where
+    the problem has one (pkb.evaluate.accuracy), by the tolerance against the reference's otherwise (and on the
+    benchmark shapes, which an exact answer in fp64 would double or quadruple); the first failure."""
+    problem, config = ranks.problem, ranks.config
+    tolerance_for = functools.partial(problem.tolerance_for, case, config.world_size)
+    exact = _exact_answers(ranks, case, trial, accuracy)
+    for rank in range(config.world_size):
+        expected, got = replies.expected[rank], replies.got[rank]
+        mismatch = compare(expected["outputs"], got.get("outputs"), tolerance_for, "out",
+                           exact and exact[rank].child("outputs"))
+        if mismatch is None:
+            mismatch = compare(expected["inputs_after"], got.get("inputs_after"), tolerance_for, "input",
+                               exact and exact[rank].child("inputs_after"))
+            if mismatch is not None:
+                mismatch = _input_mismatch(mismatch, problem)
+        if mismatch is not None:
+            return Verdict(Status.MISMATCH, f"rank {rank}, case {case.name}, trial {trial}: {mismatch.describe()}",
+                           rank=rank, case=case.name, trial=trial, mismatch=mismatch.to_dict())
+    return None
+
+
+def _exact_answers(ranks: Ranks, case: Case, trial, accuracy: list[Accuracy]) -> list[ExactAnswer] | None:
+    """Each rank's exact answer to ``case`` and ``trial``, run only when a value is not the reference's bit for bit;
+    None where the problem has none (``Problem.exact_dtype``) or for a benchmark shape."""
+    if ranks.problem.exact_dtype is None or case.kind == "benchmarks":
+        return None
+    fetch = functools.cache(lambda: ranks.exact(case, trial))
+    run_dtype = PRECISIONS[ranks.config.precision]
+
+    def answer(rank: int):
+        reply = fetch()[rank]
+        return UNAVAILABLE if reply.get("exact_unavailable") else reply
+
+    return [ExactAnswer(functools.partial(answer, rank), run_dtype, accuracy, f"rank {rank}, case {case.name}, "
+                        f"trial {trial}") for rank in range(ranks.config.world_size)]
+
+
+def _check_repeatable(first: Replies, again: Replies, ranks: Ranks, case: Case) -> None:
+    """The same inputs twice must give the same answer: bit for bit where the problem is deterministic,
+    within its tolerance otherwise. Catches reads of uninitialised or stale memory that passed once."""
+    problem = ranks.problem
+    exact = lambda dtype: Tolerance.exact()  # noqa: E731
+    tolerance_for = exact if problem.deterministic else functools.partial(problem.tolerance_for, case,
+                                                                         ranks.config.world_size)
+    for rank in range(ranks.config.world_size):
+        mismatch = compare(first.got[rank]["outputs"], again.got[rank]["outputs"], tolerance_for, "out")
+        if mismatch is not None:
+            raise Verdict(Status.MISMATCH, f"rank {rank}, case {case.name}: a second run on the same inputs gave another "
+                                           f"answer: {mismatch.describe()}", rank=rank, case=case.name, trial="repeat",
+                          mismatch=mismatch.to_dict())
+
+
+def _apply_policy(result: EvalResult, ranks: Ranks) -> None:
+    """Under ``forbid-collectives``, a solution that moved data through the stock stack inside a node is
+    ``forbidden`` (across nodes torch.distributed is the network: allowed)."""
+    moved = ranks.moved_inside_a_node(result.collectives_used)
+    if ranks.config.policy == "forbid-collectives" and moved:
         raise Verdict(Status.FORBIDDEN, f"the solution called the stock stack on the hot path: {', '.join(moved)} "
                                         "(--policy forbid-collectives)", collectives_used=result.collectives_used)
 
@@ -322,95 +364,6 @@ def _left_out(case: Case, config: EvalConfig) -> bool:
 def _selected_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
     return tuple(case for kind in CASE_SELECTIONS[config.cases]
                  for case in problem.cases(kind, config.world_size, config.precision, config.nodes))
-
-
-def _load(group: RankGroup, problem: Problem, candidate: Candidate, config: EvalConfig) -> None:
-    job = {"op": "load", "problem": problem.module, "candidate": None if candidate.is_reference else str(candidate.path),
-           "source": None if candidate.is_reference else candidate.source}
-    replies = candidate_request(group, [job] * config.world_size, config.load_timeout_s, "loading the candidate")
-    failed = [rank for rank, reply in enumerate(replies) if reply.get("status") != "ok"]
-    if failed:
-        rank = first_real_failure(replies, failed[0])
-        reply = replies[rank]
-        skip_if_gpu_needed(reply, config.mode, rank)
-        status = Status(reply["status"]) if reply.get("status") in Status._value2member_map_ else Status.RUNTIME_ERROR
-        first_line = (reply.get("error") or "").strip().splitlines()[-1:] or [""]
-        raise Verdict(status, f"rank {rank}: {first_line[0]}", rank=rank, error=reply.get("error", ""),
-                      traceback=reply.get("traceback", ""))
-
-
-def _check_case(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, case: Case,
-                trial, config: EvalConfig) -> list[dict]:
-    """Run ``case`` on both groups with this trial's seeds and compare every rank; the candidate's replies."""
-    expected, got = _run_case(session, reference, group, problem, case, trial, config)
-    failure = _strict_verdict(expected, got, problem, case, trial, config)
-    if failure:
-        raise failure
-    return got
-
-
-def _run_case(session: Session, reference: RankGroup, group: RankGroup, problem: Problem, case: Case,
-              trial, config: EvalConfig) -> tuple[list[dict], list[dict]]:
-    """Both groups' replies to ``case`` with this trial's seeds; a Verdict if the candidate failed to answer."""
-    W = config.world_size
-    shared = session.seed(problem.name, case.name, trial, "shared")
-    sample_seed = session.seed(problem.name, case.name, trial, "sample")
-    jobs = [{"op": "run", "case": case.name, "precision": config.precision, "nodes": config.nodes,
-             "seeds": (session.seed(problem.name, case.name, trial, rank), shared),
-             "sample_seed": sample_seed} for rank in range(W)]
-    what = f"case {case.name}, trial {trial}"
-    # The first call in new processes may build extensions and compile kernels (as many solutions do
-    # lazily): while what it started compiles, it gets up to the time a load gets, so that the verdict does
-    # not hang on how fast this machine, and whatever runs beside it, compiles. A hang compiles nothing.
-    compile_limit = None if group.num_runs else config.load_timeout_s
-    # the seeds follow from these and the session's salt: the reference's answer to them is kept
-    key = (problem.module, problem.version, case.name, config.precision, config.nodes, trial)
-    expected = session.reference_outputs.get(key)
-    if expected is None:
-        reference.submit(jobs)
-    with candidate_failures(what, case=case.name, trial=trial):
-        group.submit(jobs)
-    if expected is None:
-        expected = reference.collect(config.timeout_s)
-        raise_reference_errors(expected, problem, f"case {case.name}")
-        session.reference_outputs.put(key, expected)
-    with candidate_failures(what, case=case.name, trial=trial):
-        got = group.collect(config.timeout_s, compile_limit)
-    for rank in range(W):
-        if got[rank].get("error"):
-            raise_candidate_error(got, rank, {"case": case.name, "trial": trial}, config.mode)
-    return expected, got
-
-
-def _strict_verdict(expected: list[dict], got: list[dict], problem: Problem, case: Case, trial,
-                    config: EvalConfig) -> Verdict | None:
-    """pkb's comparison of every rank's outputs, then of its inputs after the call; the first failure."""
-    W = config.world_size
-    for rank in range(W):
-        tolerance_for = functools.partial(problem.tolerance_for, case, W)
-        mismatch = compare(expected[rank]["outputs"], got[rank].get("outputs"), tolerance_for, "out")
-        if mismatch is None:
-            mismatch = compare(expected[rank]["inputs_after"], got[rank].get("inputs_after"), tolerance_for, "input")
-            if mismatch is not None:
-                mismatch = _input_mismatch(mismatch, problem)
-        if mismatch is not None:
-            return Verdict(Status.MISMATCH, f"rank {rank}, case {case.name}, trial {trial}: {mismatch.describe()}",
-                           rank=rank, case=case.name, trial=trial, mismatch=mismatch.to_dict())
-    return None
-
-
-def _check_repeatable(first: list[dict], again: list[dict], problem: Problem, case: Case, config: EvalConfig) -> None:
-    """The same inputs twice must give the same answer: bit for bit where the problem is deterministic,
-    within its tolerance otherwise. Catches reads of uninitialised or stale memory that passed once."""
-    for rank in range(config.world_size):
-        exact = lambda dtype: Tolerance.exact()  # noqa: E731
-        tolerance_for = exact if problem.deterministic else functools.partial(problem.tolerance_for, case,
-                                                                             config.world_size)
-        mismatch = compare(first[rank]["outputs"], again[rank]["outputs"], tolerance_for, "out")
-        if mismatch is not None:
-            raise Verdict(Status.MISMATCH, f"rank {rank}, case {case.name}: a second run on the same inputs gave another "
-                                           f"answer: {mismatch.describe()}", rank=rank, case=case.name, trial="repeat",
-                          mismatch=mismatch.to_dict())
 
 
 def _input_mismatch(mismatch: Mismatch, problem: Problem) -> Mismatch:

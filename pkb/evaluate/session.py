@@ -12,6 +12,7 @@ from pkb.problem import Problem
 from pkb.runtime.builds import BuildBroker
 from pkb.runtime.channel import tensor_bytes
 from pkb.runtime.group import RankGroup
+from pkb.runtime.messages import load_job
 from pkb.runtime.modes import Mode
 from pkb.runtime.sandbox import check_sandbox, new_plan
 
@@ -112,7 +113,7 @@ class Session:
                                         nodes=self.nodes).spawn()
             self._reference_problem = None
         if self._reference_problem != problem.module:
-            replies = self._reference.request([{"op": "load", "problem": problem.module}] * self.world_size, timeout)
+            replies = self._reference.request([load_job(problem.module)] * self.world_size, timeout)
             raise_reference_errors(replies, problem, "load")
             self._reference_problem = problem.module
         return self._reference

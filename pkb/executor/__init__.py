@@ -1,6 +1,6 @@
 """Where evaluations run: on this machine (the default), or across a Ray cluster (``--executor ray``).
 
-An executor takes evaluation tasks and hands back each one's result as it finishes, in whatever order
+An executor takes evaluations (``Evaluation``) and hands back each one's result as it finishes, in whatever order
 they finish. The callers (``pkb run``, ``pkb generate``, ``pkb agent``) store every result in their own
 SQLite database as it arrives, so the store, the resume logic and the rows are the same whichever
 executor ran the evaluation. Every executor runs pkb's own evaluator (``pkb.evaluate.evaluate``) in a
@@ -17,10 +17,10 @@ chooses the machine.
 from __future__ import annotations
 
 from pkb.options import EXECUTORS
-from pkb.executor.base import Executor, InFlight, Task, session_key
+from pkb.executor.base import Evaluation, Executor, InFlight, session_key
 from pkb.executor.local import LocalExecutor, default_parallel
 
-__all__ = ["EXECUTORS", "Executor", "InFlight", "LocalExecutor", "Task", "default_parallel", "make_executor",
+__all__ = ["EXECUTORS", "Evaluation", "Executor", "InFlight", "LocalExecutor", "default_parallel", "make_executor",
            "session_key"]
 
 

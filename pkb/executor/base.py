@@ -1,4 +1,5 @@
-"""What every executor is (pkb.executor): tasks in, ``(task, result)`` out as each finishes."""
+"""What every executor is (pkb.executor): evaluations in, ``(evaluation, result)`` out as each finishes; and
+``Evaluation``, the one name pkb gives one evaluation everywhere (the loop, the executors, the service)."""
 
 from __future__ import annotations
 
@@ -14,23 +15,30 @@ from pkb.problem import Problem
 
 
 @dataclass(frozen=True)
-class Task:
-    """One evaluation to run; ``tag`` is the caller's own handle, handed back with the result."""
+class Evaluation:
+    """One evaluation: ``candidate`` judged on ``problem`` with ``config``, its result stored under ``solution_set``.
+
+    Callers build them (pkb.solution_files.plan, generation, the service); the evaluation loop (pkb.loop) gives
+    one without a ``config`` the run's and hands it to an executor, which yields it back with its result. ``tag``
+    is the caller's own handle, handed back with it.
+    """
 
     problem: Problem
     candidate: Candidate
-    config: EvalConfig
+    solution_set: str = ""
+    config: EvalConfig | None = None  # None: the run's (``EvaluationLoop.config``), given when it is submitted
     tag: Any = None
 
     def __post_init__(self):
-        object.__setattr__(self, "config", self.config.on(self.problem))  # its nodes resolved: what its session needs
+        if self.config is not None:  # its nodes resolved: what its session needs
+            object.__setattr__(self, "config", self.config.on(self.problem))
 
 
 @dataclass(frozen=True)
 class InFlight:
-    """A task an executor is running, and since when (``time.monotonic()`` of this process)."""
+    """An evaluation an executor is running, and since when (``time.monotonic()`` of this process)."""
 
-    task: Task
+    evaluation: Evaluation
     started: float
 
 
@@ -50,6 +58,8 @@ def resource_failure(result: EvalResult) -> str | None:
     and any error that speaks of memory, processes, files or the driver."""
     if result.status is Status.HARNESS_ERROR:
         return f"pkb failed beside other evaluations ({result.message.splitlines()[0][:200]})"
+    if result.status is Status.SKIPPED and result.details.get("pkb_limit") == "memory":
+        return "it ran out of GPU memory beside other evaluations, which share the GPU"
     if result.status is Status.TIMEOUT:
         return "it timed out beside other evaluations, which share the machine's cores and GPUs"
     if result.status is Status.CRASH:
@@ -71,15 +81,16 @@ def session_key(config: EvalConfig) -> tuple:
 
 
 class Executor:
-    """Runs tasks and yields ``(task, result)`` as each finishes (``finished``)."""
+    """Runs evaluations (each with its ``config``) and yields ``(evaluation, result)`` as each finishes
+    (``finished``)."""
 
     name = ""
 
-    def submit(self, task: Task) -> None:
+    def submit(self, evaluation: Evaluation) -> None:
         raise NotImplementedError
 
-    def finished(self, wait: bool = True) -> Iterator[tuple[Task, EvalResult]]:
-        """Results of submitted tasks as they finish: until none is left (``wait``) or until none more
+    def finished(self, wait: bool = True) -> Iterator[tuple[Evaluation, EvalResult]]:
+        """Results of submitted evaluations as they finish: until none is left (``wait``) or until none more
         has finished yet (``wait=False``; a local executor runs what was submitted either way)."""
         raise NotImplementedError
 
@@ -92,7 +103,7 @@ class Executor:
         return 1
 
     def in_flight(self) -> list[InFlight]:
-        """The tasks running now (for progress displays; empty where the executor cannot tell)."""
+        """The evaluations running now (for progress displays; empty where the executor cannot tell)."""
         return []
 
     def gpus_per_node(self) -> int | None:
@@ -106,8 +117,8 @@ class Executor:
     def evaluate(self, problem: Problem, candidate: Candidate, config: EvalConfig) -> EvalResult:
         """One evaluation, waited for (for callers that need each verdict before the next step)."""
         if self.pending:
-            raise RuntimeError("evaluate() waits for one task; other tasks are still pending")
-        self.submit(Task(problem, candidate, config))
+            raise RuntimeError("evaluate() waits for one evaluation; others are still pending")
+        self.submit(Evaluation(problem, candidate, config=config))
         results = [result for _, result in self.finished(wait=True)]
         return results[0]
 

@@ -29,7 +29,7 @@ from pkb.evaluate.config import EvalConfig
 from pkb.evaluate.evaluator import evaluate
 from pkb.evaluate.session import Session, new_broker
 from pkb.evaluate.result import EvalResult
-from pkb.executor.base import Executor, InFlight, Task, resource_failure, session_key
+from pkb.executor.base import Evaluation, Executor, InFlight, resource_failure, session_key
 from pkb.executor.memory import GpuAdmission
 from pkb.runtime.gpu_memory import GIB, NvmlReader, usage_of
 from pkb.runtime.group import RankGroup, StartFailure
@@ -86,20 +86,20 @@ def _smallest_gpu_bytes() -> float:
     return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
 
 
-def fills_a_gpu(task: Task) -> bool:
+def fills_a_gpu(evaluation: Evaluation) -> bool:
     """Its inputs fill most of a GPU (``Problem.fills_a_gpu``) and it runs on GPUs."""
-    return bool(task.problem.fills_a_gpu and task.config.mode.uses_gpu)
+    return bool(evaluation.problem.fills_a_gpu and evaluation.config.mode.uses_gpu)
 
 
-def runs_alone(task: Task) -> bool:
+def runs_alone(evaluation: Evaluation) -> bool:
     """A timed evaluation (timings need an otherwise idle node), or one that fills a GPU."""
-    return task.config.perf or fills_a_gpu(task)
+    return evaluation.config.perf or fills_a_gpu(evaluation)
 
 
 class LocalExecutor(Executor):
     """Evaluations on this machine. ``parallel``: at most this many at once (1, the default: one after
     another in the calling thread, in the order submitted; None: as many as ``default_parallel`` says
-    for the first task's mode and world size). Rank groups stay warm for the executor's life, per slot
+    for the first evaluation's mode and world size). Rank groups stay warm for the executor's life, per slot
     and (mode, world size, sandbox level) (``session_key``)."""
 
     name = "local"
@@ -110,15 +110,19 @@ class LocalExecutor(Executor):
         self.parallel = parallel
         self.parallel_reason = "asked for" if parallel is not None else ""
         self._decided = False
-        self._queue: deque[Task] = deque()
+        self._queue: deque[Evaluation] = deque()
         self._slots: list[dict[tuple, Session]] = [{}]  # each slot's sessions; a slot runs one evaluation at a time
         self._free: list[int] = [0]
         self._brokers: dict[str, object] = {}  # sandbox level -> the build broker every slot shares
-        self._running: dict[Future, tuple[Task, int]] = {}
-        self._in_flight: dict[int, InFlight] = {}  # id(task) -> what it is and since when
-        self._beside: set[int] = set()  # id(task) of running tasks that another ran beside at some point
-        self._reruns: dict[int, tuple[EvalResult, str]] = {}  # id(task) -> its first result, and why it runs again alone
+        self._running: dict[Future, tuple[Evaluation, int]] = {}
+        self._in_flight: dict[int, InFlight] = {}  # id(evaluation) -> what it is and since when
+        self._beside: set[int] = set()  # id(evaluation) of running evaluations that another ran beside at some point
+        # id(evaluation) -> its first result, and why it runs again alone
+        self._reruns: dict[int, tuple[EvalResult, str]] = {}
         self._memory: GpuAdmission | None = None  # on GPUs, with a driver to ask: admission by measured memory
+        # at most this many at once once pkb's limits failed one beside others (None: ``parallel``): half as many as
+        # ran then, down to one, so that no more are admitted than start reliably (``_admit_fewer``)
+        self._admitted: int | None = None
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
 
@@ -160,9 +164,9 @@ class LocalExecutor(Executor):
             usage = usage_of(descendants(group.root_pids(), children_by_parent()), reader.used_by_process())
         return sum(usage.by_device.values()) / config.world_size or None
 
-    def submit(self, task: Task) -> None:
-        self.capacity(task.config)
-        self._queue.append(task)
+    def submit(self, evaluation: Evaluation) -> None:
+        self.capacity(evaluation.config)
+        self._queue.append(evaluation)
 
     @property
     def pending(self) -> int:
@@ -177,56 +181,69 @@ class LocalExecutor(Executor):
         return f"local, {slots} evaluation{'s' if slots != 1 else ''} at once" + (
             f" ({self.parallel_reason})" if self.parallel_reason else "")
 
-    def finished(self, wait: bool = True) -> Iterator[tuple[Task, EvalResult]]:
+    def finished(self, wait: bool = True) -> Iterator[tuple[Evaluation, EvalResult]]:
         if (self.parallel or 1) == 1:
             while self._queue:
-                task = self._queue.popleft()
-                yield task, self._evaluate(task, 0)
+                evaluation = self._queue.popleft()
+                yield evaluation, self._evaluate(evaluation, 0)
             return
         yield from self._side_by_side(wait)
 
-    def _side_by_side(self, block: bool) -> Iterator[tuple[Task, EvalResult]]:
+    def _side_by_side(self, block: bool) -> Iterator[tuple[Evaluation, EvalResult]]:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="pkb-eval")
-        self._queue = deque(sorted(self._queue, key=lambda task: task.config.perf))  # untimed first (a stable sort)
+        self._queue = deque(sorted(self._queue, key=lambda queued: queued.config.perf))  # untimed first (a stable sort)
         while self._queue or self._running:
             self._dispatch()
             done, _ = wait(self._running, timeout=None if block else 0, return_when=FIRST_COMPLETED)
             if not done:
                 return
             for future in done:
-                task, slot = self._running.pop(future)
+                evaluation, slot = self._running.pop(future)
                 self._free.append(slot)
-                result = self._counted(task, future.result())
+                result = self._counted(evaluation, future.result())
                 if result is not None:
-                    yield task, result
+                    yield evaluation, result
 
-    def _counted(self, task: Task, result: EvalResult) -> EvalResult | None:
+    def _counted(self, evaluation: Evaluation, result: EvalResult) -> EvalResult | None:
         """``result`` as it counts; None where it is judged again alone first (``resource_failure``)."""
-        beside = id(task) in self._beside
-        self._beside.discard(id(task))
-        if id(task) in self._reruns:
-            first, why = self._reruns.pop(id(task))
+        beside = id(evaluation) in self._beside
+        self._beside.discard(id(evaluation))
+        if id(evaluation) in self._reruns:
+            first, why = self._reruns.pop(id(evaluation))
             result.details["rerun_alone"] = {"why": why, "first": {"status": first.status.value, "message": first.message}}
             return result
         why = resource_failure(result) if beside else None
         if why is None:
             return result
-        self._reruns[id(task)] = (result, why)
-        self._queue.appendleft(task)
+        self._admit_fewer(why)
+        self._reruns[id(evaluation)] = (result, why)
+        self._queue.appendleft(evaluation)
         return None
 
-    def _alone(self, task: Task) -> bool:
-        return runs_alone(task) or id(task) in self._reruns
+    def _admit_fewer(self, why: str) -> None:
+        """After a failure of pkb's own limits beside other evaluations (ranks that would not start, memory, a
+        time-out): from now on, at most half as many at once as were running then (at least one). Seen on one H200
+        in shared-gpu mode at W = 8: with 6 evaluations at once most first attempts ended "8 of 8 ranks failed to
+        start" and ran again alone; fewer at once start, and the run ends sooner."""
+        admitted = max(1, (len(self._running) + 1) // 2)
+        if admitted < (self._admitted or self.parallel):
+            self._admitted = admitted
+            self.parallel_reason += f"; then at most {admitted} at once ({why})"
+
+    def _alone(self, evaluation: Evaluation) -> bool:
+        return runs_alone(evaluation) or id(evaluation) in self._reruns
 
     def _dispatch(self) -> None:
-        """Start queued tasks in free slots; one that runs alone (``_alone``) only when nothing runs, and
+        """Start queued evaluations in free slots; one that runs alone (``_alone``) only when nothing runs, and
         nothing beside it; on GPUs, one beside others only where its measured need is free."""
         while self._queue:
-            if any(self._alone(task) for task, _ in self._running.values()):
+            if any(self._alone(evaluation) for evaluation, _ in self._running.values()):
                 return
-            task = self._queue[0]
-            if self._alone(task) and self._running:
+            evaluation = self._queue[0]
+            if self._alone(evaluation) and self._running:
+                return
+            if self._admitted is not None and len(self._running) >= self._admitted:
                 return
             if not self._free:
                 if len(self._slots) >= self.parallel:
@@ -234,39 +251,39 @@ class LocalExecutor(Executor):
                 self._slots.append({})
                 self._free.append(len(self._slots) - 1)
             slot = self._free[-1]
-            if self._running and self._memory is not None and task.config.mode.uses_gpu:
-                held = self._slots[slot][session_key(task.config)].root_pids() \
-                    if session_key(task.config) in self._slots[slot] else []
-                if not self._memory.admits(task, held)[0]:
+            if self._running and self._memory is not None and evaluation.config.mode.uses_gpu:
+                held = self._slots[slot][session_key(evaluation.config)].root_pids() \
+                    if session_key(evaluation.config) in self._slots[slot] else []
+                if not self._memory.admits(evaluation, held)[0]:
                     return
             self._queue.popleft()
             self._free.pop()
-            if self._memory is not None and task.config.mode.uses_gpu:  # from now on its need counts as taken
-                self._memory.watch(task, functools.partial(self._slot_pids, slot, session_key(task.config)))
+            if self._memory is not None and evaluation.config.mode.uses_gpu:  # from now on its need counts as taken
+                self._memory.watch(evaluation, functools.partial(self._slot_pids, slot, session_key(evaluation.config)))
             if self._running:  # side by side from now on: it and every running one
-                self._beside.add(id(task))
+                self._beside.add(id(evaluation))
                 self._beside.update(id(other) for other, _ in self._running.values())
-            self._running[self._pool.submit(self._evaluate, task, slot)] = (task, slot)
+            self._running[self._pool.submit(self._evaluate, evaluation, slot)] = (evaluation, slot)
 
-    def _evaluate(self, task: Task, slot: int) -> EvalResult:
-        if fills_a_gpu(task) or id(task) in self._reruns:  # it runs alone: the idle slots' warm rank
+    def _evaluate(self, evaluation: Evaluation, slot: int) -> EvalResult:
+        if fills_a_gpu(evaluation) or id(evaluation) in self._reruns:  # it runs alone: the idle slots' warm rank
             for other, idle in enumerate(self._slots):          # groups give it their memory
                 if other != slot:
                     for session in idle.values():
                         session.close()
                     idle.clear()
         sessions = self._slots[slot]
-        key = session_key(task.config)
+        key = session_key(evaluation.config)
         if key not in sessions:
-            sessions[key] = self._session(task.config)
+            sessions[key] = self._session(evaluation.config)
         with self._lock:
-            self._in_flight[id(task)] = InFlight(task, time.monotonic())
+            self._in_flight[id(evaluation)] = InFlight(evaluation, time.monotonic())
         try:
-            result = evaluate(task.problem, task.candidate, task.config, sessions[key])
+            result = evaluate(evaluation.problem, evaluation.candidate, evaluation.config, sessions[key])
         finally:
-            peak = self._memory.finished(task) if self._memory is not None else None
+            peak = self._memory.finished(evaluation) if self._memory is not None else None
             with self._lock:
-                self._in_flight.pop(id(task), None)
+                self._in_flight.pop(id(evaluation), None)
         if peak is not None:
             result.details["gpu_memory_peak_gib"] = {str(d): round(b / GIB, 3) for d, b in peak.by_device.items() if b}
         return result

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from pkb.executor.base import Task
+from pkb.executor.base import Evaluation
 from pkb.runtime.gpu_memory import GIB, NvmlReader, Usage, usage_of
 from pkb.runtime.proctree import children_by_parent, descendants
 
@@ -24,12 +24,12 @@ MARGIN = 1.25  # an estimate's room for a peak between two samples, and for one 
 SAMPLE_S = 0.25
 
 
-def _problem_key(task: Task) -> tuple:
-    return task.problem.name, task.config.mode, task.config.world_size
+def _problem_key(evaluation: Evaluation) -> tuple:
+    return evaluation.problem.name, evaluation.config.mode, evaluation.config.world_size
 
 
-def _config_key(task: Task) -> tuple:
-    return task.config.mode, task.config.world_size
+def _config_key(evaluation: Evaluation) -> tuple:
+    return evaluation.config.mode, evaluation.config.world_size
 
 
 class GpuAdmission:
@@ -39,7 +39,8 @@ class GpuAdmission:
         self.reader = reader
         self._peaks: dict[tuple, Usage] = {}  # (problem, mode, W) -> the largest peak measured
         self._config_peaks: dict[tuple, Usage] = {}  # (mode, W) -> the largest peak of any problem
-        self._watched: dict[int, tuple[Task, Callable[[], list[int]], Usage, Usage]] = {}  # id -> task, roots, now, peak
+        # id -> the evaluation, its roots, its usage now, its peak
+        self._watched: dict[int, tuple[Evaluation, Callable[[], list[int]], Usage, Usage]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
@@ -48,31 +49,32 @@ class GpuAdmission:
 
     # -- what the executor calls -------------------------------------------------------------------------
 
-    def watch(self, task: Task, roots: Callable[[], list[int]]) -> None:
-        """Measure ``task`` from now on: ``roots()`` gives the processes its rank groups descend from."""
+    def watch(self, evaluation: Evaluation, roots: Callable[[], list[int]]) -> None:
+        """Measure ``evaluation`` from now on: ``roots()`` gives the processes its rank groups descend from."""
         with self._lock:
-            self._watched[id(task)] = (task, roots, Usage({}), Usage({}))
+            self._watched[id(evaluation)] = (evaluation, roots, Usage({}), Usage({}))
         self._wake.set()
 
-    def finished(self, task: Task) -> Usage | None:
-        """Stop measuring ``task``; its peak (kept as its problem's need), or None if never measured."""
+    def finished(self, evaluation: Evaluation) -> Usage | None:
+        """Stop measuring ``evaluation``; its peak (kept as its problem's need), or None if never measured."""
         self.sample()
         with self._lock:
-            _, _, _, peak = self._watched.pop(id(task), (None, None, None, Usage({})))
+            _, _, _, peak = self._watched.pop(id(evaluation), (None, None, None, Usage({})))
             if not peak.by_device:
                 return None
-            for table, key in ((self._peaks, _problem_key(task)), (self._config_peaks, _config_key(task))):
+            for table, key in ((self._peaks, _problem_key(evaluation)), (self._config_peaks, _config_key(evaluation))):
                 table[key] = table[key].merged(peak) if key in table else peak
             return peak
 
-    def need(self, task: Task) -> Usage | None:
-        """What ``task`` is taken to need (see the module docstring); None while nothing is measured."""
+    def need(self, evaluation: Evaluation) -> Usage | None:
+        """What ``evaluation`` is taken to need (see the module docstring); None while nothing is measured."""
         with self._lock:
-            if _problem_key(task) in self._peaks:
-                return self._peaks[_problem_key(task)]
-            known = [peak for (t, _, _, peak) in self._watched.values() if _config_key(t) == _config_key(task)
+            if _problem_key(evaluation) in self._peaks:
+                return self._peaks[_problem_key(evaluation)]
+            config_key = _config_key(evaluation)
+            known = [peak for (watched, _, _, peak) in self._watched.values() if _config_key(watched) == config_key
                      and peak.by_device]
-            known += [self._config_peaks[_config_key(task)]] if _config_key(task) in self._config_peaks else []
+            known += [self._config_peaks[config_key]] if config_key in self._config_peaks else []
         if not known:
             return None
         largest = known[0]
@@ -80,10 +82,10 @@ class GpuAdmission:
             largest = largest.merged(peak)
         return largest
 
-    def admits(self, task: Task, held: list[int]) -> tuple[bool, str]:
-        """Whether ``task`` fits beside the running evaluations now, and why not; ``held``: the processes of
+    def admits(self, evaluation: Evaluation, held: list[int]) -> tuple[bool, str]:
+        """Whether ``evaluation`` fits beside the running evaluations now, and why not; ``held``: the processes of
         the slot it would run in (their memory is in use already and counts towards its need)."""
-        need = self.need(task)
+        need = self.need(evaluation)
         if need is None:
             return False, "nothing measured yet at this mode and world size: one evaluation at a time until it is"
         per_process = self.reader.used_by_process()
@@ -107,12 +109,12 @@ class GpuAdmission:
         if not watched:
             return
         per_process, tree = self.reader.used_by_process(), children_by_parent()
-        for key, (task, roots, _, _) in watched:
+        for key, (evaluation, roots, _, _) in watched:
             now = usage_of(descendants(roots(), tree), per_process)
             with self._lock:
                 if key in self._watched:
                     _, _, _, peak = self._watched[key]
-                    self._watched[key] = (task, roots, now, peak.merged(now))
+                    self._watched[key] = (evaluation, roots, now, peak.merged(now))
 
     def close(self) -> None:
         self._stop = True

@@ -11,12 +11,12 @@ the ``EvalResult``. Candidate code runs only in the rank processes the actor spa
 actor itself and never in the driver. The driver stores each result as it arrives.
 
 Failures of the machine are not verdicts. A slot whose actor dies (its node lost, its process killed,
-pkb missing or different on the node) is replaced, and its task is retried on a fresh actor, on
-another node if its node is gone, up to ``max_attempts`` times; then the task's row is
+pkb missing or different on the node) is replaced, and its evaluation is retried on a fresh actor, on
+another node if its node is gone, up to ``max_attempts`` times; then the evaluation's row is
 ``infra_error``: left out of pass@k and evaluated again by a rerun. A verdict is only what pkb's
 evaluator decided on a node. Each node checks ``--sandbox`` for itself: a node that cannot honour
-``required`` answers its task with an ``infra_error`` row that carries its message (what is missing, what
-to do) at once, without a retry (the node would refuse again).
+``required`` answers its evaluation with an ``infra_error`` row that carries its message (what is missing,
+what to do) at once, without a retry (the node would refuse again).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
 from pkb.evaluate.evaluator import new_result
 from pkb.evaluate.result import EvalResult
-from pkb.executor.base import Executor, InFlight, Task, session_key
+from pkb.executor.base import Evaluation, Executor, InFlight, session_key
 from pkb.options import Status
 from pkb.problem import Problem
 from pkb.runtime.modes import Mode
@@ -150,14 +150,14 @@ class NodeEvaluator:
 
 @dataclass
 class _Attempt:
-    task: Task
+    evaluation: Evaluation
     number: int = 1
     errors: list[str] = field(default_factory=list)
     started: float = 0.0  # time.monotonic() when it was sent to a slot
 
 
 class RayExecutor(Executor):
-    """Tasks on the slots of a Ray cluster, as many at a time as it has slots (or ``parallel``).
+    """Evaluations on the slots of a Ray cluster, as many at a time as it has slots (or ``parallel``).
 
     ``address``: None (Ray's default: ``RAY_ADDRESS`` if set, else a new local cluster), ``local`` (a new
     local cluster), ``auto`` (the cluster this machine belongs to) or ``ray://HOST:PORT``. ``init``: more
@@ -214,7 +214,7 @@ class RayExecutor(Executor):
         return f"ray: {len(nodes)} node(s), {cpus} CPUs, {gpus} GPUs"
 
     def in_flight(self) -> list[InFlight]:
-        return [InFlight(attempt.task, attempt.started) for _, attempt in list(self._running.values())]
+        return [InFlight(attempt.evaluation, attempt.started) for _, attempt in list(self._running.values())]
 
     def capacity(self, config: EvalConfig) -> int:
         """Evaluations of ``config`` that can run at once (``parallel`` caps it)."""
@@ -226,11 +226,11 @@ class RayExecutor(Executor):
                              f"size {config.world_size} ({self.describe()}); add such a node or pick another --mode")
         return min(slots, self.parallel) if self.parallel else slots
 
-    # -- tasks ---------------------------------------------------------------------------------------
+    # -- evaluations ---------------------------------------------------------------------------------
 
-    def submit(self, task: Task) -> None:
-        self.capacity(task.config)  # a cluster that cannot run it at all says so now, not never
-        self._queue.append(_Attempt(task))
+    def submit(self, evaluation: Evaluation) -> None:
+        self.capacity(evaluation.config)  # a cluster that cannot run it at all says so now, not never
+        self._queue.append(_Attempt(evaluation))
         self._dispatch()
 
     @property
@@ -242,18 +242,19 @@ class RayExecutor(Executor):
         while self._queue:
             attempt = self._queue.popleft()
             try:
-                slot = self._free_slot(attempt.task.config)
+                slot = self._free_slot(attempt.evaluation.config)
             except UsageError as exc:  # the cluster lost every node that could run it
-                if any(a.task.config == attempt.task.config for _, a in self._running.values()):
+                if any(a.evaluation.config == attempt.evaluation.config for _, a in self._running.values()):
                     held.append(attempt)  # a running one will free a slot
                 else:
-                    self._done.append((attempt, infra_error(attempt.task, attempt.errors + [str(exc)])))
+                    self._done.append((attempt, infra_error(attempt.evaluation, attempt.errors + [str(exc)])))
                 continue
             if slot is None:
                 held.append(attempt)
                 continue
-            task = attempt.task
-            ref = slot.evaluate.remote(task.problem.name, task.problem.version, task.candidate, task.config)
+            evaluation = attempt.evaluation
+            ref = slot.evaluate.remote(evaluation.problem.name, evaluation.problem.version, evaluation.candidate,
+                                       evaluation.config)
             attempt.started = time.monotonic()
             self._running[ref] = (slot, attempt)
         self._queue = held
@@ -283,19 +284,20 @@ class RayExecutor(Executor):
             self._slot_nodes[slot] = node["NodeID"]
         return slot
 
-    def finished(self, wait: bool = True) -> Iterator[tuple[Task, EvalResult]]:
+    def finished(self, wait: bool = True) -> Iterator[tuple[Evaluation, EvalResult]]:
         self._dispatch()
         while self._running or self._done or self._queue:
             if self._queue and not self._running:
                 self._dispatch()
                 while self._queue and not self._running:  # no slot could start: said, not waited on forever
                     attempt = self._queue.popleft()
-                    self._done.append((attempt, infra_error(attempt.task, attempt.errors + ["no slot could be started"])))
+                    failed = infra_error(attempt.evaluation, attempt.errors + ["no slot could be started"])
+                    self._done.append((attempt, failed))
             if self._done:
                 attempt, result = self._done.popleft()
-                yield attempt.task, self._noted(result, attempt)
+                yield attempt.evaluation, self._noted(result, attempt)
                 continue
-            # short waits, so that Ctrl-C reaches the driver promptly while tasks run
+            # short waits, so that Ctrl-C reaches the driver promptly while evaluations run
             ready, _ = self.ray.wait(list(self._running), num_returns=1, timeout=1.0 if wait else 0)
             if not ready:
                 if wait:
@@ -303,21 +305,21 @@ class RayExecutor(Executor):
                 return
             ref = ready[0]
             slot, attempt = self._running.pop(ref)
-            key = _slot_key(attempt.task.config)
+            key = _slot_key(attempt.evaluation.config)
             try:
                 result = self.ray.get(ref)
             except self.ray.exceptions.RayError as exc:  # the machine failed, or pkb on it: not a verdict
                 self._retire(slot, key)
                 attempt.errors.append(_first_line(exc))
                 if attempt.number < self.max_attempts:
-                    self._queue.appendleft(_Attempt(attempt.task, attempt.number + 1, attempt.errors))
+                    self._queue.appendleft(_Attempt(attempt.evaluation, attempt.number + 1, attempt.errors))
                     self._dispatch()
                     continue
-                result = infra_error(attempt.task, attempt.errors)
+                result = infra_error(attempt.evaluation, attempt.errors)
             else:
                 self._idle.setdefault(key, []).append(slot)
             self._dispatch()
-            yield attempt.task, self._noted(result, attempt)
+            yield attempt.evaluation, self._noted(result, attempt)
 
     @staticmethod
     def _noted(result: EvalResult, attempt: _Attempt) -> EvalResult:
@@ -356,20 +358,20 @@ class RayExecutor(Executor):
 
 
 def _slot_key(config: EvalConfig) -> tuple:
-    """Slots are shared by the tasks whose configs need the same slot (and the same sandbox level)."""
+    """Slots are shared by the evaluations whose configs need the same slot (and the same sandbox level)."""
     return (*sorted(slot_resources(config).items()), whole_node(config), config.sandbox)
 
 
-def infra_error(task: Task, errors: list[str]) -> EvalResult:
-    """The row of a task whose every attempt failed for the machine's reasons: no verdict on the candidate."""
-    result = new_result(task.problem, task.candidate, task.config, Status.INFRA_ERROR)
+def infra_error(evaluation: Evaluation, errors: list[str]) -> EvalResult:
+    """The row of a evaluation whose every attempt failed for the machine's reasons: no verdict on the candidate."""
+    result = new_result(evaluation.problem, evaluation.candidate, evaluation.config, Status.INFRA_ERROR)
     result.message = (f"the cluster failed {len(errors)} time(s), no verdict on the candidate (a rerun evaluates it "
                       f"again): {errors[-1]}")
     return result
 
 
 def sandbox_unavailable(problem: Problem, candidate: Candidate, config: EvalConfig, exc: Exception) -> EvalResult:
-    """The row of a task on a node that cannot give ``--sandbox required``: ``infra_error``, with the
+    """The row of a evaluation on a node that cannot give ``--sandbox required``: ``infra_error``, with the
     node's message (what is missing and what to do), decided without running the candidate."""
     result = new_result(problem, candidate, config, Status.INFRA_ERROR)
     result.message = (f"node {socket.gethostname()} cannot run candidates with --sandbox {config.sandbox}, no verdict "

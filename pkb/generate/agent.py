@@ -18,7 +18,7 @@ from typing import Callable
 
 from pkb.generate.prompt import Prompt, feedback
 from pkb.generate.upstream_prompt import prompt_for
-from pkb.generate.providers import Message, Provider, ProviderError
+from pkb.generate.providers import CallContext, Message, Provider, ProviderError
 from pkb.generate.sampler import Evaluator, GenStatus, RunSettings, generation_row, write_code
 from pkb.problem import Problem
 from pkb.store.db import generated_set
@@ -97,7 +97,8 @@ def run_agent(problem: Problem, provider: Provider, settings: AgentSettings, sto
             sent = conversation.next_message
             try:
                 answer = provider.complete(prompt.system, conversation.messages + [Message("user", sent)],
-                                           settings.max_tokens, settings.temperature)
+                                           settings.max_tokens, settings.temperature,
+                                           CallContext(problem.name, problem.upstream_id, step=step, kind="step"))
             except ProviderError as exc:
                 store.add_generation(generation_row(problem, prompt, provider, settings, KIND, 0, step, exc, sent))
                 if exc.fatal:

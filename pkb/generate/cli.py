@@ -1,10 +1,16 @@
 """``pkb prompt``, ``pkb generate`` and ``pkb agent``. Nothing heavy (torch, SDKs) is imported until a command runs.
 
-Exit codes: 0 every sample (or the agent's best file) is ``ok`` (``generate --no-eval``: every
-sample has code); 1 otherwise; 2 a usage error: unknown provider, missing API key or SDK, a key the
-server refused, an unknown problem or hardware profile, ``--sandbox required`` on a machine that lacks a
-protection, all reported before (or instead of) work. The evaluation options (``--mode``, ``--sandbox``,
-...) are ``pkb eval``'s (``pkb.commands.add_eval_options``).
+Both take ``--problems`` (a selection: ``1-8,12,allgather_gemm``, a category, ``all``): ``generate`` asks for
+k samples of each, ``agent`` holds one conversation per problem, in turn. ``--model replay:DIR`` answers from
+a folder of files, offline (pkb.generate.providers.replay_file).
+
+Exit codes: 0 every sample (for the agent: every selected problem's best file) is ``ok`` (``generate
+--no-eval``: every sample has code); 1 otherwise; 2 a usage error: unknown provider, missing API key or SDK, a
+key the server refused, an unknown problem or hardware profile, a number out of its range, ``--sandbox
+required`` on a machine that lacks a protection, a ``--db`` pkb cannot write, all reported before (or instead
+of) work. The evaluation options (``--mode``, ``--sandbox``, ...) are ``pkb eval``'s
+(``pkb.commands.add_eval_options``). In ``cpu`` and ``shared-gpu`` modes the output says that a speedup is not
+a GPU timing.
 """
 
 from __future__ import annotations
@@ -16,34 +22,39 @@ from pathlib import Path
 SUCCESS_STATUSES = ("ok", "skipped")
 
 
+PROBLEMS_HELP = "e.g. 1-8,12,allgather_gemm, a category, or all (slugs or upstream numbers)"
+
+
 def add_commands(subparsers) -> None:
-    from pkb.commands import add_eval_options, add_precision_option
+    from pkb.commands import add_eval_options, add_option, add_precision_option
     from pkb.generate.prompt import BACKENDS, DEFAULT_HARDWARE  # light: templates and dataclasses only
+    from pkb.options import OPTIONS
 
     p = subparsers.add_parser("prompt", help="the prompt a model gets for a problem")
     p.add_argument("problem", help="slug or upstream number")
     p.add_argument("--backend", default="cuda", choices=BACKENDS)
     p.add_argument("--hardware", default=DEFAULT_HARDWARE, help=f"hardware profile (default {DEFAULT_HARDWARE})")
     p.add_argument("--case", help="the case whose per-rank shapes are shown (default: the first benchmark)")
-    p.add_argument("--world-size", type=int, help="default: the profile's GPU count if the problem runs at it")
-    p.add_argument("--nodes", type=int, help="the nodes the ranks are split into (default: the problem's)")
+    add_option(p, OPTIONS["world_size"], help="default: the profile's GPU count if the problem runs at it")
+    add_option(p, OPTIONS["nodes"])
     add_precision_option(p)
     _add_prompt_options(p)
     p.set_defaults(func=cmd_prompt)
 
     p = subparsers.add_parser("generate", help="k samples per problem from a model, evaluated and stored")
     _add_model_options(p, BACKENDS, DEFAULT_HARDWARE)
-    p.add_argument("--problems", required=True, help="e.g. 1-8,12,allgather_gemm, a category, or all")
-    p.add_argument("--samples", type=int, default=1, help="samples per problem (k of pass@k)")
-    p.add_argument("--concurrency", type=int, default=4, help="model calls in flight at once")
+    p.add_argument("--problems", required=True, help=PROBLEMS_HELP)
+    add_option(p, OPTIONS["samples"])
+    add_option(p, OPTIONS["concurrency"])
     p.add_argument("--no-eval", action="store_true", help="only generate and store the files")
     add_eval_options(p, 2, executor=True)
     p.set_defaults(func=cmd_generate)
 
-    p = subparsers.add_parser("agent", help="multi-turn refinement of one problem's solution, with feedback")
+    p = subparsers.add_parser("agent", help="multi-turn refinement of each selected problem's solution, with "
+                                            "feedback")
     _add_model_options(p, BACKENDS, DEFAULT_HARDWARE)
-    p.add_argument("--problem", required=True, help="slug or upstream number")
-    p.add_argument("--steps", type=int, default=10, help="model turns at most (default 10)")
+    p.add_argument("--problems", required=True, help=PROBLEMS_HELP + "; one conversation per problem, in turn")
+    add_option(p, OPTIONS["steps"])
     add_eval_options(p, 2, executor=True)
     p.add_argument("--no-perf", dest="perf", action="store_false",
                    help="do not time the files (the agent then cannot tell a faster file from a slower one)")
@@ -70,17 +81,22 @@ def _upstream_dir(args) -> Path | None:
 
 
 def _add_model_options(p, backends, default_hardware) -> None:
+    from pkb.commands import add_option
+    from pkb.options import OPTIONS
+
     p.add_argument("--model", required=True, help="provider:model, e.g. openai:gpt-5, anthropic:claude-sonnet-4-5, "
-                                                   "together:Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8, vllm:my-model")
+                                                   "together:Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8, vllm:my-model; "
+                                                   "replay:DIR answers with the files of DIR, offline "
+                                                   "(docs/generation.md)")
     p.add_argument("--backend", default="cuda", choices=backends)
     p.add_argument("--hardware", default=default_hardware, help="hardware profile the prompt describes")
-    p.add_argument("--temperature", type=float, help="default: the provider's")
-    p.add_argument("--max-tokens", type=int, default=16384, help="most tokens in one answer")
+    add_option(p, OPTIONS["temperature"])
+    add_option(p, OPTIONS["max_tokens"])
     p.add_argument("--run", help="run name (default from model, backend, temperature); a rerun resumes it")
     p.add_argument("--out", default=None, help="directory for the run's files (default ./pkb-runs)")
     p.add_argument("--db", help="SQLite file (default: ./pkb-results.sqlite)")
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one model request may take")
-    p.add_argument("--retries", type=int, default=5, help="retries of a rate-limited, failed or timed-out request")
+    add_option(p, OPTIONS["request_timeout"])
+    add_option(p, OPTIONS["retries"])
     p.add_argument("--base-url", help="endpoint URL, overriding the provider's default and its *_BASE_URL variable")
     p.add_argument("--price", help="USD per million tokens IN,OUT, for a model the price table lacks")
     _add_prompt_options(p)
@@ -113,11 +129,9 @@ def cmd_generate(args) -> int:
     from pkb.generate.sampler import DEFAULT_OUT, GenerateSettings, default_run_name, generate
     from pkb.generate.providers import ProviderError
     from pkb.registry import select
-    from pkb.store.db import DEFAULT_DB, ResultStore
+    from pkb.store.db import DEFAULT_DB, ResultStore, check_store
 
     provider = _connect(args)  # first: a missing key or SDK stops here, before any work
-    if args.samples < 1 or args.concurrency < 1:
-        raise _usage("--samples and --concurrency must be at least 1")
     problems = select(args.problems)
     with _usage_errors():
         profile = load_profile(args.hardware)
@@ -128,15 +142,19 @@ def cmd_generate(args) -> int:
                                 concurrency=args.concurrency, out_dir=Path(args.out or DEFAULT_OUT))
     progress = _progress(len(problems) * args.samples, enabled=not args.json)
     db = args.db or DEFAULT_DB
-    with _executor(args, enabled=not args.no_eval) as executor, ResultStore(db) as store, _usage_errors(ProviderError):
+    check_store(db)  # a --db it cannot store results in: said before any work, nothing written
+    with _executor(args, enabled=not args.no_eval) as executor, _usage_errors(ProviderError):
         config = None if args.no_eval else make_config(args, args.world_size, executor)
-        results = generate(problems, provider, settings, store, profile, config, progress, executor)
+        with ResultStore(db) as store:
+            results = generate(problems, provider, settings, store, profile, config, progress, executor)
     if args.json:
         print(json.dumps([r.to_dict() for r in results], default=str))
     else:
         print_table([_sample_row(r) for r in results], ["problem", "sample", "status", "speedup", "tokens", "cost",
                                                         "message"])
         print(_summary(results, settings.run_dir, db))
+        if any(r.speedup for r in results) and _not_gpu_timings(config):
+            print(_not_gpu_timings(config))
     wanted = ("generated",) if args.no_eval else SUCCESS_STATUSES
     return 0 if all(r.status in wanted for r in results) else 1
 
@@ -147,45 +165,60 @@ def cmd_agent(args) -> int:
     from pkb.generate.prompt import load_profile
     from pkb.generate.providers import ProviderError
     from pkb.generate.sampler import DEFAULT_OUT, default_run_name
-    from pkb.registry import get_problem
-    from pkb.store.db import DEFAULT_DB, ResultStore
+    from pkb.registry import select
+    from pkb.store.db import DEFAULT_DB, ResultStore, check_store
 
     provider = _connect(args)
-    if args.steps < 1:
-        raise _usage("--steps must be at least 1")
-    problem = get_problem(args.problem)
+    problems = select(args.problems)
     with _usage_errors():
         profile = load_profile(args.hardware)
-    world_size = args.world_size if args.world_size in problem.world_sizes else min(problem.world_sizes)
     run = args.run or "agent-" + default_run_name(str(provider.spec), args.backend, args.temperature)
     settings = AgentSettings(run=run, prompt=args.prompt, upstream_dir=_upstream_dir(args), precision=args.dtype,
                              backend=args.backend, hardware=args.hardware, num_steps=args.steps,
                              temperature=args.temperature, max_tokens=args.max_tokens,
                              out_dir=Path(args.out or DEFAULT_OUT))
+    outcomes = []
+    check_store(args.db or DEFAULT_DB)
+    with _executor(args) as executor, _usage_errors(ProviderError):
+        config = make_config(args, args.world_size, executor)  # a problem without that size runs at its smallest
+        not_gpu = "" if config.mode.times_are_gpu_performance else f" ({config.mode} mode: not a GPU timing)"
 
-    def show(step) -> None:
-        if not args.json:
-            speed = f", speedup {step.speedup:.2f}x" if step.speedup else ""
-            print(f"step {step.step}: {step.status}{speed}" + (" (stored earlier)" if step.resumed else "")
-                  + (f"  {step.message[:100]}" if step.status != "ok" else ""), file=sys.stderr)
+        def show(step) -> None:
+            if not args.json:
+                speed = f", speedup {step.speedup:.2f}x{not_gpu}" if step.speedup else ""
+                earlier = " (stored earlier)" if step.resumed else ""
+                print(f"{problem.name} step {step.step}: {step.status}{speed}{earlier}"
+                      + (f"  {step.message[:200]}" if step.status != "ok" else ""), file=sys.stderr)
 
-    with _executor(args) as executor, ResultStore(args.db or DEFAULT_DB) as store, _usage_errors(ProviderError):
-        config = make_config(args, world_size, executor)
-        outcome = run_agent(problem, provider, settings, store, profile, config, show, executor)
+        with ResultStore(args.db or DEFAULT_DB) as store:
+            for problem in problems:
+                outcomes.append(run_agent(problem, provider, settings, store, profile, config, show, executor))
+                if outcomes[-1].stopped_by:
+                    print(f"pkb: {problem.name} stopped at {outcomes[-1].stopped_by}", file=sys.stderr)
     if args.json:
-        print(json.dumps(outcome.to_dict(), default=str))
+        print(json.dumps([outcome.to_dict() for outcome in outcomes], default=str))
     else:
-        if outcome.best_step is None:
-            print(f"{problem.name}: no correct file in {len(outcome.steps)} steps (run {run})")
-        else:
-            speed = f", speedup {outcome.best_speedup:.2f}x" if outcome.best_speedup else ""
-            print(f"{problem.name}: best file from step {outcome.best_step}{speed}: {outcome.best_path}")
-        cost = outcome.cost_usd
-        print(f"{len(outcome.steps)} steps" + (f", ${cost:.4f}" if cost is not None else "")
-              + f"; transcript in {args.db or DEFAULT_DB} (run {run})")
-    if outcome.stopped_by:
-        print(f"pkb: stopped at {outcome.stopped_by}", file=sys.stderr)
-    return 0 if outcome.best_step is not None else 1
+        for outcome in outcomes:
+            if outcome.best_step is None:
+                print(f"{outcome.problem}: no correct file in {len(outcome.steps)} steps")
+            else:
+                speed = f", speedup {outcome.best_speedup:.2f}x" if outcome.best_speedup else ""
+                print(f"{outcome.problem}: best file from step {outcome.best_step}{speed}: {outcome.best_path}")
+        costs = [outcome.cost_usd for outcome in outcomes]
+        cost = f", ${sum(costs):.4f}" if None not in costs else ""
+        print(f"{sum(len(outcome.steps) for outcome in outcomes)} steps{cost}; transcript in {args.db or DEFAULT_DB} "
+              f"(run {run})")
+        if any(outcome.best_speedup for outcome in outcomes) and _not_gpu_timings(config):
+            print(_not_gpu_timings(config))
+    return 0 if all(outcome.best_step is not None for outcome in outcomes) else 1
+
+
+def _not_gpu_timings(config) -> str:
+    """A line saying the speedups printed above are not GPU timings, where the mode's times are not."""
+    if config is None or config.mode.times_are_gpu_performance:
+        return ""
+    return (f"(speedups measured in {config.mode} mode are not GPU timings: reference and candidate were timed "
+            "the same way here, but only --mode cuda times them on GPUs)")
 
 
 # -- pieces -----------------------------------------------------------------------------------------
@@ -259,7 +292,8 @@ def _sample_row(result) -> dict:
     tokens = f"{result.tokens_in}/{result.tokens_out}" if result.tokens_in is not None else ""
     return {"problem": result.problem, "sample": result.sample, "status": result.status,
             "speedup": f"{result.speedup:.2f}" if result.speedup else "", "tokens": tokens,
-            "cost": f"{result.cost_usd:.4f}" if result.cost_usd is not None else "", "message": result.message[:80]}
+            "cost": f"{result.cost_usd:.4f}" if result.cost_usd is not None else "",
+            "message": (result.message.strip().splitlines() or [""])[0][:200]}
 
 
 def _summary(results, run_dir: Path, db: str) -> str:

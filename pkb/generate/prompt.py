@@ -93,7 +93,8 @@ def build_prompt(problem: Problem, backend: str, profile, case: Case | None = No
     sections = [
         templates.TASK.format(name=problem.name, source=problem.source, arguments=_arguments(problem),
                               world_size=world_size, world_sizes=", ".join(map(str, problem.world_sizes)),
-                              backend_goal=templates.BACKEND_GOALS[backend]),
+                              backend_goal=templates.BACKEND_GOALS[backend],
+                              communication=communication_text(problem, case, world_size, nodes)),
         templates.PRECISION.format(precision=precision, dtype=PRECISIONS[precision]),
         hardware_section(profile),
         *([topology_section(world_size, nodes, profile)] if nodes > 1 else []),
@@ -131,6 +132,17 @@ def hardware_section(profile) -> str:
         nvls=templates.NVLS_YES if profile.nvls else templates.NVLS_NO, hbm=_bytes(profile.hbm_bytes),
         hbm_gbps=_number(profile.hbm_gbps), l2=_bytes(profile.l2_bytes), bf16_tflops=_number(profile.bf16_tflops),
         fp8_tflops=_number(profile.fp8_tflops))
+
+
+def communication_text(problem: Problem, case: Case, world_size: int, nodes: int) -> str:
+    """Where the file's own kernels move the data and where torch.distributed does: on one node all of it in
+    its kernels; on several, its kernels inside a node and torch.distributed between nodes (and, for a problem
+    that moves nothing over NVLink, torch.distributed for all of it)."""
+    if nodes == 1:
+        return templates.COMMUNICATION
+    if not problem.cost(case, world_size).link_bytes:
+        return templates.COMMUNICATION_NODES + "\n" + templates.NO_NVLINK_LEG
+    return templates.COMMUNICATION_NODES
 
 
 def topology_section(world_size: int, nodes: int, profile) -> str:
@@ -184,12 +196,18 @@ def tolerance_section(problem: Problem, case: Case, world_size: int) -> str:
     import torch
 
     from pkb.describe import shapes_of_inputs
+    from pkb.evaluate.accuracy import FACTOR
 
     dtypes = sorted({t.dtype for t in _tensors(shapes_of_inputs(problem, case, 0, world_size))
                      if t.dtype.is_floating_point or t.dtype.is_complex}, key=str) or [torch.float32]
     tolerances = ", ".join(f"{str(d).replace('torch.', '')}: atol={tol.atol:.3g}, rtol={tol.rtol:.3g}"
                            for d in dtypes for tol in [problem.tolerance_for(case, world_size, d)])
-    return templates.TOLERANCE.format(tolerances=tolerances)
+    if problem.exact_dtype is None:
+        floats = templates.FLOATS_TOLERANCE.format(tolerances=tolerances, note=problem.exact_note)
+    else:
+        floats = templates.FLOATS_EXACT.format(exact=str(problem.exact_dtype).removeprefix("torch."),
+                                               factor=FACTOR, tolerances=tolerances)
+    return templates.TOLERANCE.format(floats=floats)
 
 
 def helpers_section() -> str:

@@ -1,7 +1,7 @@
 """Model providers: one call = one chat completion, with retries, a timeout, token usage and cost.
 
 A model is named ``provider:model``. The provider is a preset that fixes the protocol (OpenAI
-chat completions or Anthropic messages), the endpoint and the environment variables it reads::
+chat completions, Anthropic messages, or a folder's files), the endpoint and the environment variables it reads::
 
     openai:gpt-5                      OPENAI_API_KEY, OPENAI_BASE_URL (any OpenAI-compatible endpoint)
     together:Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8   TOGETHER_API_KEY
@@ -9,9 +9,13 @@ chat completions or Anthropic messages), the endpoint and the environment variab
     vllm:my-model                     VLLM_BASE_URL (default: vLLM's own default address), key optional
     sglang:my-model                   SGLANG_BASE_URL (default: SGLang's own default address), key optional
     anthropic:claude-sonnet-4-5       ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL
+    replay:DIR                        no network, no key: the files of a folder answer (``replay_file``)
 
 ``connect(spec, settings)`` checks the key and imports the SDK (``pip install 'pkb[generate]'``)
-before any work starts. The SDKs' own retries are switched off: ``Provider.complete`` retries rate
+before any work starts. ``replay:DIR`` answers each call with a file of ``DIR`` chosen by the problem and
+the sample or step the call is for (``CallContext``), so the whole generate / agent / report loop runs
+offline, and a recorded run (``pkb generate``'s ``<out>/<run>/``) replays; docs/generation.md gives the
+layout. The SDKs' own retries are switched off: ``Provider.complete`` retries rate
 limits (429), server errors (5xx, 529), timeouts and dropped connections itself, with exponential
 backoff (or the server's ``retry-after``), and reports how many attempts a call took.
 """
@@ -22,7 +26,8 @@ import os
 import random
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
 INSTALL_HINT = "pip install 'pkb[generate]'  (or: pip install openai anthropic)"
@@ -62,6 +67,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("vllm", "openai", None, "VLLM_BASE_URL", "VLLM_API_KEY", key_required=False, base_url_required=True),
     Preset("sglang", "openai", None, "SGLANG_BASE_URL", "SGLANG_API_KEY", key_required=False, base_url_required=True),
     Preset("anthropic", "anthropic", None, "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"),
+    # Offline: the model is a folder of answers (replay_file); nothing is sent anywhere, nothing costs.
+    Preset("replay", "replay", None, "", "", key_required=False),
 )}
 
 # List prices in USD per million tokens (input, output), as published by the vendors in late 2025.
@@ -131,6 +138,22 @@ class Message:
     content: str
 
 
+@dataclass(frozen=True)
+class CallContext:
+    """What one model call is for: a problem (its slug and upstream number), and the sample of ``pkb generate``
+    or the step of ``pkb agent``. A model behind an endpoint never sees it; ``replay:DIR`` picks its file by it."""
+
+    problem: str
+    upstream_id: int | None = None
+    sample: int = 0
+    step: int = 0
+    kind: str = "sample"  # "sample" (pkb generate) or "step" (pkb agent)
+
+    @property
+    def index(self) -> int:
+        return self.step if self.kind == "step" else self.sample
+
+
 def price_of(model: str) -> tuple[float, float] | None:
     name = model.rsplit("/", 1)[-1]  # openrouter's vendor/model names
     return PRICES_PER_MTOK.get(name) or PRICES_PER_MTOK.get(_DATE_SUFFIX.sub("", name))
@@ -162,17 +185,19 @@ class Provider:
     preset: Preset
     settings: ProviderSettings
     base_url: str | None
-    send: Callable[[str, list[Message], int, float | None], tuple[str, int | None, int | None, str]]
+    send: Callable[[str, list[Message], int, float | None, CallContext | None],
+                   tuple[str, int | None, int | None, str]]
     classify: Callable[[Exception], _Failure]
     sleep: Callable[[float], None] = field(default=time.sleep)
 
-    def complete(self, system: str, messages: list[Message], max_tokens: int,
-                 temperature: float | None = None) -> Completion:
-        """One answer; retries transient failures; raises ProviderError when it cannot get one."""
+    def complete(self, system: str, messages: list[Message], max_tokens: int, temperature: float | None = None,
+                 context: CallContext | None = None) -> Completion:
+        """One answer; retries transient failures; raises ProviderError when it cannot get one. ``context``:
+        what the call is for (``replay:DIR`` needs it; an endpoint ignores it)."""
         started = time.monotonic()
         for attempt in range(self.settings.max_retries + 1):
             try:
-                text, tokens_in, tokens_out, finish = self.send(system, messages, max_tokens, temperature)
+                text, tokens_in, tokens_out, finish = self.send(system, messages, max_tokens, temperature, context)
             except Exception as exc:  # noqa: BLE001 — classified below; unknown errors are not retried
                 failure = self.classify(exc)
                 last = attempt == self.settings.max_retries
@@ -199,6 +224,10 @@ def connect(spec: ModelSpec | str, settings: ProviderSettings = ProviderSettings
     """A provider ready to call: key found, SDK imported. Raises SetupError saying what to set or install."""
     spec = ModelSpec.parse(spec) if isinstance(spec, str) else spec
     preset = PRESETS[spec.provider]
+    if preset.protocol == "replay":
+        settings = replace(settings, max_retries=0, price_per_mtok=settings.price_per_mtok or (0.0, 0.0))
+        send, classify = _replay(spec)
+        return Provider(spec, preset, settings, None, send, classify)
     key = os.environ.get(preset.key_env)
     if preset.key_required and not key:
         raise SetupError(f"{spec}: no API key; set {preset.key_env} (a local server without keys: vllm:MODEL or "
@@ -225,7 +254,7 @@ def _openai(spec: ModelSpec, preset: Preset, key: str, base_url: str | None, set
     openai = _import_sdk("openai")
     client = openai.OpenAI(api_key=key, base_url=base_url, timeout=settings.timeout_s, max_retries=0)
 
-    def send(system, messages, max_tokens, temperature):
+    def send(system, messages, max_tokens, temperature, context):
         options = {preset.max_tokens_field: max_tokens}
         if temperature is not None:
             options["temperature"] = temperature
@@ -243,7 +272,7 @@ def _anthropic(spec: ModelSpec, key: str, base_url: str | None, settings: Provid
     anthropic = _import_sdk("anthropic")
     client = anthropic.Anthropic(api_key=key, base_url=base_url, timeout=settings.timeout_s, max_retries=0)
 
-    def send(system, messages, max_tokens, temperature):
+    def send(system, messages, max_tokens, temperature, context):
         # temperature travels in the body: recent SDK releases dropped the keyword, the API still takes it
         extra = {"temperature": temperature} if temperature is not None else None
         response = client.messages.create(model=spec.model, system=system, max_tokens=max_tokens,
@@ -255,6 +284,49 @@ def _anthropic(spec: ModelSpec, key: str, base_url: str | None, settings: Provid
                 response.stop_reason or "")
 
     return send, lambda exc: _classify(exc, anthropic, client.base_url, settings.timeout_s)
+
+
+class NoReplayFile(LookupError):
+    """``replay:DIR`` holds no answer for a call (that sample is recorded as an ``api_error``)."""
+
+
+def _replay(spec: ModelSpec):
+    """``replay:DIR``: each call answered with the text of ``replay_file(DIR, context)``, no tokens, no cost."""
+    folder = Path(spec.model).expanduser()
+    if not folder.is_dir():
+        raise SetupError(f"{spec}: {folder} is not a folder; replay:DIR answers with the files of DIR, by problem "
+                         "(DIR/<slug>.py, DIR/<number>_<name>.py, or DIR/<slug>/sample_<k>.py as `pkb generate` "
+                         "writes them: docs/generation.md)")
+
+    def send(system, messages, max_tokens, temperature, context):
+        if context is None:
+            raise NoReplayFile("replay needs to know which problem a call is for (pkb generate and pkb agent say)")
+        path = replay_file(folder, context)
+        if path is None:
+            raise NoReplayFile(f"no answer for {context.problem} {context.kind} {context.index} in {folder} "
+                               f"(looked for {context.problem}/{context.kind}_{context.index}.py and the problem's "
+                               "files at the top, as `pkb run --solutions` names them)")
+        return path.read_text(encoding="utf-8", errors="replace"), 0, 0, f"replayed {path.name}"
+
+    return send, lambda exc: _Failure(f"{type(exc).__name__}: {exc}", retryable=False)
+
+
+def replay_file(folder: Path, context: CallContext) -> Path | None:
+    """The file of ``folder`` that answers the call ``context`` describes, or None.
+
+    ``<folder>/<slug>/sample_<k>.py`` answers sample k of ``pkb generate`` and ``<folder>/<slug>/step_<k>.py``
+    step k of ``pkb agent``: the layout those commands write under ``<out>/<run>/``, so a recorded run replays.
+    Else the problem's files at the top of the folder, named as ``pkb run --solutions`` takes them
+    (``<slug>.py``, ``<number>_<name>[_<backend>].py``): the k-th in name order answers sample or step k, the
+    last one every later k (one file answers every call; a wrong file then a right one scripts a refinement).
+    """
+    from pkb.solution_files import solution_files
+
+    recorded = folder / context.problem / f"{context.kind}_{context.index}.py"
+    if recorded.is_file():
+        return recorded
+    files = solution_files(folder).get(context.problem, [])
+    return files[min(context.index, len(files) - 1)] if files else None
 
 
 def _classify(exc: Exception, sdk, base_url, timeout_s: float) -> _Failure:

@@ -26,7 +26,7 @@ from typing import Callable
 from pkb.generate.extract import extract_solution
 from pkb.generate.prompt import DEFAULT_HARDWARE, Prompt
 from pkb.generate.upstream_prompt import prompt_for
-from pkb.generate.providers import Completion, Message, Provider, ProviderError
+from pkb.generate.providers import CallContext, Completion, Message, Provider, ProviderError
 from pkb.problem import Problem
 from pkb.store.db import generated_set
 
@@ -147,7 +147,8 @@ def _call_all(calls: list, provider: Provider, settings: GenerateSettings, handl
     pending: dict[Future, tuple] = {}
     try:
         for problem, prompt, sample in calls:
-            future = pool.submit(_ask, provider, prompt, settings, stop)
+            future = pool.submit(_ask, provider, prompt, settings, stop, CallContext(problem.name, problem.upstream_id,
+                                                                                     sample=sample))
             pending[future] = (problem, prompt, sample)
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -163,13 +164,13 @@ def _call_all(calls: list, provider: Provider, settings: GenerateSettings, handl
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _ask(provider: Provider, prompt: Prompt, settings: GenerateSettings,
-         stop: threading.Event) -> Completion | ProviderError | None:
+def _ask(provider: Provider, prompt: Prompt, settings: GenerateSettings, stop: threading.Event,
+         context: CallContext) -> Completion | ProviderError | None:
     if stop.is_set():
         return None
     try:
         return provider.complete(prompt.system, [Message("user", prompt.user)], settings.max_tokens,
-                                 settings.temperature)
+                                 settings.temperature, context)
     except ProviderError as exc:
         if exc.fatal:
             stop.set()
@@ -268,17 +269,17 @@ class Evaluator:
     def submit(self, problem: Problem, path: Path, name: str, solution_set: str, done: Callable) -> None:
         """Evaluate the file at ``path``, stored under ``solution_set``; ``done(result, row id, run key)``
         once it is stored (at the next ``collect`` where an earlier verdict is reused)."""
-        from pkb.loop import Job
         from pkb.evaluate.candidate import Candidate
+        from pkb.executor import Evaluation
 
-        world_size = None if self.config.world_size in problem.world_sizes else min(problem.world_sizes)
-        self.loop.submit(Job(problem, Candidate.from_file(path, name=name), solution_set, world_size=world_size),
-                         tag=done)
+        config = self.config if self.config.world_size in problem.world_sizes else replace(
+            self.config, world_size=min(problem.world_sizes))
+        self.loop.submit(Evaluation(problem, Candidate.from_file(path, name=name), solution_set, config, tag=done))
 
     def collect(self, wait: bool) -> None:
         """Hand the evaluations that have finished (``wait``: all of them) to their ``done``."""
-        for finished in self.loop.finished(wait=wait):
-            finished.tag(finished.result, finished.result_id, finished.key)
+        for stored in self.loop.finished(wait=wait):
+            stored.evaluation.tag(stored.result, stored.result_id, stored.key)
 
     def evaluate(self, problem: Problem, path: Path, name: str, solution_set: str = ""):
         """(EvalResult, results row id, run key) of the file at ``path``, waited for."""

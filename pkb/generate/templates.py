@@ -17,9 +17,26 @@ and each call must return on every rank what the reference returns on that rank.
 work at every world size the problem runs at ({world_sizes}); it is checked at several.
 
 {backend_goal}
-Use torch.distributed only for setup (rank, world size, the group a symmetric buffer lives in);
-do the communication itself in your own kernels, reading and writing peers' memory directly.
+{communication}
 """
+
+COMMUNICATION = """\
+Use torch.distributed only for setup (rank, world size, the group a symmetric buffer lives in);
+do the communication itself in your own kernels, reading and writing peers' memory directly."""
+
+# On several nodes (pkb.topology): peer memory inside a node, torch.distributed between nodes.
+COMMUNICATION_NODES = """\
+Inside a node, do the communication in your own kernels, reading and writing peers' memory directly
+(symmetric memory over a group whose ranks share the node, such as `intra_group`); there use
+torch.distributed only for setup. Between nodes only torch.distributed moves data (the network): call
+it over groups whose ranks sit on different nodes (such as `inter_group`), or point to point to a rank
+on another node. Peer memory, CUDA IPC handles and host memory do not reach another node."""
+
+NO_NVLINK_LEG = """\
+Nothing in this problem has to cross NVLink: every byte it moves goes between nodes, so torch.distributed
+carries all of it. Your kernels do the rest: pack and unpack what is sent, in as few and as large messages as
+the layout allows, and overlap the transfers with that work."""
+
 
 PRECISION = """\
 ## Precision: {precision}
@@ -92,11 +109,20 @@ Cost of one call per rank (the problem's own model): {cost}.{roofline}
 TOLERANCE = """\
 ## Correctness
 
-Outputs must have the reference's structure, shapes and dtypes. Floating outputs must satisfy
-|got - expected| <= atol + rtol * |expected| elementwise ({tolerances}), with NaN and inf in the
-same places; integer and bool outputs must match exactly. Inputs must end as the reference leaves
-them (do not modify an input the reference leaves alone).
+Outputs must have the reference's structure, shapes and dtypes; integer and bool outputs must match
+exactly. {floats} Inputs must end as the reference leaves them (do not modify an input the reference
+leaves alone).
 """
+
+# How floating outputs are judged: against the exact answer (pkb.evaluate.accuracy), or by the tolerance alone
+FLOATS_EXACT = """Floating outputs are judged against the exact answer (the reference run again in {exact} on
+the same inputs): an answer passes when its error is at most {factor:g}x the reference's own error, element by
+element (or within atol + rtol * |exact|: {tolerances}) and over each tensor (its RMS, and its systematic
+bias), with NaN and inf where the reference has them. Summing in another order or in a higher precision
+passes; a biased, compressed (e.g. fp8 on the wire) or lossy answer does not."""
+
+FLOATS_TOLERANCE = """Floating outputs must satisfy |got - expected| <= atol + rtol * |expected| against the
+reference's outputs, element by element ({tolerances}), with NaN and inf in the same places ({note})."""
 
 HELPERS = """\
 ## Helpers your file may import (`pkb.kernels`)

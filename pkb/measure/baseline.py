@@ -49,13 +49,13 @@ def run_baseline(problems: Iterable, world_size: int, mode, profile: HardwarePro
                  cuda_graph: bool = False,
                  on_row: Callable[[BaselineRow], None] = lambda row: None) -> tuple[list[BaselineRow], list[Skipped]]:
     """Time each problem's reference at ``world_size`` in ``mode``; rows in suite order, and what was skipped."""
-    from pkb.evaluate.config import EvalConfig
+    from pkb.evaluate.config import config_from_options
     from pkb.evaluate.session import Session
     from pkb.evaluate.timing import perf_cases, time_reference
     from pkb.evaluate.verdicts import HarnessError
     from pkb.runtime.group import GroupFailure
 
-    config = EvalConfig(world_size=world_size, mode=mode, perf=True, timeout_s=timeout_s, cuda_graph=cuda_graph)
+    config = config_from_options({"perf": True, "timeout": timeout_s, "cuda_graph": cuda_graph}, world_size, mode)
     datasheet = get_profile(profile.based_on) if profile.calibrated and profile.based_on else None
     rows: list[BaselineRow] = []
     skipped: list[Skipped] = []

@@ -10,8 +10,12 @@ import sys
 from pathlib import Path
 
 
+BASELINE_TIMEOUT_S = 300.0  # `pkb baseline --timeout`'s default: one case's timing
+
+
 def add_commands(subparsers) -> None:
-    from pkb.options import MODES
+    from pkb.commands import add_option
+    from pkb.options import OPTIONS
 
     p = subparsers.add_parser("hardware", help="this machine as detected, the profile the roofline uses, all profiles")
     p.add_argument("--json", action="store_true")
@@ -24,11 +28,12 @@ def add_commands(subparsers) -> None:
 
     p = subparsers.add_parser("baseline", help="time every selected reference: busbw, %% of roofline, bound")
     p.add_argument("--problems", help="e.g. 1-8,12,allgather_gemm or a category; default: all")
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--mode", default="auto", choices=MODES)
+    add_option(p, OPTIONS["world_size"], default=2, help="ranks (default 2; 1 times the single-device probes)")
+    add_option(p, OPTIONS["mode"])
     p.add_argument("--profile", help="judge against this datasheet profile (default: calibrated for this machine if stored, "
                                      "else its datasheet profile; `cpu` in cpu mode)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds one case's timing may take")
+    add_option(p, OPTIONS["timeout"], default=BASELINE_TIMEOUT_S,
+               help=f"seconds one case's timing may take (default {BASELINE_TIMEOUT_S:g})")
     p.add_argument("--cuda-graph", action="store_true", help="in cuda mode: time CUDA-graph replays")
     p.add_argument("--out", help="also write the rows as JSON here, rewritten after every row (a cut run keeps its rows)")
     p.add_argument("--json", action="store_true")
@@ -103,6 +108,8 @@ def cmd_calibrate(args) -> int:
     from pkb.console import UsageError
     from pkb.measure.calibrate import CalibrationError, calibrate, print_summary, save_calibration
 
+    if args.out and Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} is a directory: give the JSON file's name")
     log = (lambda line: print(line, file=sys.stderr, flush=True))
     try:
         calibration = calibrate(log)
@@ -127,8 +134,8 @@ def cmd_baseline(args) -> int:
     from pkb.registry import select
     from pkb.runtime.modes import ModeUnavailable, choose_mode
 
-    if args.world_size < 1:
-        raise UsageError("--world-size must be >= 1")
+    if args.out and Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} is a directory: give the JSON file's name")
     problems = select(args.problems)
     if args.world_size == 1:  # no suite problem runs on one device; the machine probes do
         from pkb.measure.probes import COPY, GEMM

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 from pkb import protocol
+from pkb.commands import add_option
+from pkb.options import OPTIONS
 
 FORMATS = ("table", "json", "csv", "parquet")
 TABLES = ("rows", "metrics")
@@ -31,7 +33,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--problems", help="the selection the metrics are over, e.g. 1-8,12 or a category; default: upstream "
                    "(the paper's 87 problems; all adds pkb's own, beyond upstream)")
     p.add_argument("--mode", choices=("cpu", "cuda", "shared-gpu"), help="only results measured in this mode")
-    p.add_argument("--world-size", type=int, help="only results at this world size")
+    add_option(p, OPTIONS["world_size"], help="only results at this world size")
     p.add_argument("--dtype", choices=protocol.PRECISION_NAMES,
                    help="only results in this precision (default: all; a set's results in another precision than "
                         "bf16 are reported apart, as `SET [fp32]`)")
@@ -86,6 +88,12 @@ def cmd_report(args) -> int:
     if args.html:
         path = html.write(report, args.html, source=Path(db).name)
         print(f"HTML report: {path}", file=sys.stderr)
+        covered = sorted({r.problem for r in report.records if not r.is_reference})
+        if not args.problems and report.partial() and covered:
+            from pkb.registry import selection_text
+
+            print(f"  its sets cover part of the suite; to report only what was run: pkb report --problems "
+                  f"{selection_text(covered)} --html {args.html}", file=sys.stderr)
     return 0
 
 

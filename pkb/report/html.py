@@ -80,8 +80,8 @@ def render(report: Report, title: str = "pkb report", source: str = "") -> str:
             _figure(_strip(report, colors, "roofline-by-set"),
                     "% of roofline of each correct sample; the bar is the median"),
             _figure(_protocol_bars(report, colors),
-                    "pass@1 per category, in the suite: correct on the upstream cases (paper, solid) and on every "
-                    "case (pkb, light)"),
+                    "pass@1 per category with results, in the suite: the paper's verdict (upstream's inputs and "
+                    "rule, solid) and pkb's (its cases against the exact answer, light)"),
         ]) + "</div>"),
         _section("plots", "Speed", '<div class="plots">' + "".join([
             _figure(_fast_p_curves(report, colors),
@@ -121,7 +121,7 @@ def _header(report: Report, title: str, source: str) -> str:
             "leaderboard, plots and per-category table use it), and <b>covered</b>, the problems a set has a result "
             "for (the headline's first row of a set that covers part of the selection). A skipped sample (it needs "
             "what the mode lacks) is neither a pass nor a failure, and a problem whose every sample was skipped "
-            f"leaves the denominator.</p>{notes}"
+            f"leaves the denominator.</p>{notes}{_partial_note(report)}"
             '<nav><a href="#headline">headline</a> · <a href="#leaderboard">leaderboard</a> · '
             '<a href="#sets">by set</a> · <a href="#plots">plots</a> · '
             '<a href="#categories">categories</a> · <a href="#problems">problems</a></nav></header>')
@@ -260,13 +260,36 @@ def _strict_gap_table(report: Report) -> str:
     return f"<table>{head}{body}</table><ul class=\"note\">{legend}</ul>"
 
 
+def _covered_categories(report: Report) -> list[str]:
+    """The categories some group has a result in: a partial set's plots and per-category table show those."""
+    return [c for c in report.categories
+            if any(report.category_coverage(group, c).num_covered for group in report.groups)]
+
+
+def _partial_note(report: Report) -> str:
+    """What a report of partial sets leaves out, and the command that reports only what was run."""
+    partial = report.partial()
+    if not partial:
+        return ""
+    from pkb.registry import selection_text
+
+    covered = sorted({r.problem for r in report.records if not r.is_reference and r.group in report.groups})
+    left_out = [c for c in report.categories if c not in _covered_categories(report)]
+    said = f'<p class="note">{_e(", ".join(partial))} cover part of the {len(report.problems)} selected problems'
+    if left_out:
+        said += f"; categories without a result are left out of the plots and tables ({_e(', '.join(left_out))})"
+    if covered:
+        said += f". To report only what was run: <code>pkb report --problems {_e(selection_text(covered))} --html FILE</code>"
+    return said + ".</p>"
+
+
 def _category_table(report: Report) -> str:
     if not report.groups:
         return '<p class="note">No candidate results.</p>'
     head = ("<tr><th>category</th><th>group</th><th>covers</th><th>problems</th><th>attempted</th><th>pass@1 paper</th>"
             "<th>pass@1</th><th>fast_1</th><th>geomean speedup</th><th>median % roofline</th><th>failures</th></tr>")
     rows = []
-    for category in report.categories:
+    for category in _covered_categories(report):
         for group in report.groups:
             m = report.by_category[group][category]
             paper = report.paper_by_category[group][category]
@@ -565,7 +588,9 @@ def _protocol_bars(report: Report, colors: dict[str, str]) -> str:
     """Per category, per set: pass@1 on the paper's protocol (solid) beside pkb's (light)."""
     if not report.groups:
         return _NoPlot("protocols", "no candidate results")
-    categories = report.categories
+    categories = _covered_categories(report)
+    if not categories:
+        return _NoPlot("protocols", "no category has a result")
     frame = _Frame((0, len(categories)), (0, 1), names=list(categories))
     band = (frame.right - frame.left) / len(categories)
     width = band * 0.8 / (2 * len(report.groups))

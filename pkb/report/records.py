@@ -14,10 +14,10 @@ Groups never come from a file name's suffix. A result in another precision than 
 (``--dtype``) counts for its group with the precision added, ``my-set [fp32]``: a set's fp32 and bf16
 results are never pooled.
 
-Two verdicts per record (``Record.verdict(protocol)``): ``pkb`` is the stored status, strict on every
-checked case, and an ``ok`` only where the paper's is ``ok`` too; ``paper`` is the verdict on the upstream
-cases alone, the paper's protocol (``paper_status``), ``None`` when the row cannot tell (the upstream cases
-were not checked).
+Two verdicts per record (``Record.verdict(protocol)``), independent of each other: ``pkb`` is the stored status
+(pkb's cases on secret inputs, judged against the exact answer); ``paper`` is the paper's protocol on the upstream
+cases (upstream's inputs and rule: ``paper_status``), ``None`` when the row cannot tell (the upstream cases were
+not checked). Either may pass where the other fails.
 
 One row per sample counts: a sample is the generation's run and sample number when one is linked,
 else the solution name. Of several rows of a sample the latest counts (a rerun replaces the earlier
@@ -102,16 +102,9 @@ class Record:
         return self.result.status
 
     def verdict(self, protocol: str) -> Status | None:
-        """The verdict under ``protocol`` (``PROTOCOLS``); None when the row cannot tell.
-
-        The levels nest: pkb's ``ok`` is a pass only where the paper's verdict is ``ok`` too. An ``ok``
-        row whose upstream cases failed upstream's rule (stored before pkb's verdict required it) fails
-        pkb's protocol as it fails the paper's; one whose run left the upstream cases out is unknown on
-        both. So no sample passes pkb's protocol and not the paper's, and pkb's pass@k of a group is
-        never above the paper's (``pkb.report.metrics.check_nesting``)."""
-        if protocol == "paper" or self.result.status is not Status.OK or self.beyond_upstream:
-            return self.paper_status if protocol == "paper" else self.result.status
-        return self.paper_status
+        """The verdict under ``protocol`` (``PROTOCOLS``): pkb's, the stored status; the paper's, ``paper_status``
+        (None when the row cannot tell). The two are independent: neither implies the other."""
+        return self.paper_status if protocol == "paper" else self.result.status
 
     @property
     def is_reference(self) -> bool:
@@ -201,8 +194,10 @@ def _step_rank(record: Record) -> tuple:
 def paper_status(result: EvalResult, upstream_cases: frozenset[str] | None, recorded: bool = True) -> Status | None:
     """The verdict on the upstream cases alone (the paper's protocol), or None when the row cannot tell.
 
-    ``upstream_ok`` decides where the evaluator set it: True is ``ok`` whatever the stricter cases said,
-    False keeps the status (an upstream trial failed), ``mismatch`` where only upstream's rule failed. Where it is None: ``skipped``, ``harness_error`` and ``infra_error``
+    ``upstream_ok`` decides where the evaluator set it: True is ``ok`` whatever pkb's verdict said; False is what
+    the first failing upstream trial earned (``details["upstream"]["failed"]["status"]``; a row that failed before
+    any trial keeps its status, and ``mismatch`` stands in where neither says). Where it is None: ``skipped``,
+    ``harness_error`` and ``infra_error``
     stay what they are; a file that failed before any input ran (compile, import, signature) fails on
     the paper's inputs too, and so does any other failure of a row that ``recorded`` upstream_ok and
     had upstream cases among its ``cases`` (it stopped before the first upstream trial finished).
@@ -211,9 +206,12 @@ def paper_status(result: EvalResult, upstream_cases: frozenset[str] | None, reco
     """
     if result.upstream_ok is True:
         return Status.OK
-    if result.upstream_ok is False and result.status is Status.OK:  # only upstream's tolerance was missed
-        return Status.MISMATCH
-    if result.upstream_ok is False or result.status in (Status.SKIPPED, *_FAILS_ON_ANY_INPUTS) or not result.status.is_verdict:
+    if result.upstream_ok is False:
+        failed = (result.details.get("upstream") or {}).get("failed") or {}
+        if failed.get("status") in Status._value2member_map_:
+            return Status(failed["status"])
+        return result.status if result.status is not Status.OK else Status.MISMATCH
+    if result.status in (Status.SKIPPED, *_FAILS_ON_ANY_INPUTS) or not result.status.is_verdict:
         return result.status
     if result.status is not Status.OK and recorded and upstream_cases and set(result.cases) & upstream_cases:
         return result.status

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pkb.kernels.build import BuildError, cached_library, extension_name, import_extension
 from pkb.runtime.channel import recv_job, send_reply
+from pkb.runtime.messages import BuildRequest
 
 
 class BrokerClient:
@@ -26,7 +27,7 @@ class BrokerClient:
         full_name = extension_name(request)
         library = cached_library(self.cache_root, full_name)
         if not library.is_file():
-            self._send(self.conn, {"build": request})
+            self._send(self.conn, BuildRequest(build=request))
             answer = self._receive(self.conn)
             if answer.get("error"):
                 raise BuildError(answer["error"])

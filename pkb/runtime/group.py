@@ -25,9 +25,10 @@ from pathlib import Path
 import torch.distributed as dist
 
 from pkb.runtime.channel import ChannelError, recv_reply, send_job
+from pkb.runtime.messages import BuiltAnswer, exit_job
 from pkb.runtime.modes import Mode, worker_environment
 from pkb.runtime.proctree import asleep, children_by_parent, helpers_cpu_seconds
-from pkb.runtime.sandbox import remove_tree
+from pkb.runtime.sandbox import for_nodes, remove_tree
 from pkb.runtime.zygote import Zygote
 from pkb.topology import ENV as TOPOLOGY_ENV, Topology
 
@@ -157,6 +158,7 @@ class RankGroup:
         self.ranks: list[_Rank] = []
         self.store: dist.TCPStore | None = None
         self.jail: tuple[int, socket.socket] | None = None  # the jail's pid and control socket
+        self._rank_depth = 2  # in a sandbox: how far below the jail the ranks are
         self.scratch: str | None = None
         self.sandbox_status: dict | None = None  # what the ranks' sandbox enforces (from their start-up)
         self.ready = False
@@ -201,7 +203,8 @@ class RankGroup:
     def _spawn_jail(self, ranks: list[dict]) -> None:
         """Start ``ranks`` (worker_main or builder_main keyword arguments) in a sandbox of their own."""
         self.scratch = tempfile.mkdtemp(prefix="pkb-scratch-")
-        plan = self.plan_for(self.scratch)
+        plan = for_nodes(self.plan_for(self.scratch), self.topology.num_nodes)  # a domain of its own per node
+        self._rank_depth = 4 if plan.num_nodes > 1 else 2  # jail -> keeper (-> a node's two processes) -> ranks
         if plan.root:
             os.chown(self.scratch, plan.uid, plan.uid)
         log_paths = [str(self._log_dir / f"rank{rank}.log") for rank in range(len(ranks))]
@@ -333,8 +336,10 @@ class RankGroup:
     def _helpers_cpu_seconds(self) -> float:
         """CPU seconds used so far by the processes the ranks started (pkb.runtime.proctree)."""
         tree = children_by_parent()
-        if self.jail is not None:  # jail -> keeper -> ranks
-            ranks = [pid for keeper in tree.get(self.jail[0], []) for pid in tree.get(keeper, [])]
+        if self.jail is not None:  # jail -> keeper (-> each node's two first processes) -> ranks
+            ranks = [self.jail[0]]
+            for _ in range(self._rank_depth):
+                ranks = [child for pid in ranks for child in tree.get(pid, [])]
         else:
             ranks = [member.pid for member in self.ranks if member.pid is not None]
         return helpers_cpu_seconds(ranks, tree)
@@ -358,7 +363,7 @@ class RankGroup:
             answer = {"error": answer["error"]}
         try:
             with member.send_lock:
-                send_job(member.conn, {"op": "built", **answer})
+                send_job(member.conn, BuiltAnswer(op="built", **answer))
         except (OSError, ValueError):  # the group was killed while the build ran
             pass
 
@@ -410,7 +415,7 @@ class RankGroup:
             return
         for member in self.ranks:
             try:
-                send_job(member.conn, {"op": "exit"})
+                send_job(member.conn, exit_job())
             except OSError:
                 pass
         deadline = time.monotonic() + timeout

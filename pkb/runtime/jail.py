@@ -14,7 +14,9 @@ and its writes never fail for it. The parent asks for a ``flush`` before it read
 
 The keeper makes the private mounts, enters the sandbox (irreversibly), then forks the W ranks (or one
 build process) and hosts their rendezvous store; it never imports a candidate either, but it shares the
-candidates' domain.
+candidates' domain. On several virtual nodes it first forks, per node, a process that makes the node's own
+domain (its pid and mount namespaces, uid, Landlock domain: pkb.runtime.sandbox.NODE_PROTECTIONS) and forks
+the node's ranks; then the ranks of one node share a domain, and those of two nodes nothing but the network.
 """
 
 from __future__ import annotations
@@ -223,7 +225,9 @@ def _children(parent: int) -> list[int]:
 def keeper_main(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, namespaces: list[str], request: dict,
                 log_fds: list[int]) -> None:
     """Enter the sandbox, fork the group's processes (rank i's output to ``log_fds[i]``, a pipe to the jail),
-    host their store, reap them; never returns."""
+    host their store, reap them; never returns. On several virtual nodes (``plan.num_nodes``) the ranks are
+    forked by one process per node (``node_main``), each a domain of its own, forked before the keeper enters
+    its own (a sandboxed process can no longer make namespaces or mounts)."""
     sandbox.die_with_parent()
     ranks: list[dict] = request["ranks"]
     try:
@@ -235,17 +239,41 @@ def keeper_main(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, names
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         listener.listen(256)
+        if plan.num_nodes > 1:
+            _start_nodes(rank_ends, plan, namespaces, ranks, log_fds, listener)
+            rank_ends, log_fds = [], []  # the nodes hold them now
         status = sandbox.enter(plan, namespaces)
         sandbox.set_dumpable(True)  # the ranks may share memory handles with each other (pidfd_getfd)
     except Exception as exc:
-        message = f"the sandbox could not be set up: {exc}\n{traceback.format_exc(limit=-4)}"
-        for end in rank_ends:
-            send_reply(Connection(end.detach()), {"ready": False, "error": message})
+        _refuse(rank_ends, exc)
         os._exit(1)
     environment = sandbox.candidate_environment(plan, namespaces)
     os.chdir(plan.scratch)  # the working directory it inherited (perhaps the checkout) is not readable
-    port = listener.getsockname()[1]
-    for index, end in enumerate(rank_ends):
+    _fork_ranks(range(len(rank_ends)), rank_ends, ranks, log_fds, environment, listener, status)
+    store = None
+    if ranks[0].get("target", "worker") == "worker":
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", listener.getsockname()[1], len(ranks), True,
+                              timeout=timedelta(seconds=600), wait_for_workers=False, master_listen_fd=listener.fileno())
+    _reap_all()
+    del store
+    os._exit(0)
+
+
+def _refuse(rank_ends: list[socket.socket], exc: Exception) -> None:
+    """Tell each rank behind ``rank_ends`` that the sandbox could not be set up (no candidate code has run)."""
+    message = f"the sandbox could not be set up: {exc}\n{traceback.format_exc(limit=-4)}"
+    for end in rank_ends:
+        send_reply(Connection(end.detach()), {"ready": False, "error": message})
+
+
+def _fork_ranks(indices, rank_ends: list[socket.socket], ranks: list[dict], log_fds: list[int],
+                environment: dict[str, str], listener: socket.socket, status: sandbox.SandboxStatus) -> None:
+    """Fork rank ``indices[i]`` on ``rank_ends[i]`` (its output to ``log_fds[i]``), with ``environment``; then
+    close this process's copies of their ends."""
+    port = listener.getsockname()[1]  # the group's store (in the keeper)
+    for index, end, log_fd in zip(indices, rank_ends, log_fds):
         pid = os.fork()
         if pid == 0:
             sandbox.die_with_parent()
@@ -256,28 +284,84 @@ def keeper_main(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, names
             conn = Connection(end.detach())
             kwargs = {**ranks[index], "env_updates": {**ranks[index].get("env_updates", {}), **environment}}
             try:
-                _run_target(conn, kwargs, port, log_fds[index], status.to_dict())
+                _run_target(conn, kwargs, port, log_fd, status.to_dict())
             finally:
                 os._exit(1)
+    _close(rank_ends, log_fds)
+
+
+def _close(rank_ends: list[socket.socket], log_fds: list[int]) -> None:
+    """Close this process's copies of ranks' ends and log pipes (a rank's end held elsewhere would hide its death)."""
     for end in rank_ends:
         end.close()
     for fd in log_fds:
         os.close(fd)
-    store = None
-    if ranks[0].get("target", "worker") == "worker":
-        import torch.distributed as dist
 
-        store = dist.TCPStore("127.0.0.1", port, len(ranks), True, timeout=timedelta(seconds=600),
-                              wait_for_workers=False, master_listen_fd=listener.fileno())
-    while True:  # reap the ranks (and, as pid 1 of a pid namespace, whatever is orphaned in it)
+
+def _start_nodes(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, namespaces: list[str], ranks: list[dict],
+                 log_fds: list[int], listener: socket.socket) -> None:
+    """Fork each node's first process (``node_main``), in a pid namespace of its own where the group has one;
+    close this process's copies of the ranks' ends.
+
+    A new pid namespace takes effect for the children of the process that makes it, so each node has a process
+    between the keeper and its first one, which waits for it: each dies with its parent (PR_SET_PDEATHSIG, set
+    while the parent is sure to be alive), and nothing but the node's own processes holds its ranks' ends (the
+    parent sees a rank that dies)."""
+    per_node = len(ranks) // plan.num_nodes
+    for node in range(plan.num_nodes):
+        mine = range(node * per_node, (node + 1) * per_node)
+        if os.fork() == 0:
+            try:
+                sandbox.die_with_parent()
+                own_pids = sandbox.node_pid_namespace(plan, namespaces)
+                first = os.fork()
+                if first == 0:
+                    for index, end in enumerate(rank_ends):
+                        if index not in mine:
+                            end.close()
+                            os.close(log_fds[index])
+                    node_main(node, mine, [rank_ends[i] for i in mine], plan, namespaces, ranks,
+                              [log_fds[i] for i in mine], listener, own_pids)
+                _close(rank_ends, log_fds)
+                listener.close()
+                os.waitpid(first, 0)
+            finally:
+                os._exit(0)
+    _close(rank_ends, log_fds)
+
+
+def node_main(node: int, indices: range, rank_ends: list[socket.socket], plan: sandbox.SandboxPlan,
+              namespaces: list[str], ranks: list[dict], log_fds: list[int], listener: socket.socket,
+              own_pids: bool) -> None:
+    """A virtual node's first process: set up the node's domain, enter it, fork its ranks and reap them; never
+    returns. Pid 1 of the node's pid namespace where it has one (when it dies, so does every process of the node)."""
+    sandbox.die_with_parent()
+    try:
+        mine = sandbox.node_plan(plan, node)
+        done = sandbox.prepare_node(mine, node, namespaces, own_pids)
+        status = sandbox.enter(mine, namespaces)
+        status.nodes = sandbox.node_status(mine, status, done)
+        sandbox.set_dumpable(True)  # the node's ranks may share memory handles with each other (pidfd_getfd)
+    except Exception as exc:
+        _refuse(rank_ends, exc)
+        os._exit(1)
+    os.chdir(mine.scratch)
+    _fork_ranks(indices, rank_ends, ranks, log_fds, sandbox.candidate_environment(mine, namespaces, node=node),
+                listener, status)
+    listener.close()
+    _reap_all()
+    os._exit(0)
+
+
+def _reap_all() -> None:
+    """Reap the children (and, as pid 1 of a pid namespace or a subreaper, whatever is orphaned below) until none is left."""
+    while True:
         try:
             os.wait()
         except ChildProcessError:
-            break
+            return
         except InterruptedError:
             continue
-    del store
-    os._exit(0)
 
 
 def _run_target(conn: Connection, kwargs: dict, port: int, log_fd: int, status: dict) -> None:

@@ -11,30 +11,10 @@ Times measured in ``cpu`` and ``shared-gpu`` modes are not GPU performance; resu
 
 from __future__ import annotations
 
-import enum
 import os
 from dataclasses import dataclass
 
-
-class Mode(str, enum.Enum):
-    CPU = "cpu"
-    CUDA = "cuda"
-    SHARED_GPU = "shared-gpu"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def backend(self) -> str:
-        return "nccl" if self is Mode.CUDA else "gloo"
-
-    @property
-    def uses_gpu(self) -> bool:
-        return self is not Mode.CPU
-
-    @property
-    def times_are_gpu_performance(self) -> bool:
-        return self is Mode.CUDA
+from pkb.options import Mode  # declared with the options (importable without torch); the machine's side is here
 
 
 class ModeUnavailable(RuntimeError):

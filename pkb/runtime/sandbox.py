@@ -31,11 +31,27 @@ What is enforced, each on its own so that a kernel that lacks one still gets the
   size-bounded scratch directory (tmpfs).
 - ``rlimits``: a process limit (fork bombs), a file-size limit, no core files; in cpu mode a data
   limit (memory hogs); the OOM killer picks candidate processes first.
+
+On several virtual nodes (pkb.topology) each node is a sandbox domain of its own inside the evaluation's,
+so that nothing reaches another node's memory but the network (docs/topology.md, ``NODE_PROTECTIONS``):
+
+    jail ── keeper (the group's namespaces, its store) ── node 0 ── its first process (pid 1 of ── its ranks
+                                                      │             its own pid namespace)
+                                                      └─ node 1 ── ...
+
+Each node has its own scratch directory, temporary directory and ``NCCL_HOSTID`` always, and where the
+machine allows: its own Landlock domain (``node-landlock``: ptrace, ``/proc/PID/fd``, ``pidfd_getfd``,
+signals and abstract sockets stop at the node), its own uid (``node-uid``: the CUDA driver hands a legacy
+IPC handle's memory to a client of the same user only, as its security-token share policy reads), its own
+pid namespace (``node-pid-namespace``: another node's processes cannot be named) and its own mount namespace
+(``node-mount-namespace``: its own /dev/shm and /proc, its scratch a tmpfs no other node sees). The nodes
+share the group's network namespace: gloo and NCCL reach each other over its loopback.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import functools
 import glob
@@ -47,6 +63,7 @@ import struct
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +81,17 @@ PROTECTIONS = {
     "mount-namespace": "a private /proc and /dev/shm, a size-bounded scratch directory",
     "rlimits": "process, file-size and core limits; the OOM killer picks candidates first",
 }
+
+# Between the virtual nodes of one evaluation (``SandboxStatus.nodes``; recorded only on several nodes)
+NODE_PROTECTIONS = {
+    "node-landlock": "each node its own Landlock domain: no ptrace, /proc/PID/fd, pidfd_getfd, signal or abstract "
+                     "socket reaches another node; writes only in its own scratch directory",
+    "node-uid": "each node its own uid: another node's processes, files and CUDA IPC handles are another user's",
+    "node-pid-namespace": "each node its own pid namespace: another node's processes cannot be named (pidfd_open, "
+                          "/proc, torch's pid-named fd channel)",
+    "node-mount-namespace": "each node its own /dev/shm, /proc and scratch tmpfs, invisible to the others",
+}
+NODE_SKIPPABLE = ("node-uid", "node-pid-namespace", "node-mount-namespace")  # PKB_SANDBOX_SKIP may name these
 
 # Landlock (include/uapi/linux/landlock.h)
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same on every architecture
@@ -115,13 +143,17 @@ class SandboxStatus:
     level: str
     enforced: list[str] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)
+    nodes: dict | None = None  # on several nodes: {"count", "enforced", "missing"} of NODE_PROTECTIONS
 
     @property
     def full(self) -> bool:
-        return self.level != "off" and not self.missing and set(self.enforced) >= set(PROTECTIONS)
+        return (self.level != "off" and not self.missing and set(self.enforced) >= set(PROTECTIONS)
+                and not (self.nodes or {}).get("missing"))
 
     def to_dict(self) -> dict:
-        return {"level": self.level, "full": self.full, "enforced": list(self.enforced), "missing": dict(self.missing)}
+        described = {"level": self.level, "full": self.full, "enforced": list(self.enforced),
+                     "missing": dict(self.missing)}
+        return {**described, "nodes": self.nodes} if self.nodes is not None else described
 
     @classmethod
     def off(cls) -> "SandboxStatus":
@@ -132,9 +164,9 @@ class SandboxStatus:
         if self.level == "off":
             return "off (candidates run unconfined: for debugging only)"
         if self.full:
-            return f"{self.level} (full: {', '.join(self.enforced)})"
-        missing = "; ".join(f"{name} ({why})" for name, why in self.missing.items())
-        return f"{self.level} (partial; missing: {missing})"
+            return f"{self.level} (full: {', '.join(self.enforced + (self.nodes or {}).get('enforced', []))})"
+        missing = {**self.missing, **(self.nodes or {}).get("missing", {})}
+        return f"{self.level} (partial; missing: {'; '.join(f'{name} ({why})' for name, why in missing.items())})"
 
 
 # -- what the kernel offers ---------------------------------------------------------------------------
@@ -270,6 +302,8 @@ class SandboxPlan:
     max_data_bytes: int | None  # cpu mode only (GPU drivers map large private regions)
     namespaces: dict[str, str | None]  # offered namespaces (None) or why not
     skip: tuple[str, ...] = ()  # protections left out on purpose (PKB_SANDBOX_SKIP, for diagnosis)
+    num_nodes: int = 1  # the virtual nodes its ranks are split into, each a domain of its own (``for_nodes``)
+    node_uids: tuple[int, ...] = ()  # each node's uid when pkb is root
 
     @property
     def root(self) -> bool:
@@ -294,9 +328,10 @@ def skipped_protections() -> tuple[str, ...]:
     """The protections ``PKB_SANDBOX_SKIP`` (comma-separated names) leaves out: for finding which one
     breaks something on a new machine. Every result says what was left out and why."""
     names = tuple(n.strip() for n in os.environ.get("PKB_SANDBOX_SKIP", "").split(",") if n.strip())
-    unknown = [n for n in names if n not in PROTECTIONS]
+    known = (*PROTECTIONS, *NODE_SKIPPABLE)
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"PKB_SANDBOX_SKIP names unknown protections {unknown}; known: {', '.join(PROTECTIONS)}")
+        raise ValueError(f"PKB_SANDBOX_SKIP names unknown protections {unknown}; known: {', '.join(known)}")
     return names
 
 
@@ -328,6 +363,10 @@ def _readable_paths(search_path: tuple[str, ...], variables: tuple[str, ...], cw
     paths |= {os.path.realpath(p) for p in paths} | _link_targets(search_path)  # Landlock sees the real paths
     home = Path.home().resolve()
     paths = {p for p in paths if os.path.isabs(p) and Path(p).resolve() not in (home, checkout, Path("/"))}
+    # never the temporary directory or a folder above it (a script run from /tmp puts /tmp on sys.path): the
+    # evaluations' scratch directories, and a group's nodes' without a mount namespace, are made there
+    temporary = Path(tempfile.gettempdir()).resolve()
+    paths = {p for p in paths if Path(p).resolve() not in (temporary, *temporary.parents)}
     paths |= set(extra)
     return tuple(sorted(p for p in paths if os.path.exists(p)))
 
@@ -348,6 +387,122 @@ def _link_targets(folders) -> set[str]:
 def device_paths() -> list[str]:
     """The device files candidates may open and ioctl: the GPU's and the null/zero/random ones."""
     return [p for p in (*DEVICES, *sorted(glob.glob("/dev/nvidia*"))) if os.path.exists(p)]
+
+
+# -- virtual nodes: a domain of its own for each ------------------------------------------------------
+
+
+def for_nodes(plan: SandboxPlan, num_nodes: int) -> SandboxPlan:
+    """``plan`` for a group whose ranks are ``num_nodes`` virtual nodes: a uid for each node (when root), and
+    no IMEX channel (``/dev/nvidia-caps-imex-channels``): its fabric handles are plain bytes that any process
+    with a channel may import, the way multi-node NVLink shares memory between real nodes, which the
+    machines pkb models (one NVLink domain per node) do not have."""
+    if num_nodes <= 1:
+        return plan
+    uids = tuple(_fresh_uids(num_nodes, avoid=plan.uid)) if plan.root else ()
+    return dataclasses.replace(plan, num_nodes=num_nodes, node_uids=uids,
+                               devices=[path for path in plan.devices if "imex" not in path])
+
+
+def _fresh_uids(count: int, avoid: int | None) -> list[int]:
+    uids: list[int] = []
+    while len(uids) < count:
+        uid = CANDIDATE_UIDS[0] + secrets.randbelow(CANDIDATE_UIDS[1])
+        if uid != avoid and uid not in uids:
+            uids.append(uid)
+    return uids
+
+
+def node_scratch(scratch: str, node: int) -> str:
+    """Node ``node``'s private directory inside the group's scratch directory (its name holds a '-': not importable)."""
+    return f"{scratch}/pkb-node-{node}"
+
+
+def node_plan(plan: SandboxPlan, node: int) -> SandboxPlan:
+    """The plan node ``node`` of ``plan`` enters: its own scratch directory and uid, its share of the group's
+    scratch space and process limit."""
+    uid = plan.node_uids[node] if plan.root and "node-uid" not in plan.skip else plan.uid
+    return dataclasses.replace(plan, scratch=node_scratch(plan.scratch, node), uid=uid,
+                               scratch_bytes=max(64 << 20, plan.scratch_bytes // plan.num_nodes),
+                               max_processes=max(256, plan.max_processes // plan.num_nodes))
+
+
+def node_pid_namespace(plan: SandboxPlan, namespaces: list[str]) -> bool:
+    """In the process that forks a node's first one: a new pid namespace for the node's processes, where the
+    group has one (root); whether it was made."""
+    if "pid-namespace" not in namespaces or "node-pid-namespace" in plan.skip:
+        return False
+    return _libc.unshare(CLONE_NEWPID) == 0
+
+
+def prepare_node(plan: SandboxPlan, node: int, namespaces: list[str], own_pids: bool) -> list[str]:
+    """In a node's first process (``plan``: the node's, from ``node_plan``), still privileged: its own mount
+    namespace where the group has one (a private /dev/shm, a /proc of its own pid namespace, its scratch a
+    tmpfs the other nodes never see), its scratch layout owned by its uid, and its pids numbered apart from
+    the other nodes' (``own_pids``: it is pid 1 of a pid namespace of its own). Returns the names of the
+    node protections it set up (``NODE_PROTECTIONS``); ``node_status`` says the rest."""
+    done = ["node-pid-namespace"] if own_pids else []
+    os.makedirs(plan.scratch, exist_ok=True)
+    if "mount-namespace" in namespaces and "node-mount-namespace" not in plan.skip and _libc.unshare(CLONE_NEWNS) == 0:
+        _mount_private(plan, proc=own_pids, whose="the node's")
+        done.append("node-mount-namespace")
+    if own_pids and "node-mount-namespace" in done:
+        _number_pids_from(node * _pid_stride(plan.num_nodes))
+    elif not own_pids:
+        become_subreaper()  # its ranks' orphans come back to it, not to the group's keeper
+    for folder in (plan.scratch, *scratch_dirs(plan.scratch).values()):
+        os.makedirs(folder, exist_ok=True)
+        if plan.root:
+            os.chown(folder, plan.uid, plan.uid)
+    if plan.root:
+        os.chmod(plan.scratch, 0o700)
+    return done
+
+
+def _pid_stride(num_nodes: int) -> int:
+    try:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        pid_max = 32768
+    return max(1000, min(1_000_000, pid_max // (num_nodes + 1)))
+
+
+def _number_pids_from(last: int) -> None:
+    """The next process of this pid namespace gets pid ``last`` + 1: two nodes' ranks never share a pid number,
+    so a socket named after a peer's pid (torch's symmetric memory names its fd channel so) is never another
+    node's rank's. A convenience: isolation holds without it."""
+    if last <= 1:
+        return
+    try:
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(last))
+    except OSError:
+        pass
+
+
+def node_status(plan: SandboxPlan, entered: SandboxStatus, done: list[str]) -> dict:
+    """``SandboxStatus.nodes`` of a node that set up ``done`` (``prepare_node``) and entered ``entered``."""
+    enforced, missing = list(done), {}
+    if {"landlock-fs", "landlock-scopes"} <= set(entered.enforced):
+        enforced.append("node-landlock")
+    else:
+        missing["node-landlock"] = ("needs landlock-fs and landlock-scopes: "
+                                    + "; ".join(f"{name}: {entered.missing.get(name, 'left out')}"
+                                                for name in ("landlock-fs", "landlock-scopes")
+                                                if name not in entered.enforced))
+    if plan.root and "node-uid" not in plan.skip:
+        enforced.append("node-uid")
+    for name in NODE_PROTECTIONS:
+        if name in enforced or name in missing:
+            continue
+        if name in plan.skip:
+            missing[name] = "left out by PKB_SANDBOX_SKIP"
+        elif name == "node-uid":
+            missing[name] = NOT_ROOT
+        else:
+            namespace = name.removeprefix("node-")
+            missing[name] = plan.namespaces.get(namespace) or "could not be created"
+    return {"count": plan.num_nodes, "enforced": sorted(enforced, key=list(NODE_PROTECTIONS).index),
+            "missing": missing}
 
 
 PR_SET_DUMPABLE = 4
@@ -415,14 +570,7 @@ def unshare_namespaces(plan: SandboxPlan) -> list[str]:
 def prepare_keeper(plan: SandboxPlan, namespaces: list[str]) -> None:
     """In the keeper, still privileged: private mounts, loopback up, scratch layout, OOM preference."""
     if "mount-namespace" in namespaces:
-        _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make mounts private")
-        owner = f",uid={plan.uid},gid={plan.uid}" if plan.root else ""
-        _check(_libc.mount(b"tmpfs", plan.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
-                           f"size={plan.scratch_bytes},mode=0700{owner}".encode()), "mount the scratch tmpfs")
-        _check(_libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV,
-                           f"size={plan.shm_bytes},mode=1777".encode()), "mount a private /dev/shm")
-        if "pid-namespace" in namespaces:
-            _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+        _mount_private(plan, proc="pid-namespace" in namespaces, whose="the group's")
     if "network-namespace" in namespaces:
         _loopback_up()
     for sub in scratch_dirs(plan.scratch).values():
@@ -430,6 +578,19 @@ def prepare_keeper(plan: SandboxPlan, namespaces: list[str]) -> None:
         if plan.root:
             os.chown(sub, plan.uid, plan.uid)
     Path("/proc/self/oom_score_adj").write_text("1000")
+
+
+def _mount_private(plan: SandboxPlan, proc: bool, whose: str) -> None:
+    """In a new mount namespace: its mounts private, ``plan.scratch`` a size-bounded tmpfs of ``plan.uid``'s, a
+    /dev/shm of its own and, with ``proc``, a /proc of this process's pid namespace."""
+    _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), f"make {whose} mounts private")
+    owner = f",uid={plan.uid},gid={plan.uid}" if plan.root else ""
+    _check(_libc.mount(b"tmpfs", plan.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                       f"size={plan.scratch_bytes},mode=0700{owner}".encode()), f"mount {whose} scratch tmpfs")
+    _check(_libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV,
+                       f"size={plan.shm_bytes},mode=1777".encode()), f"mount {whose} /dev/shm")
+    if proc:
+        _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), f"mount {whose} /proc")
 
 
 def scratch_dirs(scratch: str) -> dict[str, str]:
@@ -443,13 +604,17 @@ def scratch_dirs(scratch: str) -> dict[str, str]:
         ("PKB_CANDIDATE_DIR", "candidate"))}
 
 
-def candidate_environment(plan: SandboxPlan, namespaces: list[str]) -> dict[str, str]:
+def candidate_environment(plan: SandboxPlan, namespaces: list[str], node: int | None = None) -> dict[str, str]:
     """What a sandboxed process's environment gets: caches and temporary files in its scratch directory,
-    gloo and NCCL on the private loopback when there is one."""
+    gloo and NCCL on the private loopback when there is one. On virtual nodes (``node``: the process's),
+    ``NCCL_HOSTID`` names its node: NCCL takes ranks of different nodes for different hosts and joins them
+    through its network transport, never through the peer memory or host memory a node does not share."""
     env = {**scratch_dirs(plan.scratch), "PYTHONDONTWRITEBYTECODE": "1", "USER": "pkb-candidate",
            "LOGNAME": "pkb-candidate"}
     if "network-namespace" in namespaces:
         env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
+    if node is not None:
+        env["NCCL_HOSTID"] = f"pkb-{os.path.basename(os.path.dirname(plan.scratch))}-node{node}"
     return env
 
 
@@ -488,7 +653,8 @@ def enter(plan: SandboxPlan, namespaces: list[str]) -> SandboxStatus:
         _install_seccomp()
         status.enforced.append("seccomp")
     for name in plan.skip:
-        status.missing[name] = "left out by PKB_SANDBOX_SKIP"
+        if name in PROTECTIONS:  # the node protections are the nodes' to say (``node_status``)
+            status.missing[name] = "left out by PKB_SANDBOX_SKIP"
     status.enforced = sorted(set(status.enforced) - set(plan.skip), key=list(PROTECTIONS).index)
     return status
 

@@ -1,13 +1,9 @@
 """The rank process: joins the process group once, then runs jobs from the parent until told to exit.
 
-Jobs (dicts from the parent):
-  {"op": "load", "problem": module ref, "candidate": path | None}   import the problem, and the candidate
-  {"op": "run", "case": name, "precision": "bf16", "seeds": (rank, shared seed)} build inputs, call, return outputs
-  {"op": "time_prepare" | "time_refresh" | "time_repeat" | "time_finish" | "time_outputs", ...}  timing
-                                                              (pkb.runtime.timed_loop.TimedLoop)
-  {"op": "exit"}
-Replies carry plain data only (pkb.runtime.channel). The worker never decides a verdict: it reports
-what happened, and the parent compares and judges.
+The jobs and replies are declared in pkb.runtime.messages: ``load`` (the problem and the candidate), ``run`` (a
+case's inputs, the call, the outputs: pkb's values, upstream's, or on a reference rank the exact answer), the
+timing steps (pkb.runtime.timed_loop.TimedLoop) and ``exit``. Replies carry plain data only (pkb.runtime.channel).
+The worker never decides a verdict: it reports what happened, and the parent compares and judges.
 """
 
 from __future__ import annotations
@@ -25,13 +21,20 @@ from multiprocessing.connection import Connection
 import torch
 import torch.distributed as dist
 
-from pkb.runtime.timed_loop import TimedLoop
-from pkb.problem import make_generator
+from pkb.runtime.messages import (LoadJob, Ready, Reply, RunJob, TimeOutputsJob, TimePrepareJob, TimeRefreshJob,
+                                  TimeStepJob)
+from pkb.runtime.timed_loop import TimedLoop, input_bytes
+from pkb.problem import make_generator, raised
 from pkb.runtime import gloo_bridge
 from pkb.runtime.channel import recv_job, send_reply, to_plain
 from pkb.runtime.guards import HarnessImportBlocker, PeerMemoryFence, StockCallRecorder, snapshot_harness, tampered
 from pkb.runtime.modes import Mode
 from pkb.topology import Topology
+
+
+# The most a rank's inputs may take raised to the exact answer's dtype; larger cases (upstream's 57 GB table of problem
+# 68, model-sized benchmarks) get no exact answer, and the parent judges them against the reference by the tolerance.
+EXACT_MAX_BYTES = 2 << 30
 
 
 class Worker:
@@ -69,7 +72,7 @@ class Worker:
 
     # -- jobs ---------------------------------------------------------------------------------------
 
-    def load(self, job: dict) -> dict:
+    def load(self, job: LoadJob) -> Reply:
         """Import the problem (``module`` or ``module:ATTR``, default attribute PROBLEM) and the candidate.
 
         In a candidate group, the stock collectives are wrapped first (to record which ones the
@@ -79,7 +82,7 @@ class Worker:
         self.problem = load_problem(job["problem"])
         self.solution = None
         if self.role != "candidate":
-            return {"status": "ok"}
+            return Reply(status="ok")
         problem_module = sys.modules[self.problem.reference.__module__]
         self.recorder.install(problem_module if job.get("candidate") else None)
         if self.boundary is not None and self.snapshot is None:
@@ -87,38 +90,36 @@ class Worker:
         self.snapshot = snapshot_harness(sys.modules[__name__], fence=self.boundary is not None)
         self.import_blocker.install()
         if job.get("candidate") is None:  # the reference, run as a candidate (self-check)
-            return {"status": "ok"}
+            return Reply(status="ok")
         try:
             self.solution = _import_candidate(_candidate_copy(job), self.problem.argument_names)
         except CandidateError as exc:
-            return self.guarded({"status": exc.status, "error": str(exc)})
-        return self.guarded({"status": "ok"})
+            return self.guarded(Reply(status=exc.status, error=str(exc)))
+        return self.guarded(Reply(status="ok"))
 
-    def guarded(self, reply: dict) -> dict:
+    def guarded(self, reply: Reply) -> Reply:
         """``reply``, unless the candidate has tampered with the harness since it was loaded."""
         if self.snapshot is None:
             return reply
         changed = tampered(self.snapshot) + [f"import {name}" for name in self.import_blocker.attempts]
         if changed:
-            return {"status": "tampered", "error": "the candidate changed or reached into the harness: "
-                                                   + ", ".join(changed)}
+            return Reply(status="tampered", error="the candidate changed or reached into the harness: " + ", ".join(changed))
         if self.boundary is not None and (self.boundary.refusals or self.boundary.unavailable):
             return self.fenced()
-        return {**reply, "collectives_used": sorted(self.recorder.used)}
+        return Reply(reply, collectives_used=sorted(self.recorder.used))
 
-    def fenced(self) -> dict:
+    def fenced(self) -> Reply:
         """The reply of a rank whose candidate asked for peer memory across nodes (``forbidden``), or for
         NVSHMEM where this mode cannot give it (``skipped``) (pkb.runtime.guards.PeerMemoryFence)."""
         if self.boundary.refusals:
-            return {"status": "forbidden", "error": self.boundary.refusals[0]}
-        return {"status": "skipped", "error": self.boundary.unavailable[0]}
+            return Reply(status="forbidden", error=self.boundary.refusals[0])
+        return Reply(status="skipped", error=self.boundary.unavailable[0])
 
-    def failed(self, exc: Exception) -> dict:
+    def failed(self, exc: Exception) -> Reply:
         """The reply of a job that raised ``exc``."""
         if self.boundary is not None and (self.boundary.refusals or self.boundary.unavailable):
             return self.fenced()
-        return {"status": "runtime_error", "error": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(limit=-12)}
+        return Reply(status="runtime_error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=-12))
 
     def call(self, inputs: tuple) -> tuple:
         """(outputs, the inputs as called): the candidate's (recorded), or the reference's. The reference
@@ -137,38 +138,65 @@ class Worker:
         inputs = self.problem.make_inputs(case, self.rank, self.world_size, make_generator(*seeds, self.device))
         return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
-    def run(self, job: dict) -> dict:
-        outputs, inputs = self.call(self.make_inputs(job["case"], job["seeds"], job["precision"], job.get("nodes")))
+    def upstream_inputs(self, case_name: str, trial: int, precision: str) -> tuple:
+        """Upstream's own values of an upstream case for this rank in ``trial`` (the paper's verdict)."""
+        case = self.problem.find_case(case_name, precision)
+        return self.problem.upstream_values(case, self.rank, self.world_size, trial, self.device)
+
+    def run(self, job: RunJob) -> Reply:
+        if job.get("trial") is not None:
+            inputs = self.upstream_inputs(job["case"], job["trial"], job["precision"])
+        else:
+            inputs = self.make_inputs(job["case"], job["seeds"], job["precision"], job.get("nodes"))
+        if job.get("exact"):
+            if self.role != "reference" or self.problem.exact_dtype is None:
+                raise ValueError(f"the exact answer is the trusted reference's, of a problem that has one ({self.role})")
+            too_large = self._too_large_to_raise(inputs)
+            if too_large:
+                return Reply(status="ok", exact_unavailable=too_large)
+            inputs = raised(inputs, self.problem.exact_dtype)
+        outputs, inputs = self.call(inputs)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dist.barrier()
         sample_seed = job.get("sample_seed")
-        return self.guarded({"status": "ok", "outputs": to_plain(outputs, sample_seed=sample_seed),
-                             "inputs_after": to_plain(list(inputs), sample_seed=sample_seed)})
+        return self.guarded(Reply(status="ok", outputs=to_plain(outputs, sample_seed=sample_seed),
+                                  inputs_after=to_plain(list(inputs), sample_seed=sample_seed)))
 
-    def time_prepare(self, job: dict) -> dict:
+    def _too_large_to_raise(self, inputs: tuple) -> str | None:
+        """Why no rank computes the exact answer (every rank agrees: the largest rank's inputs decide), or None."""
+        scale = self.problem.exact_dtype.itemsize / 2  # at most: bf16 raised to it
+        size = int(input_bytes(inputs) * scale)
+        largest = torch.tensor([size], dtype=torch.int64, device=self.device if self.mode.backend == "nccl" else "cpu")
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        if int(largest) <= EXACT_MAX_BYTES:
+            return None
+        return (f"the inputs raised to {str(self.problem.exact_dtype).removeprefix('torch.')} would take up to "
+                f"{int(largest) / (1 << 30):.1f} GiB on a rank (more than {EXACT_MAX_BYTES >> 30} GiB)")
+
+    def time_prepare(self, job: TimePrepareJob) -> Reply:
         case, precision, nodes = self.problem.find_case(job["case"]), job["precision"], job.get("nodes")
         fn = (lambda *inputs: self.call(inputs)[0])
         self.timed = TimedLoop(fn, lambda seeds: self.make_inputs(case.name, seeds, precision, nodes), job["seeds"],
                                self.device)
-        return {"status": "ok", **self.timed.prepare(**job["protocol"])}
+        return Reply(status="ok", **self.timed.prepare(**job["protocol"]))
 
-    def time_refresh(self, job: dict) -> dict:
+    def time_refresh(self, job: TimeRefreshJob) -> Reply:
         if self.timed.graph is None:  # a captured graph keeps its inputs
             self.timed.refresh(job["round"])
-        return {"status": "ok"}
+        return Reply(status="ok")
 
-    def time_repeat(self, job: dict) -> dict:
-        return {"status": "ok", **self.timed.repeat()}
+    def time_repeat(self, job: TimeStepJob) -> Reply:
+        return Reply(status="ok", **self.timed.repeat())
 
-    def time_finish(self, job: dict) -> dict:
-        return self.guarded({"status": "ok", **self.timed.finish()})
+    def time_finish(self, job: TimeStepJob) -> Reply:
+        return self.guarded(Reply(status="ok", **self.timed.finish()))
 
-    def time_outputs(self, job: dict) -> dict:
+    def time_outputs(self, job: TimeOutputsJob) -> Reply:
         """The last output computed on each input copy, for the parent to check against the reference."""
         timed, self.timed = self.timed, None
         outputs = timed.outputs()
-        return self.guarded({"status": "ok", "outputs": to_plain(outputs, sample_seed=job["sample_seed"])})
+        return self.guarded(Reply(status="ok", outputs=to_plain(outputs, sample_seed=job["sample_seed"])))
 
 
 def _fence(role: str, mode: Mode, topology: Topology) -> PeerMemoryFence | None:
@@ -277,9 +305,9 @@ def worker_main(conn: Connection, rank: int, world_size: int, mode: str, store_p
         worker = Worker(rank, world_size, Mode(mode), role)
         worker.join(store_port)
     except Exception:
-        send_reply(conn, {"ready": False, "error": traceback.format_exc(limit=-4)})
+        send_reply(conn, Ready(ready=False, error=traceback.format_exc(limit=-4)))
         return
-    send_reply(conn, {"ready": True, "device": str(worker.device), "pid": os.getpid(), "sandbox": sandbox})
+    send_reply(conn, Ready(ready=True, device=str(worker.device), pid=os.getpid(), sandbox=sandbox))
     handlers = {"load": worker.load, "run": worker.run, "time_prepare": worker.time_prepare,
                 "time_refresh": worker.time_refresh, "time_repeat": worker.time_repeat, "time_finish": worker.time_finish,
                 "time_outputs": worker.time_outputs}

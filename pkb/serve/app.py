@@ -2,9 +2,11 @@
 
     POST /v1/evaluations[?wait=S]        an EvaluationRequest (pkb.options: the options of ``pkb eval``, the candidate as text):
                                          200 with the verdict when it finishes within S seconds, else 202
-                                         with the job's id; 429 when the queue is full
-    GET  /v1/evaluations/{id}[?wait=S]   the job: state (queued, running, done) and, when done, the result
-                                         (the JSON of ``pkb eval --json``)
+                                         with the evaluation's id; 400 for a request that cannot run as asked
+                                         (a body that is not UTF-8 JSON, an option out of range); 429 when the
+                                         queue is full
+    GET  /v1/evaluations/{id}[?wait=S]   the evaluation: state (queued, running, done) and, when done, the
+                                         result (the JSON of ``pkb eval --json``)
     GET  /v1/problems                    every problem: name, number, category, world sizes, precisions
     GET  /v1/problems/{id}               one problem: its reference, cases (with tags) and cost per case
     GET  /v1/problems/{id}/prompt        what ``pkb prompt`` builds (?backend=&world_size=&nodes=&dtype=&hardware=)
@@ -57,6 +59,8 @@ def create_app(service: EvaluationService, token: str | None = None) -> Starlett
 
     async def submit(http: HttpRequest) -> Response:
         declared = http.headers.get("content-length")
+        if declared is not None and not declared.strip().isdigit():
+            raise RequestError(f"Content-Length {declared!r} is not a number of bytes")
         if declared is not None and int(declared) > MAX_BODY_BYTES:
             return _json({"error": f"the body is over {MAX_BODY_BYTES} bytes"}, 413)
         body = bytearray()
@@ -65,22 +69,24 @@ def create_app(service: EvaluationService, token: str | None = None) -> Starlett
             if len(body) > MAX_BODY_BYTES:
                 return _json({"error": f"the body is over {MAX_BODY_BYTES} bytes"}, 413)
         try:
-            payload = json.loads(body or b"null")
+            payload = json.loads(bytes(body).decode("utf-8") if body else "null")
+        except UnicodeDecodeError as exc:
+            raise RequestError(f"the body is not UTF-8 text (byte {exc.start}): send JSON encoded as UTF-8") from None
         except json.JSONDecodeError as exc:
             raise RequestError(f"the body is not JSON: {exc}") from None
         try:
             request = EvaluationRequest.from_json(payload)
         except (TypeError, ValueError) as exc:
             raise RequestError(str(exc)) from None
-        job = await asyncio.to_thread(service.submit, request)
-        return await _answer(job, _wait_s(http))
+        served = await asyncio.to_thread(service.submit, request)
+        return await _answer(served, _wait_s(http))
 
-    async def get_job(http: HttpRequest) -> Response:
-        job = service.job(http.path_params["job_id"])
-        if job is None:
-            return _json({"error": "no such evaluation (finished jobs are kept for a while; the results database "
-                                   "keeps every verdict)"}, 404)
-        return await _answer(job, _wait_s(http))
+    async def get_evaluation(http: HttpRequest) -> Response:
+        served = service.evaluation(http.path_params["evaluation_id"])
+        if served is None:
+            return _json({"error": "no such evaluation (finished evaluations are kept for a while; the results "
+                                   "database keeps every verdict)"}, 404)
+        return await _answer(served, _wait_s(http))
 
     async def problems(http: HttpRequest) -> Response:
         from pkb.registry import all_problems
@@ -121,7 +127,7 @@ def create_app(service: EvaluationService, token: str | None = None) -> Starlett
 
     routes = [
         Route("/v1/evaluations", guarded(submit), methods=["POST"]),
-        Route("/v1/evaluations/{job_id}", guarded(get_job), methods=["GET"]),
+        Route("/v1/evaluations/{evaluation_id}", guarded(get_evaluation), methods=["GET"]),
         Route("/v1/problems", guarded(problems), methods=["GET"]),
         Route("/v1/problems/{problem}", guarded(problem), methods=["GET"]),
         Route("/v1/problems/{problem}/prompt", guarded(prompt), methods=["GET"]),
@@ -130,11 +136,11 @@ def create_app(service: EvaluationService, token: str | None = None) -> Starlett
     return Starlette(routes=routes)
 
 
-async def _answer(job, wait_s: float) -> Response:
+async def _answer(served, wait_s: float) -> Response:
     deadline = time.monotonic() + wait_s
-    while not job.done.is_set() and time.monotonic() < deadline:
+    while not served.done.is_set() and time.monotonic() < deadline:
         await asyncio.sleep(0.005)
-    return _json(job.to_json(), 200 if job.done.is_set() else 202)
+    return _json(served.to_json(), 200 if served.done.is_set() else 202)
 
 
 def _wait_s(http: HttpRequest) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import socket
@@ -12,28 +13,30 @@ TOKEN_ENV = "PKB_SERVE_TOKEN"
 
 
 def add_commands(subparsers) -> None:
-    from pkb.options import EXECUTORS
+    from pkb.commands import add_option
+    from pkb.options import EXECUTORS, OPTIONS
 
     p = subparsers.add_parser("serve", help="an evaluation service over HTTP + JSON (docs/serve.md)")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to bind (default loopback; any other needs a token: --token-file or $" + TOKEN_ENV + ")")
-    p.add_argument("--port", type=int, default=0, help="default: one the system picks, printed at start")
+    add_option(p, OPTIONS["port"])
     p.add_argument("--token-file", help="a file holding the token every request must send "
                                         "(`Authorization: Bearer <token>`); default: $" + TOKEN_ENV)
     p.add_argument("--url-file", help="also write the server's URL here once it listens (for scripts)")
     p.add_argument("--db", help="SQLite file every verdict is stored in (default: ./pkb-results.sqlite)")
-    p.add_argument("--max-queue", type=int, default=64,
-                   help="evaluations queued or running at most; more are answered 429 busy (default 64)")
+    add_option(p, OPTIONS["max_queue"])
     p.add_argument("--sandbox", default="auto", choices=("auto", "required"),
                    help="how candidates are confined (docs/threat-model.md); a service never runs them unconfined")
     p.add_argument("--executor", default="local", choices=EXECUTORS,
                    help="run evaluations on this machine (default) or on a Ray cluster (docs/cluster.md)")
     p.add_argument("--address", help="with --executor ray: auto, ray://HOST:PORT or local")
-    p.add_argument("--parallel", type=int, help="evaluations at once (default: what the machine holds)")
+    add_option(p, OPTIONS["parallel"])
     p.set_defaults(func=cmd_serve, json=False)
 
 
 def cmd_serve(args) -> int:
+    """Checks everything a user can get wrong (token, sandbox, port, results database) before it starts the
+    service: each is a usage error (exit 2) with nothing started and nothing written."""
     from pkb.commands import make_executor
     from pkb.console import UsageError
 
@@ -41,8 +44,6 @@ def cmd_serve(args) -> int:
     if not _is_loopback(args.host) and token is None:
         raise UsageError(f"--host {args.host} is reachable from other machines: give a token with --token-file FILE "
                          f"or ${TOKEN_ENV} (clients send `Authorization: Bearer <token>`)")
-    if args.max_queue < 1:
-        raise UsageError("--max-queue must be at least 1")
     import uvicorn
 
     from pkb.runtime.sandbox import check_sandbox, SandboxUnavailable
@@ -55,11 +56,18 @@ def cmd_serve(args) -> int:
             check_sandbox("required")
         except SandboxUnavailable as exc:
             raise UsageError(str(exc)) from None
-    service = EvaluationService(make_executor(args), args.db or DEFAULT_DB, args.max_queue, sandbox=args.sandbox)
-    listener = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((args.host, args.port))
-    listener.listen(128)  # before the URL is out: a client that comes first waits in the backlog, not refused
+    if args.url_file and not Path(args.url_file).parent.is_dir():
+        raise UsageError(f"--url-file {args.url_file}: its folder does not exist")
+    listener = _listen(args.host, args.port)
+    executor = None
+    try:
+        executor = make_executor(args)
+        service = EvaluationService(executor, args.db or DEFAULT_DB, args.max_queue, sandbox=args.sandbox)
+    except BaseException:  # e.g. a --db it cannot store verdicts in (pkb.store.db.StoreUnavailable: a usage error)
+        listener.close()
+        if executor is not None:
+            executor.close()
+        raise
     host, port = listener.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     print(f"pkb serve: listening on {url} ({service.health()['executor']}; results in {service.db})", file=sys.stderr)
@@ -73,9 +81,34 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port`` (before the URL is out: a client that comes first waits in the
+    backlog, not refused); UsageError where the address is taken or not this machine's."""
+    from pkb.console import UsageError
+
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+        listener.listen(128)
+    except OSError as exc:
+        listener.close()
+        taken = exc.errno == errno.EADDRINUSE
+        raise UsageError(f"cannot listen on {host}:{port}: " + (
+            "another process uses that port; pick another --port, or leave it out for one the system picks"
+            if taken else f"{exc.strerror}; give an address of this machine with --host")) from None
+    return listener
+
+
 def _token(args) -> str | None:
+    from pkb.console import UsageError
+
     if args.token_file:
-        token = Path(args.token_file).read_text().strip()
+        if not Path(args.token_file).is_file():
+            raise UsageError(f"--token-file {args.token_file} is not a file: give a file holding the token")
+        token = Path(args.token_file).read_text(encoding="utf-8", errors="replace").strip()
+        if not token:
+            raise UsageError(f"--token-file {args.token_file} is empty: write the token into it")
     else:
         token = os.environ.get(TOKEN_ENV, "").strip()
     return token or None

@@ -10,8 +10,9 @@ is judged afresh (with its own secret seeds), never answered from an earlier row
 correctness evaluations side by side up to its capacity and a timed one (``perf``) alone, with nothing
 beside it (pkb.executor.local).
 
-A finished job is kept for ``keep_jobs`` more jobs (then only the database has it), so memory stays
-flat over any number of requests.
+A finished evaluation is kept for ``keep_finished`` more (then only the database has it), so memory stays
+flat over any number of requests. Each accepted request is a ``ServedEvaluation``: the request, where its
+evaluation stands, and its result once done (what ``GET /v1/evaluations/{id}`` answers).
 """
 
 from __future__ import annotations
@@ -23,18 +24,17 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.config import EvalConfig
-from pkb.executor import Executor
-from pkb.loop import Done, EvaluationLoop, Job
+from pkb.evaluate.config import OptionError, config_from_options
+from pkb.executor import Evaluation, Executor
+from pkb.loop import EvaluationLoop, StoredResult
 from pkb.options import EvaluationRequest
 from pkb.registry import get_problem
 from pkb.runtime.modes import ModeUnavailable, choose_mode
 from pkb.store.db import ResultStore
-
 
 
 class RequestError(ValueError):
@@ -46,7 +46,7 @@ class Busy(RuntimeError):
 
 
 @dataclass
-class Ticket:
+class ServedEvaluation:
     """A request the service accepted, and where its evaluation stands (``state``, and ``result`` once done)."""
 
     id: str
@@ -62,17 +62,18 @@ class Ticket:
 
 
 class EvaluationService:
-    """Jobs in, verdicts out (see the module docstring). ``sandbox``: every candidate's (pkb.runtime.sandbox)."""
+    """Requests in, verdicts out (see the module docstring). ``sandbox``: every candidate's (pkb.runtime.sandbox)."""
 
-    def __init__(self, executor: Executor, db: str | Path, max_queue: int = 64, keep_jobs: int = 10_000,
+    def __init__(self, executor: Executor, db: str | Path, max_queue: int = 64, keep_finished: int = 10_000,
                  sandbox: str = "auto"):
+        ResultStore(db).close()  # a service that cannot store its verdicts refuses to start (StoreUnavailable)
         self.executor = executor
         self.db = Path(db)
         self.max_queue = max_queue
-        self.keep_jobs = keep_jobs
+        self.keep_finished = keep_finished
         self.sandbox = sandbox
-        self._inbox: queue.Queue[Ticket] = queue.Queue()
-        self._jobs: OrderedDict[str, Ticket] = OrderedDict()
+        self._inbox: queue.Queue[tuple[ServedEvaluation, Evaluation] | None] = queue.Queue()
+        self._served: OrderedDict[str, ServedEvaluation] = OrderedDict()
         self._waiting = 0  # accepted and not finished: what the queue bound counts
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -83,27 +84,29 @@ class EvaluationService:
 
     # -- what clients call -----------------------------------------------------------------------------
 
-    def submit(self, request: EvaluationRequest) -> Ticket:
+    def submit(self, request: EvaluationRequest) -> ServedEvaluation:
         """Queue ``request``: RequestError if it cannot run as asked, Busy if the queue is full."""
-        task = self._task(request)
+        evaluation = self._evaluation(request)
         with self._lock:
             if self._waiting >= self.max_queue:
+                if evaluation.candidate.path is not None:
+                    shutil.rmtree(evaluation.candidate.path.parent, ignore_errors=True)
                 raise Busy(f"{self._waiting} evaluations are queued or running (the limit is {self.max_queue}): "
                            "retry later")
-            job = Ticket(f"ev-{next(self._ids)}", request)
+            served = ServedEvaluation(f"ev-{next(self._ids)}", request)
             self._waiting += 1
-            self._jobs[job.id] = job
-            while len(self._jobs) > self.keep_jobs:
-                oldest = next(iter(self._jobs.values()))
+            self._served[served.id] = served
+            while len(self._served) > self.keep_finished:
+                oldest = next(iter(self._served.values()))
                 if oldest.state != "done":
                     break
-                self._jobs.popitem(last=False)
-        self._inbox.put((job, task))
-        return job
+                self._served.popitem(last=False)
+        self._inbox.put((served, replace(evaluation, tag=served)))
+        return served
 
-    def job(self, job_id: str) -> Ticket | None:
+    def evaluation(self, evaluation_id: str) -> ServedEvaluation | None:
         with self._lock:
-            return self._jobs.get(job_id)
+            return self._served.get(evaluation_id)
 
     def health(self) -> dict:
         with self._lock:
@@ -120,7 +123,9 @@ class EvaluationService:
 
     # -- the loop --------------------------------------------------------------------------------------
 
-    def _task(self, request: EvaluationRequest) -> tuple[Job, EvalConfig]:
+    def _evaluation(self, request: EvaluationRequest) -> Evaluation:
+        """What ``request`` asks for, its settings from pkb.evaluate.config.config_from_options; RequestError
+        (HTTP 400) where it cannot run as asked."""
         try:
             problem = get_problem(request.problem)
         except KeyError as exc:
@@ -130,18 +135,16 @@ class EvaluationService:
             raise RequestError(f"{problem.name} runs at world sizes {list(problem.world_sizes)}, not {world_size}")
         try:
             mode = choose_mode(request.mode, world_size, num_gpus=self.executor.gpus_per_node()).mode
-        except ModeUnavailable as exc:
+            config = config_from_options({**request.options(), "sandbox": self.sandbox}, world_size, mode)
+        except (ModeUnavailable, OptionError) as exc:
             raise RequestError(str(exc)) from None
-        config = EvalConfig(world_size=world_size, nodes=request.nodes or 0, mode=mode, num_trials=request.trials,
-                            timeout_s=request.timeout,
-                            perf=request.perf, policy=request.policy, cases=request.cases, sandbox=self.sandbox,
-                            precision=request.dtype, upstream_trials=request.upstream_trials)
         if request.reference:
-            return Job(problem, Candidate.reference_of(problem), request.solution_set), config
+            return Evaluation(problem, Candidate.reference_of(problem), request.solution_set, config)
         folder = Path(tempfile.mkdtemp(dir=self._scratch.name))
         path = folder / f"{problem.upstream_id or 0}_{problem.name}.py"
         path.write_text(request.source, encoding="utf-8")
-        return Job(problem, Candidate.from_file(path, name=request.name), request.solution_set), config
+        candidate = Candidate.from_file(path, name=request.name)
+        return Evaluation(problem, candidate, request.solution_set, config)
 
     def _run(self) -> None:
         with ResultStore(self.db) as store:
@@ -149,8 +152,8 @@ class EvaluationService:
             while not self._stop.is_set():
                 self._take_new(loop, block=not loop.pending)
                 finished = list(loop.finished(wait=False))
-                for done in finished:
-                    self._finish(done)
+                for stored in finished:
+                    self._finish(stored)
                 if loop.pending and not finished:
                     time.sleep(0.02)
 
@@ -158,19 +161,19 @@ class EvaluationService:
         try:
             item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
             while item is not None:
-                job, (work, config) = item
-                job.state = "running"
-                loop.submit(work, tag=job, config=config)
+                served, evaluation = item
+                served.state = "running"
+                loop.submit(evaluation)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
 
-    def _finish(self, done: Done) -> None:
-        job: Ticket = done.tag
-        if done.job.candidate.path is not None:  # the request's scratch copy (a reference has none)
-            shutil.rmtree(done.job.candidate.path.parent, ignore_errors=True)
-        job.result = done.result.to_dict()
-        job.state = "done"
+    def _finish(self, stored: StoredResult) -> None:
+        served: ServedEvaluation = stored.evaluation.tag
+        if stored.evaluation.candidate.path is not None:  # the request's scratch copy (a reference has none)
+            shutil.rmtree(stored.evaluation.candidate.path.parent, ignore_errors=True)
+        served.result = stored.result.to_dict()
+        served.state = "done"
         with self._lock:
             self._waiting -= 1
-        job.done.set()
+        served.done.set()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import sqlite3
 import time
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from pkb import __version__
+from pkb.console import UsageError
 from pkb.evaluate.result import SCHEMA_VERSION, EvalResult
 
 DEFAULT_DB = "pkb-results.sqlite"
@@ -181,21 +183,61 @@ class StoreError(RuntimeError):
     pass
 
 
+class StoreUnavailable(StoreError, UsageError):
+    """The results database cannot be opened or written where it was asked for (a directory, a file that is not
+    one, a folder pkb cannot write): the message says what to give instead. A usage error (exit status 2; a
+    service refuses to start), raised before anything is written."""
+
+
+# The verdicts' rules, in the key: a row judged by other rules is never restored as this pkb's verdict (2: pkb's
+# verdict judges accuracy against the exact answer, the paper's runs on upstream's own values; they no longer nest).
+VERDICT_RULES = 2
+
+
 def run_key(problem: str, problem_version: int, solution_sha256: str, mode: str, world_size: int,
             num_trials: int, timing: str) -> str:
     """What makes two evaluations the same job (a rerun with the same key is skipped).
 
     ``timing``: "" without timing, else what was timed and how (e.g. "perf", "perf+graph").
     """
-    text = f"{problem}|{problem_version}|{solution_sha256}|{mode}|{world_size}|{num_trials}|{timing}"
+    text = f"{problem}|{problem_version}|{solution_sha256}|{mode}|{world_size}|{num_trials}|{timing}|{VERDICT_RULES}"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def check_store(path: str | Path) -> None:
+    """StoreUnavailable, saying what to give instead, where ``path`` cannot hold pkb's results: a directory, a
+    path under a file, a folder or file pkb cannot write, a file that is not SQLite, another program's SQLite
+    database. Reads only the file's 100-byte header: writes nothing (a command checks its --db before any work)."""
+    path = Path(path)
+    if path.is_dir():
+        raise StoreUnavailable(f"{path} is a directory: give the results database's file, e.g. "
+                               f"--db {path / DEFAULT_DB}")
+    blocked = next((folder for folder in reversed(path.parents) if folder.exists() and not folder.is_dir()), None)
+    if blocked is not None:
+        raise StoreUnavailable(f"{blocked} is a file, so {path} cannot be made in it: give a --db in a folder")
+    folder = next(folder for folder in path.absolute().parents if folder.exists())  # the nearest that exists
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise StoreUnavailable(f"cannot write {path} (its folder or the file is read-only): give a --db in a "
+                               "folder you can write")
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with open(path, "rb") as file:
+        header = file.read(100)
+    if not header.startswith(SQLITE_MAGIC) or len(header) < 100:
+        raise StoreUnavailable(f"{path} is not a pkb results database (not SQLite): give another --db")
+    pages, user_version = int.from_bytes(header[28:32], "big"), int.from_bytes(header[60:64], "big")
+    if user_version == 0 and pages > 1:  # tables of its own, none of pkb's schema versions
+        raise StoreUnavailable(f"{path} is a SQLite database of something else (not pkb's results): give another --db")
 
 
 class ResultStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        if self.path.parent and not self.path.parent.exists():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        check_store(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.conn = sqlite3.connect(str(self.path))
         self.conn.execute("PRAGMA journal_mode=WAL")
         self._migrate()

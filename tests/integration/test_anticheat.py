@@ -53,6 +53,8 @@ def run(session, tmp_path, body: str, problem: str = "allreduce", perf: bool = F
 
 
 def test_a_cache_keyed_on_shape_replays_a_stale_answer(session, tmp_path):
+    """Filled on the paper's trials (upstream's constants, the same in every trial: upstream cannot see it), it
+    replays that answer on pkb's first secret inputs of the same shape."""
     result = run(session, tmp_path, HONEST_ALLREDUCE + """
 _cache = {}
 def solution(tensor):
@@ -61,8 +63,8 @@ def solution(tensor):
         _cache[key] = honest(tensor)
     return _cache[key]
 """)
-    assert result.status is Status.MISMATCH, result.message
-    assert "trial 1" in result.message
+    assert (result.status, result.upstream_ok) == (Status.MISMATCH, True), result.message
+    assert "case upstream, trial 0" in result.message
 
 
 @pytest.mark.parametrize("key", ["tensor.data_ptr()", "(id(tensor), tensor._version)"])
@@ -243,18 +245,18 @@ def test_a_different_decomposition_with_fp32_accumulation_passes(session):
     assert result.status is Status.OK, result.message
 
 
-def test_fp32_accumulation_at_eight_ranks_passes_pkbs_tolerance_and_is_judged_by_upstreams_rule(sessions):
-    """At W=8 the reference's bf16 sum and the fp32-accumulated one differ most: pkb's own tolerance takes
-    both (the tests cases), while upstream's allclose at 1e-2 fails the more accurate sum where it is large
-    (8.5625 for the reference's 8.6875 on the upstream case, two bf16 steps). pkb's ok requires upstream's
-    verdict too, so the run says exactly that: a mismatch by upstream's rule alone."""
+def test_fp32_accumulation_at_eight_ranks_is_ok_on_both_verdicts(sessions):
+    """At W = 8 the reference's bf16 ring and the fp32-accumulated sum differ most (two bf16 steps where the sum is
+    large). Before issue 47 upstream's allclose at 1e-2, applied to pkb's random values, failed the more accurate
+    sum, and pkb's ok required it. Now pkb judges it against the exact answer (more accurate than the reference's),
+    and the paper's verdict runs on upstream's constants, whose sums are exact in any order. The fp32 sum of eight bf16
+    values is exact, so the candidate rounds the exact answer once: no element's error exceeds the reference's, and
+    where the exact value is a tie between two bf16 values both err by half an ulp (ratio 1.0, seen in CI)."""
     path = SOLUTIONS / "1_allreduce_two_step.py"
     problem, candidate = get_problem("allreduce"), Candidate.from_file(path)
-    strict = evaluate(problem, candidate, EvalConfig(world_size=8, mode=Mode.CPU, num_trials=2, cases="tests"), sessions(8))
-    assert strict.status is Status.OK, strict.message
     both = evaluate(problem, candidate, EvalConfig(world_size=8, mode=Mode.CPU, num_trials=2), sessions(8))
-    assert (both.status, both.upstream_ok, both.details.get("rule")) == (Status.MISMATCH, False, "upstream"), both.message
-    assert both.message.startswith("fails upstream's rule (allclose, atol=rtol=1e-2), so pkb's verdict too")
+    assert (both.status, both.upstream_ok) == (Status.OK, True), both.message
+    assert both.details["accuracy"]["worst"]["rms_ratio"] <= 1.0, both.details["accuracy"]
 
 
 # -- the stock stack and the policy ---------------------------------------------------------------------

@@ -133,3 +133,21 @@ def test_an_interrupted_run_keeps_what_finished_and_resumes(tmp_path):
     assert resumed.stderr.count("(stored earlier)") == stored
     # eight self-checks, the portable all-reduce, eight GPU solutions (skipped here)
     assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM results").fetchone()[0] == 17
+
+
+# -- the timeout bounds loading (issue 49) -------------------------------------------------------------------
+
+
+HANGS_AT_IMPORT = "import time\n\ntime.sleep(3600)  # never gets past its import\n\n\ndef solution(tensor):\n" \
+                  "    return tensor\n"
+
+
+def test_a_candidate_that_hangs_at_import_times_out_within_the_users_timeout(tmp_path):
+    hangs = tmp_path / "1_allreduce_hangs.py"
+    hangs.write_text(HANGS_AT_IMPORT)
+    started = time.monotonic()
+    out = pkb("eval", "1", str(hangs), "--mode", "cpu", "--timeout", "20", "--trials", "1", "--json", timeout=75)
+    assert time.monotonic() - started < 60
+    result = json.loads(out.stdout)
+    assert out.returncode == 1 and result["status"] == "timeout", out.stdout + out.stderr
+    assert "loading the candidate" in result["message"] and "within 20 s" in result["message"]

@@ -204,7 +204,8 @@ def test_generate_and_agent_take_the_sandbox_level_and_required_stops_them_befor
     monkeypatch.setattr(sandbox, "check_sandbox", check)
     monkeypatch.setattr(pkb.generate.sampler, "generate", lambda problems, provider, settings, store, profile, config,
                         *rest: configs.append(config) or [])
-    no_outcome = SimpleNamespace(to_dict=dict, stopped_by=None, best_step=None, steps=[], cost_usd=None)
+    no_outcome = SimpleNamespace(to_dict=dict, stopped_by=None, best_step=None, steps=[], cost_usd=None,
+                                 problem="allreduce", best_speedup=None)
     monkeypatch.setattr(pkb.generate.agent, "run_agent", lambda problem, provider, settings, store, profile, config,
                         *rest: configs.append(config) or no_outcome)
     with FakeModelServer({"coder": [Reply(GOOD)]}) as server:
@@ -212,10 +213,10 @@ def test_generate_and_agent_take_the_sandbox_level_and_required_stops_them_befor
                   "--out", str(tmp_path), *EVAL]
         code, _, err = run_cli(capsys, "generate", "--problems", "1", "--sandbox", "off", *common)
         assert code == 0 and "sandbox: off (candidates run unconfined" in err
-        run_cli(capsys, "agent", "--problem", "1", "--sandbox", "off", "--json", *common)
-        run_cli(capsys, "agent", "--problem", "1", *common)
+        run_cli(capsys, "agent", "--problems", "1", "--sandbox", "off", "--json", *common)
+        run_cli(capsys, "agent", "--problems", "1", *common)
         assert [config.sandbox for config in configs] == ["off", "off", "auto"]
-        for command in (["generate", "--problems", "1"], ["agent", "--problem", "1"]):
+        for command in (["generate", "--problems", "1"], ["agent", "--problems", "1"]):
             code, _, err = run_cli(capsys, *command, "--sandbox", "required", *common)
             assert code == 2 and "missing landlock-fs (no Landlock in this kernel)" in err
         assert len(configs) == 3 and server.requests == []  # refused before any model call
@@ -295,10 +296,10 @@ def test_generate_keeps_model_calls_within_the_concurrency_limit(capsys, keys, t
 def test_agent_feeds_back_verdicts_keeps_the_best_file_and_resumes(capsys, keys, tmp_path):
     db, out = tmp_path / "agent.sqlite", tmp_path / "runs"
     with FakeModelServer({"refiner": [Reply(WRONG), Reply(GOOD), Reply(NO_CODE), Reply(BROKEN)]}) as server:
-        args = ["agent", "--model", "openai:refiner", "--problem", "allreduce", "--base-url", server.url + "/v1",
+        args = ["agent", "--model", "openai:refiner", "--problems", "allreduce", "--base-url", server.url + "/v1",
                 "--db", str(db), "--out", str(out), "--run", "a1", "--json", "--no-perf", *EVAL]
         code, stdout, _ = run_cli(capsys, *args, "--steps", "3")
-        outcome = json.loads(stdout)
+        [outcome] = json.loads(stdout)
         assert code == 0
         assert [s["status"] for s in outcome["steps"]] == ["mismatch", "ok", "no_code"]
         assert outcome["best_step"] == 1 and Path(outcome["best_path"]).read_text() == GOOD_CODE
@@ -312,7 +313,7 @@ def test_agent_feeds_back_verdicts_keeps_the_best_file_and_resumes(capsys, keys,
         assert "**ok**" in third[5]["content"] and "correct on every rank" in third[5]["content"]
 
         code, stdout, _ = run_cli(capsys, *args, "--steps", "4")  # one more step: the conversation resumes
-        outcome = json.loads(stdout)
+        [outcome] = json.loads(stdout)
         assert len(server.requests_for("refiner")) == 4
         fourth = server.requests_for("refiner")[3]["messages"]
         assert len(fourth) == 8 and "no ```python code block" in fourth[7]["content"]
@@ -344,12 +345,51 @@ def test_generate_and_agent_evaluate_on_a_ray_cluster(capsys, keys, monkeypatch,
         assert sorted(verdicts[g["result_id"]] for g in stored if g["result_id"]) == ["compile_error", "mismatch", "ok"]
         assert all(g["status"] == verdicts.get(g["result_id"], g["status"]) for g in stored)
 
-        code, stdout, _ = run_cli(capsys, "agent", "--model", "openai:refiner", "--problem", "allreduce", "--db",
+        code, stdout, _ = run_cli(capsys, "agent", "--model", "openai:refiner", "--problems", "allreduce", "--db",
                                   str(db), "--out", str(out), "--run", "a1", "--json", "--no-perf", "--steps", "2",
                                   "--executor", "ray", *EVAL)
-        outcome = json.loads(stdout)
+        [outcome] = json.loads(stdout)
         assert code == 0 and [s["status"] for s in outcome["steps"]] == ["mismatch", "ok"]
         assert "**mismatch**" in server.requests_for("refiner")[1]["messages"][3]["content"]
+
+
+# -- offline: replay:DIR ---------------------------------------------------------------------------------------
+
+
+def test_replay_runs_generate_and_agent_end_to_end_offline(capsys, tmp_path, monkeypatch):
+    """``--model replay:DIR`` needs no network and no key: a folder's files answer, by problem and by sample or
+    step; a recorded run replays; a problem without a file is an api_error; cpu mode's speedups say they are not
+    GPU timings."""
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    answers, db, out = tmp_path / "answers", tmp_path / "replay.sqlite", tmp_path / "runs"
+    answers.mkdir()
+    (answers / "1_allreduce_a_wrong.py").write_text(WRONG.split("```python\n")[1].split("```")[0])
+    (answers / "1_allreduce_b_right.py").write_text(GOOD_CODE)
+    common = ["--db", str(db), "--out", str(out), "--json", *EVAL]
+
+    code, stdout, _ = run_cli(capsys, "generate", "--model", f"replay:{answers}", "--problems", "1-2", "--samples",
+                              "2", "--run", "offline", *common)
+    rows = json.loads(stdout)
+    assert code == 1 and [(r["problem"], r["sample"], r["status"]) for r in rows] == [
+        ("allreduce", 0, "mismatch"), ("allreduce", 1, "ok"), ("allgather", 0, "api_error"),
+        ("allgather", 1, "api_error")]
+    assert "no answer for allgather sample 0" in rows[2]["message"] and rows[0]["cost_usd"] == 0.0
+    assert Path(rows[1]["code_path"]).read_text() == GOOD_CODE
+
+    code, stdout, _ = run_cli(capsys, "generate", "--model", f"replay:{out / 'offline'}", "--problems", "1",
+                              "--samples", "2", "--run", "replayed", *common)
+    assert [r["status"] for r in json.loads(stdout)] == ["mismatch", "ok"]  # the recorded run, replayed
+
+    code, stdout, err = run_cli(capsys, "agent", "--model", f"replay:{answers}", "--problems", "1", "--steps", "2",
+                                "--run", "refined", "--db", str(db), "--out", str(out), *EVAL)
+    assert code == 0, err
+    assert "allreduce step 0: mismatch" in err and "allreduce step 1: ok" in err
+    assert "(cpu mode: not a GPU timing)" in err  # beside each speedup
+    assert "best file from step 1" in stdout and "are not GPU timings" in stdout
+    rows = [g for g in generations(db) if g["kind"] == "agent"]
+    assert [(g["step"], g["status"], g["model"]) for g in rows] == [(0, "mismatch", f"replay:{answers}"),
+                                                                    (1, "ok", f"replay:{answers}")]
 
 
 def _user(text: str):

@@ -108,8 +108,51 @@ def test_nvshmem_on_virtual_nodes_is_skipped_not_failed(tmp_path, sessions):
 
 
 def test_taking_the_fence_down_is_tampering(tmp_path, sessions):
-    body = textwrap.indent("symm_mem.rendezvous = getattr(symm_mem.rendezvous, '__pkb_original__', symm_mem.rendezvous)",
+    """Putting torch's own rendezvous back (found in the fence's closure: no attribute hands it out)."""
+    body = textwrap.indent("symm_mem.rendezvous = next(cell.cell_contents for cell in symm_mem.rendezvous.__closure__\n"
+                           "                           if getattr(cell.cell_contents, '__module__', '') == symm_mem.__name__)",
                            "    ")
     result = evaluate(get_problem("hierarchical_allreduce"), _candidate(tmp_path, "unfenced", body), _config(4, 2),
                       sessions(4, nodes=2))
     assert result.status is Status.TAMPERED and "symm_mem.rendezvous" in result.message, result.message
+
+
+HIERARCHICAL_REDUCE_SCATTER = """
+import torch
+import torch.distributed as dist
+
+
+def solution(grad_bucket, gradient_scaling_factor, dp_group, intra_dp_group, inter_dp_group):
+    replicas, nodes = dist.get_world_size(intra_dp_group), dist.get_world_size(inter_dp_group)
+    chunk = -(-grad_bucket.numel() // (replicas * nodes))
+    padded = grad_bucket.new_zeros(replicas * nodes * chunk, dtype=torch.float32)
+    padded[:grad_bucket.numel()] = grad_bucket
+    padded *= gradient_scaling_factor
+    # DP rank k = n d + j keeps chunk k: replica j first sums, inside its node, the chunks (m, j) of every node m
+    by_replica = padded.view(nodes, replicas, chunk).transpose(0, 1).contiguous()
+    partial = padded.new_empty(nodes * chunk)
+    dist.reduce_scatter_tensor(partial, by_replica.view(-1), group=intra_dp_group)
+    shard = padded.new_empty(chunk)
+    dist.reduce_scatter_tensor(shard, partial, group=inter_dp_group)  # once per node over the network
+    return shard.to(grad_bucket.dtype)
+"""
+
+
+def test_the_distributed_optimizers_reduce_scatter_splits_into_its_node_and_network_legs(tmp_path, sessions):
+    """dp_reduce_scatter_tp's sub-groups fit its layout: inside the node first, then once per node across."""
+    path = tmp_path / "dp_reduce_scatter_tp_hierarchical.py"
+    path.write_text(HIERARCHICAL_REDUCE_SCATTER)
+    result = evaluate(get_problem("dp_reduce_scatter_tp"), Candidate.from_file(path), _config(4, 2),
+                      sessions(4, nodes=2))
+    assert result.status is Status.OK, result.message
+    assert {"dist.reduce_scatter_tensor", "dist.reduce_scatter_tensor@network"} <= set(result.collectives_used)
+    cost = get_problem("dp_reduce_scatter_tp").cost(get_problem("dp_reduce_scatter_tp").find_case("odd_mean", nodes=2), 8)
+    assert cost.link_bytes == 1001 * 4 / 2 and cost.network_bytes == 1001 * 4 / 2 / 2  # d = 2 replicas, N = 2
+
+
+def test_a_pipeline_stage_gathers_its_sequence_inside_the_node():
+    """pipeline_internode moves shards over the network and gathers them over NVLink: both legs counted."""
+    problem = get_problem("pipeline_internode")
+    cost = problem.cost(problem.find_case("mb4", nodes=2), 8)  # G = 4: shards of 5 tokens x 4 x 64 bf16
+    shard = 5 * 4 * 64 * 2
+    assert cost.network_bytes == shard and cost.link_bytes == 2 * 3 * shard

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pkb.loop import Job, run_jobs
+from pkb.executor import Evaluation
+from pkb.loop import run_evaluations
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
 from pkb.executor import LocalExecutor
@@ -36,21 +37,21 @@ def zeros_candidate(tmp_path: Path, problem) -> Candidate:
 
 
 def test_side_by_side_gives_the_verdicts_of_one_at_a_time_and_shares_one_build_broker(tmp_path):
-    jobs = []
+    evaluations = []
     for name in ("allreduce", "allgather", "broadcast", "reducescatter"):
         problem = get_problem(name)
-        jobs += [Job(problem, Candidate.reference_of(problem), "reference"),
-                 Job(problem, zeros_candidate(tmp_path, problem), "wrong")]
+        evaluations += [Evaluation(problem, Candidate.reference_of(problem), "reference"),
+                        Evaluation(problem, zeros_candidate(tmp_path, problem), "wrong")]
     verdicts, most_at_once = {}, 0
     for slots in (1, 3):
         executor = LocalExecutor(slots)
         seen = []
 
-        def on_result(job, result, resumed, executor=executor, seen=seen):
+        def on_result(evaluation, result, resumed, executor=executor, seen=seen):
             seen.append(len(executor.in_flight()))
 
         with executor, ResultStore(tmp_path / f"{slots}.sqlite") as store:
-            results = run_jobs(jobs, CONFIG, store, on_result, executor)
+            results = run_evaluations(evaluations, CONFIG, store, on_result, executor)
             brokers = {id(session._broker) for sessions in executor._slots for session in sessions.values()}
             if slots > 1:
                 assert len(executor._slots) == slots and len(brokers) == 1  # a source is built once for all slots
@@ -64,7 +65,7 @@ def test_side_by_side_gives_the_verdicts_of_one_at_a_time_and_shares_one_build_b
 def test_a_bad_parallel_is_a_usage_error():
     out = subprocess.run([sys.executable, "-m", "pkb.cli", "run", "--problems", "1", "--parallel", "0"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "--parallel must be at least 1" in out.stderr
+    assert out.returncode == 2 and "argument --parallel: must be from 1 to 1024, got 0" in out.stderr
 
 
 # -- what a run shows --------------------------------------------------------------------------------

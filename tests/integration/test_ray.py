@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from helpers.sources import HONEST_ALLREDUCE
-from pkb.loop import Job, run_jobs
+from pkb.executor import Evaluation
+from pkb.loop import run_evaluations
 from pkb.cli import main
 from pkb.console import UsageError
 from pkb.evaluate.candidate import Candidate
@@ -55,18 +56,19 @@ def verdicts(results) -> list[tuple[str, str, str]]:
 
 def test_ray_gives_the_same_verdicts_as_this_machine(ray_cluster, tmp_path):
     allreduce, allgather = get_problem("allreduce"), get_problem("allgather")
-    jobs = [Job(allreduce, Candidate.reference_of(allreduce), "reference"),
-            Job(allgather, Candidate.reference_of(allgather), "reference"),
-            Job(allreduce, from_template("raises", allreduce, tmp_path), "known"),
-            Job(allreduce, from_template("exits", allreduce, tmp_path), "known"),
-            Job(allreduce, from_template("hangs", allreduce, tmp_path), "known"),
-            Job(allgather, from_template("zeros", allgather, tmp_path), "known"),
-            Job(allreduce, from_source("patches_timer", HONEST_ALLREDUCE + "import time\ntime.perf_counter = "
-                                       "lambda: 0.0\n", tmp_path), "known")]
+    evaluations = [
+        Evaluation(allreduce, Candidate.reference_of(allreduce), "reference"),
+        Evaluation(allgather, Candidate.reference_of(allgather), "reference"),
+        Evaluation(allreduce, from_template("raises", allreduce, tmp_path), "known"),
+        Evaluation(allreduce, from_template("exits", allreduce, tmp_path), "known"),
+        Evaluation(allreduce, from_template("hangs", allreduce, tmp_path), "known"),
+        Evaluation(allgather, from_template("zeros", allgather, tmp_path), "known"),
+        Evaluation(allreduce, from_source("patches_timer", HONEST_ALLREDUCE + "import time\ntime.perf_counter = "
+                                          "lambda: 0.0\n", tmp_path), "known")]
     with ResultStore(tmp_path / "local.sqlite") as store:
-        local = run_jobs(jobs, CONFIG, store, executor=LocalExecutor())
+        local = run_evaluations(evaluations, CONFIG, store, executor=LocalExecutor())
     with RayExecutor() as executor, ResultStore(tmp_path / "ray.sqlite") as store:
-        on_ray = run_jobs(jobs, CONFIG, store, executor=executor)
+        on_ray = run_evaluations(evaluations, CONFIG, store, executor=executor)
         stored = list(store.results())
     assert verdicts(local) == verdicts(on_ray)
     assert [s for _, _, s in verdicts(on_ray)] == ["ok", "ok", "runtime_error", "crash", "timeout", "mismatch", "tampered"]
@@ -135,11 +137,11 @@ def test_a_worker_killed_mid_evaluation_is_retried_and_gives_no_candidate_verdic
 def test_when_the_retries_run_out_the_row_is_infra_error_left_out_and_rerun(ray_cluster, tmp_path):
     problem = get_problem("allreduce")
     candidate, marker = slow_candidate(tmp_path)
-    job = Job(problem, candidate, "killed")
+    evaluation = Evaluation(problem, candidate, "killed")
     with RayExecutor(parallel=1, max_attempts=1) as executor, ResultStore(tmp_path / "r.sqlite") as store:
         executor.evaluate(problem, Candidate.reference_of(problem), UNCONFINED)
         killer = kill_slot_once_loaded(executor, marker)
-        [result] = run_jobs([job], UNCONFINED, store, executor=executor)
+        [result] = run_evaluations([evaluation], UNCONFINED, store, executor=executor)
         killer.join()
         assert result.status is Status.INFRA_ERROR and "no verdict on the candidate" in result.message
         assert [r.status for r in list(store.results())] == [Status.INFRA_ERROR]
@@ -147,7 +149,7 @@ def test_when_the_retries_run_out_the_row_is_infra_error_left_out_and_rerun(ray_
         assert (tally.num_samples, tally.num_skipped) == (0, 1)  # neither a pass nor a failure
 
         marker.unlink()
-        [again] = run_jobs([job], UNCONFINED, store, executor=executor)  # a rerun evaluates it again
+        [again] = run_evaluations([evaluation], UNCONFINED, store, executor=executor)  # a rerun evaluates it again
         assert again.status is Status.OK and again.details["attempts"] == 1
     assert main(["run", "--problems", "1", "--mode", "cpu", "--executor", "ray", "--address", "local", "--parallel",
                  "0", "--db", os.devnull]) == 2  # a usage error, before any work

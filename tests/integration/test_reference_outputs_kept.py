@@ -1,5 +1,6 @@
-"""A session judges the next candidate of a problem against the reference outputs it kept: the reference
-ranks do not run the same trial again, and the verdicts are those of a session that ran them afresh."""
+"""A session judges the next candidate of a problem against the reference outputs it kept, and the exact answers
+too (pkb.evaluate.accuracy): the reference ranks do not run the same trial again, and the verdicts are those of a
+session that ran them afresh."""
 
 from __future__ import annotations
 
@@ -25,16 +26,17 @@ def test_the_second_candidate_of_a_problem_is_judged_against_the_kept_reference_
     candidates = [Candidate.reference_of(problem), Candidate.from_file(SOLUTIONS / "1_allreduce_two_step.py"),
                   Candidate.from_file(wrong)]
     with Session(Mode.CPU, 2) as session:
-        first = evaluate(problem, candidates[0], config, session)
-        runs = session.reference_group(problem, 60).num_runs
+        first = [evaluate(problem, candidate, config, session) for candidate in candidates]
+        runs = session.reference_group(problem, 60).num_runs  # the reference's answers and the exact answers
         kept = session.reference_outputs
         assert kept.misses > 0 and kept.num_bytes > 0
         misses = kept.misses
-        again = [evaluate(problem, candidate, config, session) for candidate in candidates[1:]]
+        again = [evaluate(problem, candidate, config, session) for candidate in candidates]
         assert session.reference_group(problem, 60).num_runs == runs  # no trial ran on the reference again
-        assert kept.misses == misses  # every trial's answer was kept
+        assert kept.misses == misses  # every trial's answer was kept, exact ones included
         session.reference_outputs = ReferenceOutputs(max_bytes=0)  # the same seeds, the reference run afresh
-        afresh = [evaluate(problem, candidate, config, session) for candidate in candidates[1:]]
+        afresh = [evaluate(problem, candidate, config, session) for candidate in candidates]
         assert session.reference_group(problem, 60).num_runs > runs
-    assert first.status is Status.OK and [r.status for r in again] == [Status.OK, Status.MISMATCH]
+    assert [r.status for r in first] == [Status.OK, Status.OK, Status.MISMATCH]
+    assert [(r.status, r.upstream_ok, r.message) for r in again] == [(r.status, r.upstream_ok, r.message) for r in first]
     assert [(r.status, r.upstream_ok, r.message) for r in again] == [(r.status, r.upstream_ok, r.message) for r in afresh]

@@ -178,7 +178,9 @@ def test_pkb_run_ends_with_the_headline_and_stores_each_result_under_its_set(tmp
     (shipped,) = [line for line in headline if line.startswith("pkb shipped")]
     assert shipped.split("  ")[1].strip() == "1 of 1 (+1 left out)" and "100.0% / 100.0%" in shipped
     footnote = next(i for i, line in enumerate(headline) if line.startswith("paper: correct on the upstream cases"))
-    assert all(line.startswith("note: ") for line in headline[footnote + 2:])  # e.g. a partial sandbox here
+    meaning = next(i for i, line in enumerate(headline) if line.startswith("what this means: "))
+    assert all(line.startswith("note: ") for line in headline[footnote + 2:meaning - 1])  # e.g. a partial sandbox
+    assert "references judged here passed against themselves" in headline[meaning]  # the main job says what it means
     query = "SELECT solution, solution_set, upstream_ok FROM results ORDER BY id"
     stored = sqlite3.connect(db).execute(query).fetchall()
     assert stored == [("reference", "reference", 1), ("1_allreduce_cuda_peer", "pkb shipped", None),

@@ -96,12 +96,12 @@ def test_pkb_eval_server_gives_the_verdict_of_pkb_eval_without_torch(server, tmp
 def test_a_full_queue_answers_busy_and_loses_nothing(server):
     url, _ = server
     client = Client(url, busy_timeout_s=0)
-    jobs = [client.submit("allgather", SLOW, name=f"slow{i}", **LIGHT) for i in range(2)]
+    submitted = [client.submit("allgather", SLOW, name=f"slow{i}", **LIGHT) for i in range(2)]
     with pytest.raises(ServerError) as busy:
         client.submit("allgather", CORRECT, name="third", **LIGHT)
     assert busy.value.status == 429
-    finished = [client.job(job["id"], wait_s=300) for job in jobs]
-    assert [job["result"]["status"] for job in finished] == ["ok", "ok"]
+    finished = [client.evaluation(served["id"], wait_s=300) for served in submitted]
+    assert [served["result"]["status"] for served in finished] == ["ok", "ok"]
     assert client.health()["queued_or_running"] == 0
 
 
@@ -110,7 +110,8 @@ def test_bad_requests_get_a_clear_error(server):
     client = Client(url)
     for options, words in (({"problem": "no_such_problem"}, "no_such_problem"), ({"dtype": "fp64"}, "dtype"),
                            ({"colour": "red"}, "unknown fields"), ({"world_size": 3}, "world sizes"),
-                           ({"reference": True}, "not both")):
+                           ({"reference": True}, "not both"), ({"timeout": 0}, "`timeout` must be from 1"),
+                           ({"world_size": 4, "nodes": 3}, "4 ranks do not split into 3 nodes")):
         body = {"problem": "allgather", "source": CORRECT, **options}
         with pytest.raises(ServerError) as error:
             client._call("POST", "/v1/evaluations", body)
@@ -122,6 +123,12 @@ def test_bad_requests_get_a_clear_error(server):
     chunk = b" " * (64 << 10)
     chunked = [b"%x\r\n%s\r\n" % (len(chunk), chunk)] * ((2 << 20) // len(chunk) + 1)
     host, port = url.removeprefix("http://").rsplit(":", 1)
+    undecodable = http.client.HTTPConnection(host, int(port), timeout=60)
+    undecodable.request("POST", "/v1/evaluations", body=b'{"problem": "allgather", "source": "\xff"}',
+                        headers={"Content-Type": "application/json"})
+    answer = undecodable.getresponse()
+    assert answer.status == 400 and "not UTF-8" in json.loads(answer.read())["error"]
+    undecodable.close()
     for header, value, body in (("Content-Length", str(3 << 20), []), ("Transfer-Encoding", "chunked", chunked)):
         connection = http.client.HTTPConnection(host, int(port), timeout=60)
         connection.putrequest("POST", "/v1/evaluations")
@@ -166,3 +173,29 @@ def test_a_token_is_required_when_set(tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_a_service_that_cannot_store_verdicts_or_listen_does_not_start(tmp_path, capsys):
+    """A --db that is a directory or not a database, and a port another process holds: one sentence, exit 2,
+    nothing started and nothing written (issue 49: it used to start, say ok on /v1/health, and keep every
+    request queued for ever, or print a traceback)."""
+    import socket
+
+    from pkb.cli import main
+
+    text = tmp_path / "notes.txt"
+    text.write_text("mine\n")
+    for db, said in ((tmp_path, "is a directory"), (text, "is not a pkb results database")):
+        assert main(["serve", "--db", str(db), "--url-file", str(tmp_path / "url")]) == 2
+        assert said in capsys.readouterr().err
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--db", str(tmp_path / "new.sqlite")]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot listen on 127.0.0.1:{port}: another process uses that port" in err and "Traceback" not in err
+    finally:
+        taken.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"] and text.read_text() == "mine\n"

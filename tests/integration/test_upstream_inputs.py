@@ -1,4 +1,5 @@
-"""pkb's ``upstream`` cases hand a solution the same argument structure as upstream's factory (issue 28).
+"""pkb's ``upstream`` cases hand a solution the same argument structure as upstream's factory (issue 28), and
+the paper's verdict hands it upstream's very values (issue 47).
 
 Upstream's ``create_input_tensor`` (``../shared/upstream/utils/input_output_tensors.py``, imported from
 that file) runs beside ``problem.make_inputs`` on every pkb upstream case, rank by rank, in W gloo
@@ -17,7 +18,15 @@ the whole tensor, and a solution that addresses a tensor through ``data_ptr()`` 
 does) cannot tell. Skipped where the upstream folder is absent (a user's clone has no
 ../shared).
 
-Run one problem with ``-k "28-"`` (ids ``<n>-<W>`` in bf16, ``<n>-<W>-fp32`` and ``-fp16`` in the others).
+VALUES: ``Problem.upstream_inputs`` (the inputs of the paper's verdict) must give, for every upstream case,
+exactly the factory's tensors, bit for bit, and its other arguments (scalars, groups, modules' parameters
+and buffers, dataclasses' fields) equal, at W = 2 with trial 0 and at W = 4 with trial 3 (so that the trial's
+term of upstream's seed is checked too), in bf16, and at W = 2 in fp32 and fp16; the rest under ``slow``.
+The factory and pkb's function run one after the other in the same rank process, each seeding the process's
+generators itself, as upstream's worker does.
+
+Run one problem with ``-k "28-"`` (ids ``<n>-<W>`` in bf16, ``<n>-<W>-fp32`` and ``-fp16`` in the others; the
+values test's are ``u<n>-w<W>-<precision>-t<trial>``).
 """
 
 from __future__ import annotations
@@ -211,6 +220,99 @@ def _both_structures(create_input_tensor, number: int, rank: int, world_size: in
     return reply
 
 
+def _both_values(create_input_tensor, number: int, rank: int, world_size: int, precision: str, trial: int,
+                 device: str = "cpu") -> list[str]:
+    """Where pkb's ``upstream_inputs`` differs from upstream's factory on this rank (empty: bit for bit), both
+    drawing on ``device`` (``cuda:0`` for every rank: as in shared-gpu mode; upstream's own GPU of each rank draws
+    from the same Philox stream)."""
+    from pkb.problem import PRECISIONS, UPSTREAM_BASE_SHAPE
+    from pkb.registry import get_problem
+
+    problem = get_problem(number)
+    if problem.upstream_inputs is None:
+        return [f"{problem.name} has no upstream_inputs"]
+    try:
+        upstream = tuple(create_input_tensor(rank, world_size, number, UPSTREAM_BASE_SHAPE, PRECISIONS[precision],
+                                             trial=trial, device=device))
+    except Exception:
+        return ["upstream's factory raised:\n" + traceback.format_exc(limit=4)]
+    lines = []
+    for case in problem.cases("upstream", world_size, precision):
+        try:
+            ours = problem.upstream_values(case, rank, world_size, trial, torch.device(device))
+        except Exception:
+            lines.append(f"case {case.name}: pkb's upstream_inputs raised:\n" + traceback.format_exc(limit=4))
+            continue
+        names = problem.argument_names
+        if len(ours) != len(upstream):
+            lines.append(f"case {case.name}: {len(ours)} arguments, upstream's factory gives {len(upstream)}")
+        for index, (theirs, mine) in enumerate(zip(upstream, ours)):
+            name = names[index] if index < len(names) else "?"
+            lines += [f"case {case.name}: {line}" for line in value_diff(theirs, mine, f"[{index}] {name}")]
+    return lines
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements as integers of the same width (NaNs compare by their bits)."""
+    tensor = tensor.detach().cpu()
+    if tensor.layout is not torch.strided:
+        tensor = tensor.coalesce().values() if tensor.layout is torch.sparse_coo else tensor.to_dense()
+    if tensor.is_complex():
+        tensor = torch.view_as_real(tensor.resolve_conj())
+    if tensor.dtype == torch.bool:
+        return tensor
+    return tensor.contiguous().view(_BITS[tensor.element_size()])
+
+
+def value_diff(upstream, ours, path: str) -> list[str]:
+    """Lines ``path: ...`` where ``ours`` is not upstream's value bit for bit (structure included)."""
+    import torch.distributed as dist
+
+    if type(ours) is not type(upstream) and not (isinstance(upstream, dist.ProcessGroup)
+                                                 and isinstance(ours, dist.ProcessGroup)):
+        return [f"{path}: upstream {type(upstream).__name__}, pkb {type(ours).__name__}"]
+    if isinstance(upstream, torch.Tensor):
+        if (upstream.dtype, upstream.shape, upstream.layout) != (ours.dtype, ours.shape, ours.layout):
+            return [f"{path}: upstream {upstream.dtype}{list(upstream.shape)}, pkb {ours.dtype}{list(ours.shape)}"]
+        if upstream.layout is torch.sparse_coo and not torch.equal(upstream.coalesce().indices(), ours.coalesce().indices()):
+            return [f"{path}: the sparse indices differ"]
+        same = _bits(upstream) == _bits(ours)
+        if not bool(same.all()):
+            first = int((~same).reshape(-1).nonzero()[0])
+            theirs, mine = upstream.detach().cpu().reshape(-1), ours.detach().cpu().reshape(-1)
+            shown = f" (first at flat index {first}: upstream {theirs[first].item()!r}, pkb {mine[first].item()!r})" \
+                if theirs.numel() == same.numel() else ""
+            return [f"{path}: {int((~same).sum())} of {same.numel()} values differ{shown}"]
+        return []
+    if isinstance(upstream, dist.ProcessGroup):
+        theirs, mine = (_describe_group(group) for group in (upstream, ours))
+        return [] if theirs == mine else [f"{path}: upstream {theirs}, pkb {mine}"]
+    if isinstance(upstream, (tuple, list)):
+        if len(upstream) != len(ours):
+            return [f"{path}: upstream {len(upstream)} items, pkb {len(ours)}"]
+        return [line for index, (a, b) in enumerate(zip(upstream, ours)) for line in value_diff(a, b, f"{path}[{index}]")]
+    if isinstance(upstream, dict):
+        if list(upstream) != list(ours):
+            return [f"{path}: upstream keys {list(upstream)}, pkb {list(ours)}"]
+        return [line for key in upstream for line in value_diff(upstream[key], ours[key], f"{path}[{key!r}]")]
+    if dataclasses.is_dataclass(upstream) and not isinstance(upstream, type):
+        return [line for item in dataclasses.fields(upstream)
+                for line in value_diff(getattr(upstream, item.name), getattr(ours, item.name), f"{path}.{item.name}")]
+    if isinstance(upstream, torch.nn.Module):
+        theirs = dict(list(upstream.named_parameters()) + list(upstream.named_buffers()))
+        mine = dict(list(ours.named_parameters()) + list(ours.named_buffers()))
+        if list(theirs) != list(mine) or upstream.training != ours.training:
+            return [f"{path}: upstream module {sorted(theirs)} (training={upstream.training}), "
+                    f"pkb {sorted(mine)} (training={ours.training})"]
+        return [line for name in theirs for line in value_diff(theirs[name], mine[name], f"{path}.{name}")]
+    if upstream is None or isinstance(upstream, (bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)):
+        return [] if upstream == ours or (upstream != upstream and ours != ours) else [f"{path}: upstream {upstream!r}, pkb {ours!r}"]
+    return [f"{path}: cannot compare {type(upstream).__qualname__} values"]
+
+
 class _nothing:
     def __enter__(self):
         return self
@@ -232,7 +334,10 @@ def _rank_main(conn, rank: int, world_size: int, store_path: str) -> None:
         if asked is None:
             break
         try:
-            conn.send(_both_structures(create_input_tensor, *asked[:1], rank, world_size, asked[1]))
+            if asked[0] == "values":
+                conn.send(_both_values(create_input_tensor, asked[1], rank, world_size, *asked[2:]))
+            else:
+                conn.send(_both_structures(create_input_tensor, *asked[:1], rank, world_size, asked[1]))
         except Exception:
             conn.send({"upstream": "worker failed:\n" + traceback.format_exc(), "pkb": {}})
     dist.destroy_process_group()
@@ -256,8 +361,14 @@ class RankPool:
         self.broken = False
 
     def structures(self, number: int, precision: str) -> list[dict]:
+        return self._ask((number, precision), number)
+
+    def values(self, number: int, precision: str, trial: int, device: str = "cpu") -> list[list[str]]:
+        return self._ask(("values", number, precision, trial, device), number)
+
+    def _ask(self, asked: tuple, number: int) -> list:
         for conn in self._conns:
-            conn.send((number, precision))
+            conn.send(asked)
         replies = []
         for rank, conn in enumerate(self._conns):
             if not conn.poll(REPLY_TIMEOUT_S):
@@ -331,3 +442,53 @@ def test_upstream_case_inputs_have_the_structure_of_upstreams_factory(number, wo
         shown = problems_found[:40] + ([f"... and {len(problems_found) - 40} more"] if len(problems_found) > 40 else [])
         pytest.fail(f"{number} {problem.name} at W={world_size} in {precision}: pkb's upstream inputs differ from upstream's "
                     f"factory in {len(problems_found)} places:\n  " + "\n  ".join(shown), pytrace=False)
+
+
+# (world size, precision, trial): in bf16 trial 0 at W = 2 and trial 3 at W = 4 (the seed's trial term); the others at 2
+VALUE_RUNS = ((2, "bf16", 0), (4, "bf16", 3), (2, "fp32", 1), (2, "fp16", 2), (8, "bf16", 4), (4, "fp32", 0),
+              (4, "fp16", 0))
+
+
+def _value_params():
+    params = []
+    for world_size, precision, trial in VALUE_RUNS:
+        slow = world_size == 8 or (world_size == 4 and precision != "bf16")
+        for problem in all_problems().values():
+            if problem.upstream_id and world_size in problem.world_sizes and precision in problem.precisions:
+                marks = [pytest.mark.slow] if slow else []
+                if problem.upstream_id in NOT_ALLOCATED:
+                    marks.append(pytest.mark.skip(reason=f"too large to allocate: {NOT_ALLOCATED[problem.upstream_id]}"))
+                params.append(pytest.param(problem.upstream_id, world_size, precision, trial, marks=marks,
+                                           id=f"u{problem.upstream_id}-w{world_size}-{precision}-t{trial}"))
+    return params
+
+
+@pytest.mark.parametrize("number,world_size,precision,trial", _value_params())
+def test_the_paper_verdicts_inputs_are_upstreams_values_bit_for_bit(number, world_size, precision, trial, rank_pool):
+    from pkb.registry import get_problem
+
+    problem = get_problem(number)
+    replies = rank_pool(world_size).values(number, precision, trial)
+    found = [f"rank {rank}: {line}" for rank, lines in enumerate(replies) for line in lines]
+    if found:
+        shown = found[:40] + ([f"... and {len(found) - 40} more"] if len(found) > 40 else [])
+        pytest.fail(f"{number} {problem.name} at W={world_size} in {precision}, trial {trial}: pkb's upstream_inputs "
+                    f"differ from upstream's factory in {len(found)} places:\n  " + "\n  ".join(shown), pytrace=False)
+
+
+def _gpu_value_params():
+    return [pytest.param(problem.upstream_id, world_size, trial, id=f"u{problem.upstream_id}-w{world_size}-gpu-t{trial}",
+                         marks=[pytest.mark.skip(reason=f"too large: {NOT_ALLOCATED[problem.upstream_id]}")]
+                         if problem.upstream_id in NOT_ALLOCATED else [])
+            for world_size, trial in ((2, 0), (4, 3)) for problem in all_problems().values()
+            if problem.upstream_id and world_size in problem.world_sizes]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("number,world_size,trial", _gpu_value_params())
+def test_the_paper_verdicts_inputs_are_upstreams_values_bit_for_bit_on_a_gpu(number, world_size, trial, rank_pool):
+    """The same, drawn on the GPU as shared-gpu and cuda modes draw them (every rank on cuda:0 here), in bf16."""
+    replies = rank_pool(world_size).values(number, "bf16", trial, "cuda:0")
+    found = [f"rank {rank}: {line}" for rank, lines in enumerate(replies) for line in lines]
+    assert not found, f"{number} at W={world_size} on the GPU, trial {trial}:\n  " + "\n  ".join(found[:40])

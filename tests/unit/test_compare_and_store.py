@@ -126,9 +126,10 @@ def test_the_sandbox_flag_reaches_the_config_and_is_said_on_stderr(monkeypatch, 
     calls: list = []
     parse = lambda *extra: build_parser().parse_args(["eval", "1", "reference", "--mode", "cpu", *extra])  # noqa: E731
     assert parse().sandbox == "auto"
-    with pytest.raises(SystemExit) as exit_info:
-        parse("--sandbox", "loose")
-    assert exit_info.value.code == 2
+    from pkb.console import UsageError
+
+    with pytest.raises(UsageError, match=r"argument --sandbox: must be one of \['auto', 'required', 'off'\]"):
+        parse("--sandbox", "loose")  # pkb's usage error: exit status 2 (pkb.cli.main)
 
     monkeypatch.setattr(sandbox, "check_sandbox", fake_check(calls))
     config = make_config(parse("--sandbox", "required"), 2)
@@ -180,7 +181,7 @@ def test_the_sandbox_level_is_in_the_evaluation_key_and_auto_keeps_the_key_of_ea
 
 
 class RecordingExecutor:
-    """Answers every task ``ok`` at once and remembers which tasks it was given (no rank processes)."""
+    """Answers every evaluation ``ok`` at once and remembers which evaluations it was given (no rank processes)."""
 
     name = "recording"
 
@@ -188,9 +189,9 @@ class RecordingExecutor:
         self.submitted: list = []
         self._queue: list = []
 
-    def submit(self, task) -> None:
-        self.submitted.append(task)
-        self._queue.append(task)
+    def submit(self, evaluation) -> None:
+        self.submitted.append(evaluation)
+        self._queue.append(evaluation)
 
     @property
     def pending(self) -> int:
@@ -200,24 +201,25 @@ class RecordingExecutor:
         from pkb.evaluate.evaluator import new_result
 
         while self._queue:
-            task = self._queue.pop(0)
-            yield task, new_result(task.problem, task.candidate, task.config, Status.OK)
+            evaluation = self._queue.pop(0)
+            yield evaluation, new_result(evaluation.problem, evaluation.candidate, evaluation.config, Status.OK)
 
 
 def test_a_result_of_sandbox_off_is_never_resumed_by_a_sandboxed_run(tmp_path):
-    from pkb.loop import Job, run_jobs
+    from pkb.executor import Evaluation
+    from pkb.loop import run_evaluations
     from pkb.evaluate.candidate import Candidate
     from pkb.evaluate.config import EvalConfig
     from pkb.registry import get_problem
     from pkb.runtime.modes import Mode
 
     problem = get_problem("allreduce")
-    jobs = [Job(problem, Candidate.reference_of(problem), "reference")]
+    evaluations = [Evaluation(problem, Candidate.reference_of(problem), "reference")]
 
     def evaluated(level: str) -> int:
         executor = RecordingExecutor()
         with ResultStore(tmp_path / "r.sqlite") as store:
-            run_jobs(jobs, EvalConfig(2, Mode.CPU, sandbox=level), store, executor=executor)
+            run_evaluations(evaluations, EvalConfig(2, Mode.CPU, sandbox=level), store, executor=executor)
         return len(executor.submitted)
 
     assert evaluated("off") == 1 and evaluated("off") == 0  # resumed at the same level

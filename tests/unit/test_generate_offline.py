@@ -102,7 +102,7 @@ def test_a_missing_key_is_a_usage_error_before_any_work(capsys, monkeypatch, tmp
     code, _, err = run_cli(capsys, "generate", "--model", "openai:gpt-5", "--problems", "1", "--db", str(db))
     assert code == 2 and "set OPENAI_API_KEY" in err and not db.exists()
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    code, _, err = run_cli(capsys, "agent", "--model", "anthropic:claude-opus-4-5", "--problem", "1", "--db", str(db))
+    code, _, err = run_cli(capsys, "agent", "--model", "anthropic:claude-opus-4-5", "--problems", "1", "--db", str(db))
     assert code == 2 and "set ANTHROPIC_API_KEY" in err and not db.exists()
     code, _, err = run_cli(capsys, "generate", "--model", "gpt-5", "--problems", "1", "--db", str(db))
     assert code == 2 and "provider:model" in err
@@ -189,3 +189,28 @@ def test_the_upstream_prompt_says_what_is_missing(capsys, tmp_path):
     assert code == 2 and "has no file for problem 2 (allgather)" in err
     code, _, err = run_cli(capsys, "prompt", "1", "--upstream-dir", str(UPSTREAM_FIXTURE))
     assert code == 2 and "--upstream-dir goes with --prompt upstream" in err
+
+
+# -- replay:DIR ------------------------------------------------------------------------------------------------
+
+
+def test_replay_picks_the_file_by_problem_and_by_sample_or_step(tmp_path):
+    from pkb.generate.providers import CallContext, Message, SetupError, replay_file
+
+    (tmp_path / "allgather").mkdir()
+    recorded = tmp_path / "allgather" / "sample_1.py"
+    recorded.write_text("def solution(tensor):\n    return tensor\n")
+    first, second = tmp_path / "1_allreduce_a.py", tmp_path / "allreduce_b.py"
+    first.write_text("# a")
+    second.write_text("# b")
+    assert replay_file(tmp_path, CallContext("allgather", 2, sample=1)) == recorded
+    assert replay_file(tmp_path, CallContext("allgather", 2, sample=0)) is None
+    assert replay_file(tmp_path, CallContext("allgather", 2, step=1, kind="step")) is None  # step files are agent's
+    assert [replay_file(tmp_path, CallContext("allreduce", 1, step=k, kind="step")) for k in range(3)] == [
+        first, second, second]  # in name order, the last one for every later step
+    provider = connect(f"replay:{tmp_path}")
+    answer = provider.complete("system", [Message("user", "write it")], 100, context=CallContext("allgather", 2,
+                                                                                                  sample=1))
+    assert answer.text == recorded.read_text() and answer.cost_usd == 0.0 and answer.attempts == 1
+    with pytest.raises(SetupError, match="is not a folder"):
+        connect(f"replay:{tmp_path / 'missing'}")

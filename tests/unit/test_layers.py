@@ -1,6 +1,9 @@
 """The package's layers point down: every module of ``pkb`` imports only modules of its own layer or of
 the layers below it (``LAYERS``, bottom first; docs/architecture.md states the same order), and no import
-cycle exists inside ``pkb``. Imports made inside functions count too (a lazy import is still a dependency)."""
+cycle exists inside ``pkb``. Imports made inside functions count too (a lazy import is still a dependency), and
+so do imports through importlib (``importlib.import_module("pkb.x")``, ``__import__``, with the name written
+out, a module-level constant, or a loop over one). The problem suite and the shipped solutions are in the graph:
+they may use ``pkb.problem``, ``pkb.protocol`` and the ``pkb.kernels`` helpers, nothing above."""
 
 from __future__ import annotations
 
@@ -10,12 +13,13 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "pkb"
 
 # Bottom first. A name is a module or package directly under pkb; everything inside a package shares its
-# layer. (The problems and the shipped solutions sit outside: they use pkb.problem and pkb.kernels.)
+# layer.
 LAYERS = (
     ("pkb.protocol", "pkb.options", "pkb.topology", "pkb.syntax", "pkb.console", "pkb.progress", "pkb.client"),  # no torch
     ("pkb.problem",),  # the contract every problem fills
-    ("pkb.registry", "pkb.describe"),  # the suite, found by discovery
     ("pkb.kernels",),  # what a candidate may use: extension builds, symmetric memory
+    ("pkb.problems", "pkb.solutions"),  # the suite and the shipped solutions: the contract and the kernels helpers
+    ("pkb.registry", "pkb.describe"),  # the suite, found by discovery
     ("pkb.runtime",),  # rank processes: launch, sandbox, worker, the rank-side timed loop, builds
     ("pkb.hardware",),  # the machine model: profiles, detection, roofline
     ("pkb.evaluate",),  # the parent's verdict: correctness, timing, sessions of rank groups
@@ -29,6 +33,7 @@ LAYERS = (
     ("pkb.rl",),  # RL environments on the service
     ("pkb.cli", "pkb.__main__"),  # the pkb command
 )
+IMPORT_CALLS = ("importlib.import_module", "import_module", "__import__")
 
 
 def module_name(path: Path) -> str:
@@ -37,11 +42,18 @@ def module_name(path: Path) -> str:
 
 
 def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """The pkb modules ``path`` imports (a package import counts as its __init__)."""
-    found = set()
+    """The pkb modules the file at ``path`` imports (a package import counts as its __init__)."""
     this = module_name(path)
-    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    return imports_in(path.read_text(), this, this if path.name == "__init__.py" else this.rpartition(".")[0],
+                      modules)
+
+
+def imports_in(source: str, this: str, package: str, modules: set[str]) -> set[str]:
+    """The pkb modules of ``modules`` that the source of module ``this`` (in ``package``) imports: its import
+    statements anywhere, and its importlib calls whose module name can be read (``imported_by_importlib``)."""
+    tree = ast.parse(source)
+    found = set()
+    for node in ast.walk(tree):
         names = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -55,11 +67,50 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
                 name = name.rpartition(".")[0]
             if name and name != this and name != "pkb":
                 found.add(name)
+    for name in imported_by_importlib(tree):
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name and name != this and name != "pkb":
+            found.add(name)
     return found
 
 
+def imported_by_importlib(tree: ast.Module) -> set[str]:
+    """The module names a module's importlib calls (``IMPORT_CALLS``) import, where they can be read: a string
+    written out, a module-level constant (a string, or a tuple or list of them), or the variable of a ``for``
+    loop over such a constant. A name computed at run time is not seen."""
+    constants: dict[str, list[str]] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+            node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and node.value is not None:
+            strings = _strings(node.value)
+            if strings:
+                constants[target.id] = strings
+    for node in ast.walk(tree):  # a loop over a constant binds its variable to the constant's names
+        if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name) \
+                and isinstance(node.iter, ast.Name) and node.iter.id in constants:
+            constants.setdefault(node.target.id, constants[node.iter.id])
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and ast.unparse(node.func) in IMPORT_CALLS:
+            argument = node.args[0]
+            named = constants.get(argument.id, []) if isinstance(argument, ast.Name) else []
+            found.update(_strings(argument) or named)
+    return found
+
+
+def _strings(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List)) and all(isinstance(e, ast.Constant) and isinstance(e.value, str)
+                                                        for e in node.elts):
+        return [e.value for e in node.elts]
+    return []
+
+
 def import_graph() -> dict[str, set[str]]:
-    paths = [p for p in PACKAGE.rglob("*.py") if "problems" not in p.parts and "solutions" not in p.parts]
+    paths = list(PACKAGE.rglob("*.py"))
     modules = {module_name(p) for p in paths}
     return {module_name(p): imports_of(p, modules) for p in paths}
 
@@ -125,6 +176,51 @@ def test_the_direction_check_finds_an_import_that_points_up():
         "pkb.runtime.worker -> pkb.evaluate.timing"]
 
 
+def test_the_suite_and_the_shipped_solutions_are_in_the_graph():
+    graph = import_graph()
+    assert "pkb.problems.collectives.allreduce" in graph and "pkb.solutions._peer_common" in graph
+    assert "pkb.problems" in graph["pkb.registry"]  # discovery imports the suite through importlib
+
+
+FAKE_MODULES = {"pkb.problem", "pkb.protocol", "pkb.kernels", "pkb.kernels.build", "pkb.evaluate",
+                "pkb.evaluate.compare", "pkb.runtime.worker", "pkb.problems.collectives.allreduce",
+                "pkb.solutions.mine", "pkb.registry", "pkb.cli", "pkb.report.cli"}
+
+
+def test_a_problem_or_a_solution_that_imports_above_the_kernels_helpers_fails():
+    problem = imports_in("from pkb.problem import Case\nfrom pkb.kernels import load_cuda\n"
+                         "def cost(case, world_size):\n    from pkb.evaluate.compare import compare\n",
+                         "pkb.problems.collectives.allreduce", "pkb.problems.collectives", FAKE_MODULES)
+    solution = imports_in("import pkb.runtime.worker\nfrom pkb.kernels.build import load_cuda\n",
+                          "pkb.solutions.mine", "pkb.solutions", FAKE_MODULES)
+    assert upward({"pkb.problems.collectives.allreduce": problem, "pkb.solutions.mine": solution}) == [
+        "pkb.problems.collectives.allreduce -> pkb.evaluate.compare", "pkb.solutions.mine -> pkb.runtime.worker"]
+
+
+def test_an_importlib_import_that_points_up_fails():
+    source = """
+import importlib
+from importlib import import_module
+
+PLUGINS = ("pkb.report.cli",)
+EVALUATOR = "pkb.evaluate"
+
+
+def load(name):
+    importlib.import_module("pkb.cli")
+    import_module(EVALUATOR)
+    for plugin in PLUGINS:
+        importlib.import_module(plugin)
+    importlib.import_module(name)  # computed at run time: not seen
+    return __import__("pkb.kernels.build")
+"""
+    found = imports_in(source, "pkb.problems.collectives.allreduce", "pkb.problems.collectives", FAKE_MODULES)
+    assert found == {"pkb.cli", "pkb.evaluate", "pkb.report.cli", "pkb.kernels.build"}
+    assert upward({"pkb.problems.collectives.allreduce": found}) == [
+        "pkb.problems.collectives.allreduce -> pkb.cli", "pkb.problems.collectives.allreduce -> pkb.evaluate",
+        "pkb.problems.collectives.allreduce -> pkb.report.cli"]
+
+
 def test_the_layers_in_the_docs_are_the_layers_tested():
     text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
     documented = [line.split("|")[2].strip() for line in text.splitlines() if line.startswith("| ") and
@@ -134,3 +230,16 @@ def test_the_layers_in_the_docs_are_the_layers_tested():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# The evaluation core talks to the rank processes in one place (issue 50): pkb.evaluate.ranks (one evaluation's
+# rank groups, the rank messages, the failures of the ranks as verdicts) and pkb.evaluate.session (the warm groups
+# across evaluations). The rest of pkb.evaluate judges what they return.
+TALKS_TO_THE_RANKS = {"pkb.evaluate.ranks", "pkb.evaluate.session"}
+
+
+def test_only_the_ranks_and_the_session_of_the_evaluation_core_import_the_runtime():
+    graph = import_graph()
+    talking = {module for module, imported in graph.items() if module.startswith("pkb.evaluate")
+               and any(name == "pkb.runtime" or name.startswith("pkb.runtime.") for name in imported)}
+    assert talking == TALKS_TO_THE_RANKS, talking

@@ -4,14 +4,15 @@ back, on an executor that judges without starting processes (the verdict is the 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 import pytest
 
-from pkb.loop import EvaluationLoop, Job, run_jobs
+from pkb.loop import EvaluationLoop, run_evaluations
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
 from pkb.evaluate.evaluator import new_result
-from pkb.executor import Executor
+from pkb.executor import Evaluation, Executor
 from pkb.options import Status
 from pkb.registry import get_problem
 from pkb.runtime.modes import Mode
@@ -30,8 +31,8 @@ class VerdictFromSource(Executor):
         self.queue: deque = deque()
         self.ran: list[str] = []
 
-    def submit(self, task) -> None:
-        self.queue.append(task)
+    def submit(self, evaluation) -> None:
+        self.queue.append(evaluation)
 
     @property
     def pending(self) -> int:
@@ -39,24 +40,24 @@ class VerdictFromSource(Executor):
 
     def finished(self, wait: bool = True):
         while self.queue:
-            task = self.queue.popleft()
-            self.ran.append(task.candidate.name)
-            status = Status(task.candidate.source.splitlines()[0].lstrip("# ").strip())
-            yield task, new_result(task.problem, task.candidate, task.config, status)
+            evaluation = self.queue.popleft()
+            self.ran.append(evaluation.candidate.name)
+            status = Status(evaluation.candidate.source.splitlines()[0].lstrip("# ").strip())
+            yield evaluation, new_result(evaluation.problem, evaluation.candidate, evaluation.config, status)
 
 
-def job(tmp_path, name: str, first_line: str = "# ok", solution_set: str = "a") -> Job:
+def evaluation_of(tmp_path, name: str, first_line: str = "# ok", solution_set: str = "a") -> Evaluation:
     path = tmp_path / f"{name}.py"
     path.write_text(f"{first_line}\ndef solution(tensor):\n    return tensor\n")
-    return Job(ALLGATHER, Candidate.from_file(path, name=name), solution_set)
+    return Evaluation(ALLGATHER, Candidate.from_file(path, name=name), solution_set)
 
 
-def judge(store, jobs, reuse, executor=None):
+def judge(store, evaluations, reuse, executor=None):
     executor = executor or VerdictFromSource()
     with EvaluationLoop(store, CONFIG, executor, reuse=reuse) as loop:
-        for index, item in enumerate(jobs):
-            loop.submit(item, tag=index)
-        done = sorted(loop.finished(), key=lambda d: d.tag)
+        for index, item in enumerate(evaluations):
+            loop.submit(replace(item, tag=index))
+        done = sorted(loop.finished(), key=lambda stored: stored.evaluation.tag)
         assert loop.pending == 0
     return done, executor
 
@@ -67,8 +68,8 @@ def rows(store) -> list[tuple]:
 
 def test_restore_judges_a_file_once_and_stores_it_under_every_set_that_holds_it(tmp_path):
     with ResultStore(tmp_path / "r.sqlite") as store:
-        first = job(tmp_path, "same")
-        twin = Job(first.problem, Candidate.from_file(first.candidate.path, name="copy"), "b")
+        first = evaluation_of(tmp_path, "same")
+        twin = Evaluation(first.problem, Candidate.from_file(first.candidate.path, name="copy"), "b")
         done, executor = judge(store, [first, twin], "restore")
         assert executor.ran == ["same"] and [d.resumed for d in done] == [False, True]
         assert done[1].result.details["verdict_of"] == done[0].result_id
@@ -79,9 +80,9 @@ def test_restore_judges_a_file_once_and_stores_it_under_every_set_that_holds_it(
 
 def test_as_stored_hands_back_the_first_row_and_never_hands_back_no_reuse(tmp_path):
     with ResultStore(tmp_path / "r.sqlite") as store:
-        first = job(tmp_path, "same")
+        first = evaluation_of(tmp_path, "same")
         done, _ = judge(store, [first], "as_stored")
-        moved = Job(first.problem, first.candidate, "elsewhere")
+        moved = Evaluation(first.problem, first.candidate, "elsewhere")
         reused, executor = judge(store, [moved], "as_stored")
         assert executor.ran == [] and reused[0].result_id == done[0].result_id
         assert reused[0].result.solution_set == "a"  # the row as it was stored, not copied
@@ -92,7 +93,7 @@ def test_as_stored_hands_back_the_first_row_and_never_hands_back_no_reuse(tmp_pa
 
 def test_no_verdict_is_judged_again_and_a_twin_gets_its_own_attempt(tmp_path):
     with ResultStore(tmp_path / "r.sqlite") as store:
-        broken = job(tmp_path, "pkb_failed", "# harness_error")
+        broken = evaluation_of(tmp_path, "pkb_failed", "# harness_error")
         done, executor = judge(store, [broken, broken], "restore")
         assert executor.ran == ["pkb_failed", "pkb_failed"]  # the twin was not answered with a harness error
         assert [d.result.status for d in done] == [Status.HARNESS_ERROR] * 2
@@ -100,22 +101,23 @@ def test_no_verdict_is_judged_again_and_a_twin_gets_its_own_attempt(tmp_path):
         assert executor.ran == ["pkb_failed"]
 
 
-def test_run_jobs_keeps_job_order_and_reports_each_result(tmp_path):
+def test_run_evaluations_keeps_their_order_and_reports_each_result(tmp_path):
     with ResultStore(tmp_path / "r.sqlite") as store:
-        jobs = [job(tmp_path, "one"), job(tmp_path, "two", "# mismatch"), job(tmp_path, "one")]
+        evaluations = [evaluation_of(tmp_path, "one"), evaluation_of(tmp_path, "two", "# mismatch"),
+                       evaluation_of(tmp_path, "one")]
         seen = []
-        results = run_jobs(jobs, CONFIG, store, lambda j, r, resumed: seen.append((j.candidate.name, resumed)),
-                           VerdictFromSource())
+        results = run_evaluations(evaluations, CONFIG, store,
+                                  lambda e, r, resumed: seen.append((e.candidate.name, resumed)), VerdictFromSource())
         assert [r.status for r in results] == [Status.OK, Status.MISMATCH, Status.OK]
         assert sorted(seen) == [("one", False), ("one", True), ("two", False)]
 
 
-def test_a_job_world_size_and_a_request_config_override_the_loop_config(tmp_path):
+def test_an_evaluations_own_config_overrides_the_loop_config(tmp_path):
     with ResultStore(tmp_path / "r.sqlite") as store:
         executor = VerdictFromSource()
         loop = EvaluationLoop(store, CONFIG, executor, reuse="never", keep_paths=False)
-        loop.submit(Job(ALLGATHER, job(tmp_path, "four").candidate, "a", world_size=4))
-        loop.submit(job(tmp_path, "trials"), config=EvalConfig(world_size=2, mode=Mode.CPU, num_trials=7))
+        loop.submit(replace(evaluation_of(tmp_path, "four"), config=replace(CONFIG, world_size=4)))
+        loop.submit(replace(evaluation_of(tmp_path, "trials"), config=replace(CONFIG, num_trials=7)))
         done = list(loop.finished())
         assert [(d.result.world_size, d.result.num_trials) for d in done] == [(4, 1), (2, 7)]
         assert all("solution_path" not in d.result.details for d in done)

@@ -15,7 +15,7 @@ from helpers.sources import HONEST_ALLREDUCE
 from pkb.cli import main
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
-from pkb.executor import LocalExecutor, Task
+from pkb.executor import Evaluation, LocalExecutor
 from pkb.executor.ray_cluster import INSTALL_HINT, slot_resources, slots_on, whole_node
 from pkb.options import Status
 from pkb.registry import get_problem
@@ -98,7 +98,7 @@ def test_evaluations_at_different_sandbox_levels_never_share_rank_processes(monk
     monkeypatch.setattr(pkb.executor.local, "evaluate", fake_evaluate)
     with LocalExecutor() as executor:
         for level in levels:
-            executor.submit(Task(problem, Candidate.reference_of(problem), replace(CONFIG, sandbox=level)))
+            executor.submit(Evaluation(problem, Candidate.reference_of(problem), config=replace(CONFIG, sandbox=level)))
         assert [r.status for _, r in executor.finished()] == [Status.OK] * 4
     assert FakeSession.built == [(Mode.CPU, 2, "auto"), (Mode.CPU, 2, "off")]
 

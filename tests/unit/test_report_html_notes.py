@@ -47,3 +47,18 @@ def test_the_html_headline_says_which_sets_ran_without_the_full_sandbox(tmp_path
     parsed = SandboxNotes()
     parsed.feed(report_html.render(build(write_db(tmp_path / "full.sqlite", full_only))))
     assert parsed.notes == []
+
+
+def test_a_partial_set_is_plotted_over_the_categories_it_ran_and_told_how_to_report_only_those(tmp_path):
+    """Issue 49: with a set of two collectives the per-category table and plot were rows of zeros; they now show
+    the categories with results, and a note gives the ``--problems`` that reports only what was run."""
+    from helpers.reports import make_result
+    from pkb.options import Status
+
+    rows = [make_result("allreduce", "few/allreduce", Status.OK, upstream_ok=True),
+            make_result("allgather", "few/allgather", Status.MISMATCH, upstream_ok=True)]
+    page = report_html.render(build(write_db(tmp_path / "few.sqlite", rows)))
+    assert "To report only what was run: <code>pkb report --problems 1-2 --html FILE</code>" in page
+    assert "categories without a result are left out of the plots and tables" in page
+    table = page[page.index('<section id="categories"'):page.index('<section id="strict"')]
+    assert "<td>collectives</td>" in table and "<td>data_parallel</td>" not in table

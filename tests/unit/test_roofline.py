@@ -173,7 +173,7 @@ def test_choose_profile_prefers_calibrated_then_datasheet_then_cpu(tmp_path, mon
 
 # -- calibrated profiles ----------------------------------------------------------------------------
 
-# Measured on a 2 x H200 node (README.md, "On GPUs"): copy 4260 GB/s, GEMM 680 TFLOP/s, peer copy 393 GB/s at
+# Measured on a 2 x H200 node (docs/results.md, "On GPUs"): copy 4260 GB/s, GEMM 680 TFLOP/s, peer copy 393 GB/s at
 # 1 GiB, NCCL all-reduce busbw 331 GB/s at 1 GiB, all-reduce 51 us at 4 KiB.
 MEASURED = {
     "hbm": {"gbps": 4260.0}, "gemm": {"tflops": 680.0}, "l2_bytes": 52428800, "hbm_bytes": 150 * 10**9,

@@ -119,6 +119,34 @@ def test_the_prompt_describes_the_topology(problem):
     assert "## Topology" not in plain.user
 
 
+def test_the_prompt_says_what_crosses_nodes_without_contradicting_itself():
+    """One node: the kernels move everything. Several: the kernels inside a node, torch.distributed between nodes,
+    and where nothing crosses NVLink (kv_cache_transfer), torch.distributed carries all of it."""
+    from pkb.generate import templates
+    from pkb.generate.prompt import build_prompt
+
+    h200 = get_profile("h200_sxm_x8")
+    one = build_prompt(get_problem("allreduce"), "cuda", h200, world_size=8).user
+    assert templates.COMMUNICATION in one and "Between nodes" not in one
+    for name in ("hierarchical_allreduce", "pipeline_internode", "dp_reduce_scatter_tp"):
+        problem = get_problem(name)
+        text = build_prompt(problem, "cuda", h200, case=problem.tests[0], world_size=8, nodes=2).user
+        assert templates.COMMUNICATION_NODES in text and templates.COMMUNICATION not in text, name
+        assert templates.NO_NVLINK_LEG not in text, name  # these have an NVLink leg
+    problem = get_problem("kv_cache_transfer")
+    text = build_prompt(problem, "cuda", h200, case=problem.tests[0], world_size=8, nodes=2).user
+    assert templates.NO_NVLINK_LEG in text and templates.COMMUNICATION not in text
+
+
+def test_forbid_collectives_forbids_what_moves_inside_a_node_and_lets_the_network_leg_through():
+    from pkb.runtime.guards import moved_inside_a_node
+
+    labels = ["dist.barrier", "dist.isend@network", "ProcessGroup.allreduce@network", "dist.all_reduce@mixed",
+              "dist.reduce_scatter_tensor", "reference", "symm_mem.one_shot_all_reduce", "functional.all_reduce@network"]
+    assert moved_inside_a_node(labels) == ["dist.all_reduce@mixed", "dist.reduce_scatter_tensor", "reference",
+                                           "symm_mem.one_shot_all_reduce"]
+
+
 def test_nvshmem_is_skipped_where_it_cannot_run_faithfully():
     wants = dataclasses.replace(Candidate.reference_of(get_problem("allreduce")), requires=("cuda", "nvshmem"))
     assert wants.missing_in(Mode.CUDA, nodes=1) is None

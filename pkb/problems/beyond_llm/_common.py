@@ -1,4 +1,5 @@
-"""Helpers shared by the beyond-LLM problems: the run's dtype, variable-size exchanges, skewed splits.
+"""Helpers shared by the beyond-LLM problems: the run's dtype, variable-size exchanges, skewed splits, and
+upstream's draws that several problems share.
 
 The exchanges here are the plain c10d patterns the references are built from (sizes first, then the
 payload), written once so every reference reads as its workload's steps, not as bookkeeping.
@@ -87,3 +88,13 @@ def skewed_counts(gen: torch.Generator, num: int, total_mean: int, num_empty: in
         weights[empty] = 0.0
     counts = torch.floor(weights / weights.sum() * total_mean + 0.5).to(torch.int64)
     return counts.tolist()
+
+
+def upstream_exchange(case, world_size: int, num_rows: int, dtype: torch.dtype, device) -> tuple:
+    """Upstream's GraphBolt exchange draws (problems 65, 66; after its seed): rows [num_rows, dim] N(0, 1) in
+    ``dtype``, then ``rows_per_rank`` seed_inverse_ids in [0, seed_size); rows_per_rank / W rows to and from
+    every peer. Returns (rows, seed_inverse_ids, counts_sent, counts_received)."""
+    rows = torch.randn((num_rows, case["dim"]), dtype=dtype, device=device)
+    seed_inverse_ids = torch.randint(0, case["seed_size"], (case["rows_per_rank"],), dtype=torch.long, device=device)
+    per_peer = case["rows_per_rank"] // world_size
+    return rows, seed_inverse_ids, [per_peer] * world_size, [per_peer] * world_size

@@ -51,6 +51,16 @@ def make_inputs(case, rank, world_size, gen):
     return x, weight, bias, 1, padding, None
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's (after its seed): N(0, 1) x, weight (not scaled by the fan-in), then bias, in the run's dtype."""
+    dtype, channels, padding = dtype_of(case), case["channels"], case.get("padding", 1)
+    kernel = 2 * padding + 1
+    x = torch.randn((case["batch"], channels, band_rows(case, world_size, rank), case["width"]), dtype=dtype,
+                    device=device)
+    weight = torch.randn((channels, channels, kernel, kernel), dtype=dtype, device=device)
+    return x, weight, torch.randn((channels,), dtype=dtype, device=device), 1, padding, None
+
+
 def reference(x, weight, bias, stride=1, padding=1, group=None):
     bias = bias.float() if bias is not None else None
     if padding == 0:  # no halo
@@ -112,5 +122,5 @@ PROBLEM = Problem(
         Case("sdxl_1024_c1280_32x32", {"batch": 2, "channels": 1280, "height": 32, "width": 32}),
         Case("catalog_c1280_128x128", {"batch": 1, "channels": 1280, "height": 128, "width": 128}),
     ],
-    tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=tolerance, reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -80,6 +80,20 @@ def make_inputs(case, rank, world_size, gen):
     return test_features.to(dtype), train_T.to(dtype), train_labels_rank, max_k, None
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's (after its seed): N(0, 1) bf16 queries, then train vectors, each normalised in bf16 and cast to
+    the run's dtype; label of train vector i of rank r: (r * t_r + i) mod num_classes."""
+    dtype, dim, num_train = dtype_of(case), case["dim"], shard_sizes(case, world_size)[rank]
+    test_features = torch.randn((case["queries_per_rank"], dim), dtype=torch.bfloat16, device=device)
+    train_features = torch.randn((num_train, dim), dtype=torch.bfloat16, device=device)
+    test_features = torch.nn.functional.normalize(test_features, dim=1, p=2)
+    train_features = torch.nn.functional.normalize(train_features, dim=1, p=2)
+    label_ids = rank * num_train + torch.arange(num_train, dtype=torch.long, device=device)
+    train_labels_rank = label_ids.remainder(case["num_classes"]).view(1, num_train)
+    return (test_features.to(dtype=dtype).contiguous(), train_features.to(dtype=dtype).t().contiguous(),
+            train_labels_rank, case["max_k"], None)
+
+
 def _top_k(sims, labels, k):
     order = torch.sort(sims, dim=1, descending=True, stable=True).indices[:, :k]
     return sims.gather(1, order), labels.gather(1, order)
@@ -135,5 +149,5 @@ PROBLEM = Problem(
         Case("dinov2_vitg14_imagenet1k", {"queries_per_rank": 256, "dim": 1536, "train_total": 1_281_167,
                                           "max_k": 200, "num_classes": 1000}),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -53,6 +53,14 @@ def make_inputs(case, rank, world_size, gen):
     return (values + 0.0).to(dtype_of(case)), None  # + 0.0 turns -0.0 into 0.0
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's (after its seed): n integers in [-50, 50), cast to the run's dtype, minus rank * n; when
+    trial % 4 == 3 the odd ranks bring no keys."""
+    num_keys = 0 if trial % 4 == 3 and rank % 2 == 1 else keys_per_rank(case, world_size)
+    values = torch.randint(-50, 50, (num_keys,), dtype=torch.int64, device=device)
+    return values.to(dtype_of(case)) - rank * max(1, num_keys), None
+
+
 def reference(local_shard, group=None):
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     device = local_shard.device
@@ -107,5 +115,6 @@ PROBLEM = Problem(
         Case("keys_64Mi", {"keys_per_rank": 1 << 26, "spread": 1.0, "shift": 0.25}),
         Case("integer_keys_16Mi", {"keys_per_rank": 1 << 24, "spread": 50.0, "shift": -3.0, "integer_keys": True}),
     ],
-    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs,
+    cost=cost,
 )

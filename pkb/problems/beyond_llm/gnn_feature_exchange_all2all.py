@@ -28,7 +28,7 @@ the order of 10^5 rows per rank; ``papers100m_layer0`` uses 200k rows of 128 bf1
 import torch
 
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
-from pkb.problems.beyond_llm._common import all_to_all_rows_rotated, dtype_of, skewed_counts
+from pkb.problems.beyond_llm._common import all_to_all_rows_rotated, dtype_of, skewed_counts, upstream_exchange
 
 
 def count_matrix(case, world_size, gen):
@@ -52,6 +52,13 @@ def make_inputs(case, rank, world_size, gen):
     local_features = randn(gen, seed_size, case["dim"], dtype=dtype_of(case))
     seed_inverse_ids = torch.randint(0, seed_size, (sum(counts_received),), generator=gen, device=gen.device)
     return local_features, seed_inverse_ids, counts_sent, counts_received, None
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's (after its seed): N(0, 1) local_features in the run's dtype, then uniform ids (with repeats)."""
+    features, seed_inverse_ids, counts_sent, counts_received = upstream_exchange(
+        case, world_size, case["seed_size"], dtype_of(case), device)
+    return features, seed_inverse_ids, counts_sent, counts_received, None
 
 
 def reference(local_features, seed_inverse_ids, counts_sent, counts_received, group=None):
@@ -82,5 +89,6 @@ PROBLEM = Problem(
         Case("papers100m_layer0", {"rows_per_rank": 200_000, "seed_size": 150_000, "dim": 128}),
         Case("papers100m_hidden256", {"rows_per_rank": 40_000, "seed_size": 30_000, "dim": 256}),
     ],
-    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs,
+    cost=cost,
 )

@@ -27,7 +27,7 @@ ogbn-papers100M layers (200k rows of 128, 40k of 256).
 import torch
 
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
-from pkb.problems.beyond_llm._common import all_to_all_rows_rotated
+from pkb.problems.beyond_llm._common import all_to_all_rows_rotated, upstream_exchange
 from pkb.problems.beyond_llm.gnn_feature_exchange_all2all import count_matrix, rotated_counts
 
 
@@ -37,6 +37,13 @@ def make_inputs(case, rank, world_size, gen):
     grad_output = randn(gen, sum(counts_sent), case["dim"])
     seed_inverse_ids = torch.randint(0, seed_size, (sum(counts_received),), generator=gen, device=gen.device)
     return grad_output, seed_inverse_ids, seed_size, counts_sent, counts_received, None
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's (after its seed): N(0, 1) fp32 grad_output, then uniform ids (with repeats) below seed_size."""
+    grad_output, seed_inverse_ids, counts_sent, counts_received = upstream_exchange(
+        case, world_size, case["rows_per_rank"], torch.float32, device)
+    return grad_output, seed_inverse_ids, case["seed_size"], counts_sent, counts_received, None
 
 
 def reference(grad_output, seed_inverse_ids, seed_size, counts_sent, counts_received, group=None):
@@ -70,5 +77,6 @@ PROBLEM = Problem(
         Case("papers100m_layer0", {"rows_per_rank": 200_000, "seed_size": 150_000, "dim": 128}),
         Case("papers100m_hidden256", {"rows_per_rank": 40_000, "seed_size": 30_000, "dim": 256}),
     ],
-    tolerance=Tolerance(atol=1e-5, rtol=1e-5), reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=Tolerance(atol=1e-5, rtol=1e-5), reference=reference, make_inputs=make_inputs,
+    upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -55,6 +55,13 @@ def make_inputs(case, rank, world_size, gen):
     return pos.to(dtype), neg.to(dtype), None
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's (after its seed): N(0, 1) positive, then negative scores in the run's dtype (ties possible)."""
+    num_pos, dtype = upstream_counts(case, world_size)[rank], dtype_of(case)
+    local_pos_scores = torch.randn((num_pos,), dtype=dtype, device=device)
+    return local_pos_scores, torch.randn((num_pos, case["num_neg"]), dtype=dtype, device=device), None
+
+
 def reference(local_pos_scores, local_neg_scores, group=None):
     # Rank locally (sigmoid is monotone: compare the scores), then all-gather the rankings in rank order.
     ranking = 1 + (local_neg_scores > local_pos_scores.view(-1, 1)).sum(dim=1, dtype=torch.int64)
@@ -87,5 +94,5 @@ PROBLEM = Problem(
         Case("citation2_1000neg", {"num_pos": 86_956, "num_neg": 1000}),
         Case("wikikg90m_1000neg", {"num_pos": 200_000, "num_neg": 1000}),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

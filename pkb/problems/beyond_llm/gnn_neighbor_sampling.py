@@ -41,7 +41,7 @@ ogbn-papers100M sampled down to 20M nodes with its mean degree (~14.5 directed) 
 import torch
 import torch.distributed as dist
 
-from pkb.problem import Case, Cost, Problem
+from pkb.problem import Case, Cost, Problem, upstream_seed
 from pkb.problems.beyond_llm._common import all_to_all_rows, exchange_counts, skewed_counts
 
 _SEED_DRAWS = 50
@@ -140,6 +140,19 @@ def make_inputs(case, rank, world_size, gen):
     return seeds, list(case["fanouts"]), colptr, local_adj_col, node_to_rank, None, case.get("replace", False)
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's (no random values; it seeds as rank 0): the ring graph with offsets 1..degree, owners i % W,
+    every rank's column array the whole graph's, and rank r's seeds r*S .. r*S + S - 1 (mod N)."""
+    upstream_seed(PROBLEM.upstream_id, 0, trial)
+    num_nodes, degree, seeds_per_rank = case["num_nodes"], case["degree"], case["seeds_per_rank"]
+    node_to_rank = torch.arange(num_nodes, device=device) % world_size
+    colptr = torch.arange(num_nodes + 1, device=device) * degree
+    offsets = torch.arange(1, degree + 1, device=device)
+    row = ((torch.arange(num_nodes, device=device).view(-1, 1) + offsets.view(1, -1)) % num_nodes).reshape(-1)
+    seed_nodes = (torch.arange(seeds_per_rank, device=device) + rank * seeds_per_rank) % num_nodes
+    return seed_nodes, list(case["fanouts"]), colptr, row, node_to_rank, None, False
+
+
 def _segment_sums(values, segment_sizes, world_size):
     """Sum of ``values`` over consecutive segments of the given sizes (one per rank)."""
     sizes = torch.tensor(segment_sizes, device=values.device)
@@ -215,5 +228,5 @@ PROBLEM = Problem(
         _case("ogbn_products_sage_15_10_5", 2_449_029, 50.5, 1024, (15, 10, 5)),
         _case("ogbn_papers100m_20m_nodes_15_10", 20_000_000, 14.5, 1024, (15, 10)),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

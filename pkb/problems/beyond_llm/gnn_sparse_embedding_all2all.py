@@ -40,6 +40,14 @@ def make_inputs(case, rank, world_size, gen):
     return idx, value, case["num_nodes"], None
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's (after its seed): ids uniform in [0, num_nodes) (owners even on average), then N(0, 1) values
+    in the run's dtype."""
+    idx = torch.randint(0, case["num_nodes"], (case["ids_per_rank"],), dtype=torch.long, device=device)
+    value = torch.randn((case["ids_per_rank"], case["dim"]), dtype=dtype_of(case), device=device)
+    return idx, value, case["num_nodes"], None
+
+
 def reference(idx, value, num_nodes, group=None):
     world_size = dist.get_world_size(group)
     owner = idx % world_size
@@ -74,5 +82,6 @@ PROBLEM = Problem(
         Case("papers100m_emb128", {"ids_per_rank": 150_000, "num_nodes": 111_059_956, "dim": 128}),
         Case("mag240m_emb768", {"ids_per_rank": 40_000, "num_nodes": 244_160_499, "dim": 768}),
     ],
-    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs,
+    cost=cost,
 )

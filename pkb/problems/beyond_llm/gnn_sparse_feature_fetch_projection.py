@@ -83,6 +83,18 @@ def make_inputs(case, rank, world_size, gen):
     return local_embedding_shard, input_node_ids, proj_matrix, num_total, None
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's (after its seed): N(0, 1) shard, then projection, in the run's dtype; id i asks owner
+    (i + rank) % W for row (7i + rank) mod N/W of its block (N divides by W)."""
+    dtype, num_total, dim = dtype_of(case), case["num_nodes"], case["dim"]
+    per_rank = num_total // world_size
+    local_embedding_shard = torch.randn((per_rank, dim), dtype=dtype, device=device)
+    proj_matrix = torch.randn((dim, case["dim_out"]), dtype=dtype, device=device)
+    base = torch.arange(case["ids_per_rank"], device=device)
+    input_node_ids = (base + rank) % world_size * per_rank + (base * 7 + rank) % per_rank
+    return local_embedding_shard, input_node_ids, proj_matrix, num_total, None
+
+
 def reference(local_embedding_shard, input_node_ids, proj_matrix, num_total_nodes, group=None):
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     per_rank = -(-num_total_nodes // world_size)
@@ -140,5 +152,5 @@ PROBLEM = Problem(
         Case("catalog_20k_ids_256d", {"num_nodes": 10_000_000, "ids_per_rank": 20_000, "dim": 256,
                                       "dim_out": 256}),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

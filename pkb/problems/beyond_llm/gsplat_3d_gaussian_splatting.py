@@ -155,6 +155,27 @@ def make_inputs(case, rank, world_size, gen):
             case.get("near_plane", 0.01), 1e10, "pinhole")
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's (after its seed; bf16): uniform means (x, y in [-0.75, 0.75), depth in [2, 4)), normal quats,
+    uniform scales, opacities and colors; one identity camera with focal ``focal * min(size)``, centred."""
+    num, (width, height) = gaussian_counts(case, world_size)[rank], case["image_size"]
+    means = torch.empty((num, 3), dtype=_DTYPE, device=device)
+    means[:, 0] = (torch.rand(num, dtype=_DTYPE, device=device) - 0.5) * 1.5
+    means[:, 1] = (torch.rand(num, dtype=_DTYPE, device=device) - 0.5) * 1.5
+    means[:, 2] = torch.rand(num, dtype=_DTYPE, device=device) * 2.0 + 2.0
+    quats = torch.randn((num, 4), dtype=_DTYPE, device=device)
+    scales = torch.rand((num, 3), dtype=_DTYPE, device=device) * 0.02
+    opacities = torch.rand((num,), dtype=_DTYPE, device=device) * 0.8 + 0.1
+    colors = torch.rand((num, 3), dtype=_DTYPE, device=device)
+    viewmats = torch.eye(4, dtype=_DTYPE, device=device).reshape(1, 4, 4).contiguous()
+    Ks = torch.eye(3, dtype=_DTYPE, device=device).reshape(1, 3, 3).contiguous()
+    focal = case["focal"] * float(min(width, height))
+    Ks[:, 0, 0], Ks[:, 1, 1] = focal, focal
+    Ks[:, 0, 2], Ks[:, 1, 2] = width * 0.5, height * 0.5
+    return (means, quats, scales, opacities, colors, viewmats, Ks, width, height, case.get("eps2d", 0.3),
+            case.get("near_plane", 0.01), 1e10, "pinhole")
+
+
 def _quat_to_rotation(quats: torch.Tensor) -> torch.Tensor:
     w, x, y, z = torch.nn.functional.normalize(quats, dim=-1).unbind(-1)
     return torch.stack([
@@ -288,5 +309,5 @@ PROBLEM = Problem(
               pool=1.5),
         _case("catalog_512x512_1m", 1_000_000, 1, image_size=(512, 512), scale=2e-4, scale_spread=0.3, pool=1.5),
     ],
-    tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=tolerance, reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

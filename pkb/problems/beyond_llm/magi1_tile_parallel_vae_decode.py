@@ -131,6 +131,12 @@ def make_inputs(case, rank, world_size, gen):
     return (z, *_args(case))
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: an N(0, 1) bf16 latent drawn after its seed, which holds the rank, so every rank decodes
+    another latent (pkb's make_inputs gives every rank the same one)."""
+    return (torch.randn(tuple(case["latent"]), dtype=torch.bfloat16, device=device), *_args(case))
+
+
 def cost(case, world_size):
     batch, _, *latent_thw = case["latent"]
     factors = (case["temporal_upsample"], case["spatial_upsample"] * case.get("sr_ratio", 1),
@@ -179,6 +185,6 @@ PROBLEM = Problem(
         _case("magi1_720p_chunk", (1, 16, 6, 90, 160), (3, 32, 32), 0.25, 0.0, 8, 4),
         _case("catalog_720x720_chunk", (1, 16, 6, 90, 90), (3, 32, 32), 0.25, 0.0, 8, 4),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
     replicated_inputs=True,  # every rank decodes its tiles of the same latent
 )

@@ -58,6 +58,16 @@ def make_inputs(case, rank, world_size, gen):
     return x, weight, bias, case["stride"], case["padding"], case["dilation"], 1, None
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's (after its seed): N(0, 1) input, then weight (not scaled by the fan-in), in the run's dtype;
+    bias linspace(-0.1, 0.1)."""
+    dtype, local_in, channels_out = dtype_of(case), case["channels_in"] // world_size, case["channels_out"]
+    x = torch.randn((case["batch"], local_in, *case["frames_hw"]), dtype=dtype, device=device)
+    weight = torch.randn((channels_out, local_in, *_triple(case["kernel"])), dtype=dtype, device=device)
+    bias = torch.linspace(-0.1, 0.1, channels_out, dtype=dtype, device=device)
+    return x, weight, bias, case["stride"], case["padding"], case["dilation"], 1, None
+
+
 def reference(input, weight, bias, stride, padding, dilation, groups=1, group=None):
     out = F.conv3d(input, weight, None, _triple(stride), _triple(padding), _triple(dilation), groups)
     dist.all_reduce(out, group=group)  # in the input's dtype, as upstream
@@ -113,5 +123,5 @@ PROBLEM = Problem(
         _case("opensora_vae_512ch_17x64x64", 512, 512, (19, 66, 66)),
         _case("opensora_vae_512ch_720p_17x90x160", 512, 512, (19, 92, 162)),
     ],
-    tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=tolerance, reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

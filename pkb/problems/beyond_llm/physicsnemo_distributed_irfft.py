@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, randn
-from pkb.problems.beyond_llm._fft import transpose
+from pkb.problems.beyond_llm._fft import rank_slab, transpose, upstream_field
 
 
 def _hermitian(values: torch.Tensor) -> torch.Tensor:
@@ -55,6 +55,16 @@ def make_inputs(case, rank, world_size, gen):
     if dim != (-2, -1):
         x = x.movedim((-2, -1), dim).contiguous()
     return x, (s0, s1), dim, case.get("norm", "ortho"), None
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: row slab ``rank`` along d0 of ``torch.fft.rfft2`` of one N(0, 1) fp32 field, drawn whole on
+    every rank after seeding as rank 0 (so the spectrum is Hermitian where it must be)."""
+    *_, s0, s1 = case["global_shape"]
+    dim, norm = tuple(case["dim"]), case.get("norm", "ortho")
+    field = upstream_field(PROBLEM.upstream_id, case["global_shape"], trial, device)
+    spectrum = torch.fft.rfft2(field, s=(s0, s1), dim=dim, norm=norm)
+    return rank_slab(spectrum, dim[0], rank, world_size), (s0, s1), dim, norm, None
 
 
 def reference(x, s, dim, norm="ortho", group=None):
@@ -98,5 +108,5 @@ PROBLEM = Problem(
         _case("fourcastnet_era5_20x720x1440", (20, 720, 1440)),
         _case("catalog_2x10x720x1440", (2, 10, 720, 1440)),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

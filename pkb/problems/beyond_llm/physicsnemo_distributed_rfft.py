@@ -24,7 +24,7 @@ import math
 import torch
 
 from pkb.problem import Case, Cost, Problem, randn
-from pkb.problems.beyond_llm._fft import transpose
+from pkb.problems.beyond_llm._fft import rank_slab, transpose, upstream_field
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -34,6 +34,14 @@ def make_inputs(case, rank, world_size, gen):
     if dim != (-2, -1):
         x = x.movedim((-2, -1), dim).contiguous()
     return x, tuple(case["s"]), dim, case.get("norm", "ortho"), None
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: slab ``rank`` along d1 of one N(0, 1) fp32 field, drawn whole on every rank after seeding
+    as rank 0."""
+    field = upstream_field(PROBLEM.upstream_id, case["global_shape"], trial, device)
+    dim = tuple(case["dim"])
+    return rank_slab(field, dim[1], rank, world_size), tuple(case["s"]), dim, case.get("norm", "ortho"), None
 
 
 def reference(x, s, dim, norm="ortho", group=None):
@@ -72,5 +80,5 @@ PROBLEM = Problem(
         _case("fourcastnet_era5_20x720x1440", (20, 720, 1440), (720, 1440)),
         _case("catalog_16x1024x1024", (16, 1024, 1024), (1024, 1024), dim=(1, 2)),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -69,6 +69,24 @@ def make_inputs(case, rank, world_size, gen):
             case.get("reverse", False), None)
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's (after its seed): 1 + (r + trial) % 3 objects on rank r; N(0, 1) mask logits in the run's
+    dtype, + 4 on a diagonal stripe pattern, - 1; scores linspace(-5, 5); last_occluded (i % 5) - 1."""
+    dtype, size = dtype_of(case), case["mask_size"]
+    counts = [1 + (r + trial) % 3 for r in range(world_size)]
+    num = counts[rank]
+    masks = torch.randn((num, size, size), dtype=dtype, device=device)
+    rows = torch.arange(size, device=device).view(1, size, 1)
+    columns = torch.arange(size, device=device).view(1, 1, size)
+    objects = torch.arange(num, device=device).view(num, 1, 1)
+    pattern = ((rows + columns + objects + rank) % 5 == 0).to(dtype)
+    masks = masks + pattern * 4.0 - 1.0
+    obj_scores_local = torch.linspace(-5.0, 5.0, num, dtype=dtype, device=device)
+    last_occluded = torch.arange(sum(counts), dtype=torch.long, device=device) % 5 - 1
+    return (masks, obj_scores_local, counts, last_occluded, case.get("iou_threshold", 0.7), case.get("reverse", False),
+            None)
+
+
 def _gather_objects(local, counts, group):
     """Every rank's rows (``counts[r]`` of them), in rank order, through a padded flat all-gather."""
     most = max(counts)
@@ -127,5 +145,6 @@ PROBLEM = Problem(
         Case("sam3_64_objects", {"objects": 64, "mask_size": 256, "even": True}),
         Case("sam3_256_objects", {"objects": 256, "mask_size": 256, "even": True}),
     ],
-    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs,
+    cost=cost,
 )

@@ -41,7 +41,7 @@ channels (``catalog_128x256_b32_c8``).
 import torch
 import torch.distributed as dist
 
-from pkb.problem import Case, Cost, Problem, randn
+from pkb.problem import Case, Cost, Problem, randn, upstream_seed
 from pkb.problems.beyond_llm._fft import transpose
 
 AZIMUTH_RANKS = 2
@@ -114,6 +114,26 @@ def make_inputs(case, rank, world_size, gen):
     weight = randn(gen.shared, channels_out, channels // groups, num_k, scale=(channels // groups * num_k) ** -0.5)
     bias = randn(gen.shared, channels_out)
     azimuth_group, polar_group = mesh_groups()
+    return x, psi, weight, groups, nlon_out, nlon_in, azimuth_group, polar_group, bias
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: the mesh's groups built first, then seeded, N(0, 1) fp32 x, weight and bias, then the basis
+    values (N(0, 1) * 0.05) on upstream's pattern (``_upstream_support``) in its order."""
+    azimuth_group, polar_group = mesh_groups()
+    upstream_seed(PROBLEM.upstream_id, rank, trial)
+    num_polar, polar = world_size // AZIMUTH_RANKS, rank // AZIMUTH_RANKS
+    (nlat_in, nlat_out), (nlon_in, nlon_out) = case["nlat"], case["nlon"]
+    channels, groups, num_k, lat_band = case["channels"], case["groups"], case["kernel_size"], nlat_in // num_polar
+    x = torch.randn((case["batch"], channels, lat_band, nlon_in // AZIMUTH_RANKS), dtype=torch.float32, device=device)
+    weight = torch.randn((case["channels_out"], channels // groups, num_k), dtype=torch.float32, device=device)
+    bias = torch.randn((case["channels_out"],), dtype=torch.float32, device=device)
+    kernel, rows, lat_in, lon = _upstream_support(case, num_polar)  # (k, h, polar, entry) order
+    mine = lat_in // lat_band == polar
+    psi_idx = torch.stack([kernel[mine], rows[mine], (lat_in[mine] - polar * lat_band) * nlon_in + lon[mine]])
+    values = torch.randn((psi_idx.shape[1],), dtype=torch.float32, device=device) * 0.05
+    psi = torch.sparse_coo_tensor(psi_idx.to(device), values, size=(num_k, nlat_out, lat_band * nlon_in),
+                                  device=device).coalesce()
     return x, psi, weight, groups, nlon_out, nlon_in, azimuth_group, polar_group, bias
 
 
@@ -207,5 +227,5 @@ PROBLEM = Problem(
         _case("era5_720x1440_to_360x720_c64", 1, 64, 64, (720, 360), (1440, 720), lat_radius=2),
         _case("catalog_128x256_b32_c8", 32, 8, 8, (128, 128), (256, 256)),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

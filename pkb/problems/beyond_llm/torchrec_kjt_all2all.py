@@ -85,6 +85,16 @@ def make_inputs(case, rank, world_size, gen):
     return (*args, weights, stride_per_key, case.get("stagger", 1))
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's (after its seed): lengths uniform in ``length_range`` [keys, batch] key-major, then values
+    uniform in [0, 1e6) (pkb's make_inputs draws ids below 2^40)."""
+    key_splits, batch_size = key_splits_for(case, world_size), case["batch_sizes"][rank % len(case["batch_sizes"])]
+    low, high = case["length_range"]
+    lengths = torch.randint(low, high, (sum(key_splits), batch_size), dtype=torch.long, device=device).reshape(-1)
+    values = torch.randint(0, 1_000_000, (int(lengths.sum().item()),), dtype=torch.long, device=device)
+    return lengths.contiguous(), values, key_splits, batch_size, None
+
+
 def reference(lengths, values, key_splits, batch_size, pg=None, weights=None, stride_per_key=None, stagger=1):
     world_size, rank = dist.get_world_size(pg), dist.get_rank(pg)
     device = lengths.device
@@ -175,5 +185,6 @@ PROBLEM = Problem(
         _case("dlrm_v2_criteo", DLRM_V2_POOLING, (8192,)),
         _case("dlrm_v2_criteo_weighted", DLRM_V2_POOLING, (8192,), weighted=True),
     ],
-    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs,
+    cost=cost,
 )

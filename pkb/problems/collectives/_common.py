@@ -79,6 +79,12 @@ def buffer(case: Case, gen: torch.Generator, *leading: int) -> torch.Tensor:
     return randn(gen, *leading, *case["shape"], dtype=dtype_of(case))
 
 
+def constant(case: Case, value: float, device, *leading: int) -> torch.Tensor:
+    """A buffer of the case's shape and dtype filled with ``value``: upstream's inputs for the collectives
+    (``torch.full``; rank + 1 on each rank, so that every sum is exact in any order)."""
+    return torch.full((*leading, *case["shape"]), float(value), dtype=dtype_of(case), device=device)
+
+
 def sum_tolerance(case: Case, world_size: int):
     """Tolerance for a sum over ranks of N(0, 1) buffers in the case's dtype."""
     from pkb.problem import reduction_tolerance

@@ -12,12 +12,17 @@ The reduction runs in the buffer's dtype as NCCL's does; the tolerance allows fo
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem
-from pkb.problems.collectives._common import (BENCHMARK_CASES, TEST_CASES, buffer, message_bytes, sum_tolerance,
-                                              upstream_cases)
+from pkb.problems.collectives._common import (BENCHMARK_CASES, TEST_CASES, buffer, constant, message_bytes,
+                                              sum_tolerance, upstream_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
     return (buffer(case, gen),)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: every element rank + 1."""
+    return (constant(case, rank + 1, device),)
 
 
 def reference(tensor):
@@ -35,5 +40,5 @@ PROBLEM = Problem(
     name="allreduce", version=3, upstream_id=1, category="collectives", source="NCCL all_reduce (SUM)",
     world_sizes=(2, 4, 8), upstream=upstream_cases(),
     tests=TEST_CASES, benchmarks=BENCHMARK_CASES, tolerance=sum_tolerance,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -12,11 +12,17 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem, Tolerance
-from pkb.problems.collectives._common import BENCHMARK_CASES, TEST_CASES, buffer, message_bytes, upstream_cases
+from pkb.problems.collectives._common import (BENCHMARK_CASES, TEST_CASES, buffer, constant, message_bytes,
+                                              upstream_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
     return (buffer(case, gen, world_size),)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: chunk d of rank r holds 10 r + d (each chunk's origin and destination readable)."""
+    return (torch.stack([constant(case, 10 * rank + d, device) for d in range(world_size)]),)
 
 
 def reference(tensor):
@@ -35,5 +41,5 @@ PROBLEM = Problem(
     name="alltoall", version=3, upstream_id=8, category="collectives", source="NCCL all_to_all_single",
     world_sizes=(2, 4, 8), upstream=upstream_cases(),
     tests=TEST_CASES, benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -14,12 +14,17 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem, Tolerance
-from pkb.problems.collectives._common import (BENCHMARK_CASES, buffer, message_bytes, root_arguments,
+from pkb.problems.collectives._common import (BENCHMARK_CASES, buffer, constant, message_bytes, root_arguments,
                                               rooted_cases, upstream_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
     return (buffer(case, gen), *root_arguments(case, "dst", world_size))
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: every element rank + 1."""
+    return (constant(case, rank + 1, device),)  # dst omitted: the function's default, 0
 
 
 def reference(tensor, dst=0):
@@ -41,5 +46,5 @@ PROBLEM = Problem(
     name="gather", version=3, upstream_id=6, category="collectives", source="NCCL gather",
     world_sizes=(2, 4, 8), upstream=upstream_cases(dst="omitted"),
     tests=rooted_cases("dst"), benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

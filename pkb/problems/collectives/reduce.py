@@ -12,12 +12,17 @@ Cost (nccl-tests): with S the buffer's bytes, the root must receive S worth of p
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem
-from pkb.problems.collectives._common import (BENCHMARK_CASES, buffer, message_bytes, root_arguments,
+from pkb.problems.collectives._common import (BENCHMARK_CASES, buffer, constant, message_bytes, root_arguments,
                                               rooted_cases, sum_tolerance, upstream_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
     return (buffer(case, gen), *root_arguments(case, "dst", world_size))
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: every element rank + 1."""
+    return (constant(case, rank + 1, device), 0)
 
 
 def reference(tensor, dst=0):
@@ -35,5 +40,5 @@ PROBLEM = Problem(
     name="reduce", version=3, upstream_id=4, category="collectives", source="NCCL reduce (SUM)",
     world_sizes=(2, 4, 8), upstream=upstream_cases(dst=0),
     tests=rooted_cases("dst"), benchmarks=BENCHMARK_CASES, tolerance=sum_tolerance,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -12,13 +12,19 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem
-from pkb.problems.collectives._common import (BENCHMARK_CASES, TEST_CASES, buffer, message_bytes, sum_tolerance,
-                                              upstream_cases)
+from pkb.problems.collectives._common import (BENCHMARK_CASES, TEST_CASES, buffer, constant, dtype_of, message_bytes,
+                                              sum_tolerance, upstream_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
     block = buffer(case, gen, world_size)  # [W, rows, *rest]
     return (block.reshape(world_size * case["shape"][0], *case["shape"][1:]),)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: [W * M, N] of rank + 1."""
+    rows, *rest = case["shape"]
+    return (torch.full((world_size * rows, *rest), float(rank + 1), dtype=dtype_of(case), device=device),)
 
 
 def reference(tensor):
@@ -38,5 +44,5 @@ PROBLEM = Problem(
     name="reducescatter", version=3, upstream_id=7, category="collectives", source="NCCL reduce_scatter (SUM)",
     world_sizes=(2, 4, 8), upstream=upstream_cases(),
     tests=TEST_CASES, benchmarks=BENCHMARK_CASES, tolerance=sum_tolerance,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -15,13 +15,20 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Cost, Problem, Tolerance
-from pkb.problems.collectives._common import (BENCHMARK_CASES, buffer, message_bytes, root_arguments, root_of,
+from pkb.problems.collectives._common import (BENCHMARK_CASES, buffer, constant, message_bytes, root_arguments, root_of,
                                               rooted_cases, upstream_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
     tensor = buffer(case, gen, world_size) if rank == root_of(case, "src", world_size) else buffer(case, gen)
     return (tensor, *root_arguments(case, "src", world_size))
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: on the root (0) the W chunks i + 1 stacked, zeros elsewhere."""
+    if rank == 0:
+        return (torch.stack([constant(case, i + 1, device) for i in range(world_size)]),)
+    return (constant(case, 0, device),)
 
 
 def reference(tensor, src=0):
@@ -44,5 +51,5 @@ PROBLEM = Problem(
     name="scatter", version=3, upstream_id=5, category="collectives", source="NCCL scatter",
     world_sizes=(2, 4, 8), upstream=upstream_cases(src="omitted"),
     tests=rooted_cases("src"), benchmarks=BENCHMARK_CASES, tolerance=Tolerance.exact(),
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -36,25 +36,34 @@ def dtype_of(case: Case) -> torch.dtype:
 
 # -- process-group meshes ---------------------------------------------------------------------------
 
-_MESHES: dict[tuple[int, int], tuple[list, list]] = {}
+_MESHES: dict[tuple[int, int, bool], tuple[list, list]] = {}
 
 
-def mesh(inner_size: int, rank: int, world_size: int):
+def mesh(inner_size: int, rank: int, world_size: int, outer_first: bool = False):
     """A 2-D mesh with ``inner_size`` consecutive ranks per inner group (Megatron's rank order).
 
     Returns (inner_group, outer_group, inner_index, outer_index) for ``rank``: the inner group holds
     ranks ``outer_index * inner_size + [0, inner_size)``, the outer group ranks ``inner_index + k *
-    inner_size``. Every group is created once per process, by all ranks in the same order. Outside
-    a process group (the suite builds inputs in its own process to inspect them) the groups are None.
+    inner_size``. Every group is created once per process, by all ranks in the same order: the inner
+    groups, then the outer ones; with ``outer_first`` a group of the whole world, the outer groups, then
+    the inner ones (the order of upstream's ``_build_cp_dp_groups``). Outside a process group (the suite
+    builds inputs in its own process to inspect them) the groups are None.
     """
     inner_index, outer_index = rank % inner_size, rank // inner_size
     if not dist.is_initialized():
         return None, None, inner_index, outer_index
-    key = (inner_size, world_size)
+    key = (inner_size, world_size, outer_first)
     if key not in _MESHES:
         outer_size = world_size // inner_size
-        inner = [dist.new_group([o * inner_size + i for i in range(inner_size)]) for o in range(outer_size)]
-        outer = [dist.new_group([o * inner_size + i for o in range(outer_size)]) for i in range(inner_size)]
+        inner_ranks = [[o * inner_size + i for i in range(inner_size)] for o in range(outer_size)]
+        outer_ranks = [[o * inner_size + i for o in range(outer_size)] for i in range(inner_size)]
+        if outer_first:
+            dist.new_group(list(range(world_size)))
+            outer = [dist.new_group(ranks) for ranks in outer_ranks]
+            inner = [dist.new_group(ranks) for ranks in inner_ranks]
+        else:
+            inner = [dist.new_group(ranks) for ranks in inner_ranks]
+            outer = [dist.new_group(ranks) for ranks in outer_ranks]
         _MESHES[key] = (inner, outer)
     inner, outer = _MESHES[key]
     return inner[outer_index], outer[inner_index], inner_index, outer_index
@@ -75,6 +84,27 @@ def replica_generator(gen: torch.Generator, key: int) -> torch.Generator:
 def rand_normal(gen: torch.Generator, *shape: int, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
     values = torch.randn(*shape, generator=gen, device=gen.device, dtype=torch.float32)
     return (values * scale).to(dtype)
+
+
+def upstream_randn(case: Case, *shape: int, device) -> torch.Tensor:
+    """One draw of upstream's factory: N(0, 1) drawn in the run's dtype on ``device`` from the global generator
+    (seeded as upstream seeds it), ``torch.randn(shape, dtype=dtype, device=dev)``."""
+    return torch.randn(shape, dtype=dtype_of(case), device=device)
+
+
+def upstream_attention_layer(case: Case, s_local: int, local_heads: int, hidden_seed: int, weight_seed: int,
+                             device) -> tuple:
+    """Upstream's draws for a ring-attention layer (problems 55, 56): hidden [B, s_local, E] after seeding
+    ``hidden_seed``, then w_qkv [3 * local_heads * D, E] and w_o [E, local_heads * D], N(0, 1) * 0.02 in
+    the run's dtype, after seeding ``weight_seed``."""
+    E = case["hidden"]
+    local_width = local_heads * (E // case["heads"])
+    torch.manual_seed(hidden_seed)
+    hidden = upstream_randn(case, case["batch"], s_local, E, device=device)
+    torch.manual_seed(weight_seed)
+    w_qkv = upstream_randn(case, 3 * local_width, E, device=device) * 0.02
+    w_o = upstream_randn(case, E, local_width, device=device) * 0.02
+    return hidden, w_qkv, w_o
 
 
 # -- communication ----------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from pkb.problem import Case, Cost, Problem, Tolerance
 from pkb.problems.context_parallel._common import (all_to_all, ceil_div, delta_rule_chunked, delta_rule_flops,
-                                                   dtype_of, rand_normal, softplus)
+                                                   dtype_of, rand_normal, softplus, upstream_randn)
 
 
 def head_counts(case, world_size):
@@ -57,6 +57,21 @@ def make_inputs(case, rank, world_size, gen):
     a_log = (torch.rand(Hv, generator=gen.shared, device=gen.device) * -2.77).to(torch.bfloat16)
     dt_bias = (rand_normal(gen.shared, Hv, scale=0.5) - 2.0).to(torch.bfloat16)
     local = slice(rank * Hv // world_size, (rank + 1) * Hv // world_size)
+    return q, k, v, gate, beta, a_log[local], dt_bias[local], None
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: q, k [1, 64, H, 256], v [1, 64, H, 512], gate [1, 64, H] N(0, 1) in the run's dtype, beta the
+    sigmoid of a bf16 N(0, 1) draw; a_log, dt_bias this rank's slices of bf16 ramps over [0, 0.2] and [-0.1, 0.1]."""
+    B, K, V = case["batch"], case["key_dim"], case["value_dim"]
+    (Hq, Hv), s_local = head_counts(case, world_size), local_seq(case, world_size)
+    q, k = (upstream_randn(case, B, s_local, Hq, K, device=device) for _ in range(2))
+    v = upstream_randn(case, B, s_local, Hv, V, device=device)
+    gate = upstream_randn(case, B, s_local, Hv, device=device)
+    beta = torch.randn((B, s_local, Hv), dtype=torch.bfloat16, device=device).sigmoid().to(dtype_of(case))
+    a_log = torch.linspace(0.0, 0.2, Hv, dtype=torch.bfloat16, device=device)
+    dt_bias = torch.linspace(-0.1, 0.1, Hv, dtype=torch.bfloat16, device=device)
+    local = slice(rank * (Hv // world_size), (rank + 1) * (Hv // world_size))
     return q, k, v, gate, beta, a_log[local], dt_bias[local], None
 
 
@@ -111,5 +126,5 @@ PROBLEM = Problem(
     # Outputs are small (l2-normalised q, k and a K^-1/2 scale: |o| ~ 0.01-0.1), so the bf16 default atol
     # of 1.6e-2 would accept nearly anything; honest bf16 chunk kernels stay well inside 4e-3 + 1.6e-2|o|.
     tolerance=Tolerance(atol=4e-3, rtol=1.6e-2),
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from pkb.problem import Case, Cost, Problem, Tolerance
 from pkb.problems.context_parallel._common import (all_gather, delta_rule_chunked, delta_rule_flops, dtype_of,
-                                                   group_rank, mesh, rand_normal, replica_generator)
+                                                   group_rank, mesh, rand_normal, replica_generator, upstream_randn)
 
 LOWER_BOUND = -5.0  # the gate's floor on log decay per token
 
@@ -63,6 +63,25 @@ def make_inputs(case, rank, world_size, gen):
     # memory crosses the cp shard boundaries.
     a_log = (torch.rand(H, generator=heads, device=gen.device) * 2.0 - 1.0).to(torch.bfloat16)
     dt_bias = (rand_normal(heads, H * K, scale=0.5) - 2.0).to(torch.bfloat16)
+    return q, k, v, g, beta, a_log, dt_bias, cp_group, tp_group
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: q, k, v, g [1, 64, 16, 128] and beta [1, 64, 16] N(0, 1) in the run's dtype, in that order;
+    a_log [16] and dt_bias [16 * 128] evenly spaced in [-0.1, 0.1], bf16."""
+    B, H, K, V = case["batch"], case["heads"], case["key_dim"], case["value_dim"]
+    tp, cp = layout(world_size)
+    if tp > 1:
+        tp_group, cp_group, _, _ = mesh(tp, rank, world_size)
+    else:
+        tp_group, cp_group = None, dist.group.WORLD
+    s_local = case["seq"] // cp
+    q, k = (upstream_randn(case, B, s_local, H, K, device=device) for _ in range(2))
+    v = upstream_randn(case, B, s_local, H, V, device=device)
+    g = upstream_randn(case, B, s_local, H, K, device=device)
+    beta = upstream_randn(case, B, s_local, H, device=device)
+    a_log = torch.linspace(-0.1, 0.1, H, dtype=torch.bfloat16, device=device)
+    dt_bias = torch.linspace(-0.1, 0.1, H * K, dtype=torch.bfloat16, device=device)
     return q, k, v, g, beta, a_log, dt_bias, cp_group, tp_group
 
 
@@ -125,5 +144,5 @@ PROBLEM = Problem(
     # Outputs are small (l2-normalised q, k and a K^-1/2 scale: |o| ~ 0.01-0.1), so the bf16 default atol
     # of 1.6e-2 would accept nearly anything; honest bf16 chunk kernels stay well inside 4e-3 + 1.6e-2|o|.
     tolerance=Tolerance(atol=4e-3, rtol=1.6e-2),
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

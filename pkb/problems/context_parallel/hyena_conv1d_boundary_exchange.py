@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from pkb.problem import Case, Cost, Problem
-from pkb.problems.context_parallel._common import all_gather, dtype_of, group_rank, group_size, rand_normal
+from pkb.problems.context_parallel._common import (all_gather, dtype_of, group_rank, group_size, rand_normal,
+                                                   upstream_randn)
 
 
 def chunk_len(case, world_size):
@@ -41,6 +42,12 @@ def make_inputs(case, rank, world_size, gen):
     weight = rand_normal(gen.shared, case["channels"], 1, case["kernel"], dtype=dtype_of(case),
                          scale=case["kernel"] ** -0.5)
     return x, weight, None
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: x [1, 1024, 2048] then weight [1024, 1, 7], both N(0, 1) in the run's dtype (per rank)."""
+    x = upstream_randn(case, case["batch"], case["channels"], 2 * chunk_len(case, world_size), device=device)
+    return x, upstream_randn(case, case["channels"], 1, case["kernel"], device=device), None
 
 
 def reference(x, weight, group=None):
@@ -89,5 +96,5 @@ PROBLEM = Problem(
     name="hyena_conv1d_boundary_exchange", version=3, upstream_id=71, category="context_parallel",
     source="Savanna / Evo 2 Hyena short depthwise conv1d with zigzag context parallelism (halo exchange)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=None,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -35,7 +35,8 @@ import math
 import torch
 
 from pkb.problem import Case, Cost, Problem, Tolerance
-from pkb.problems.context_parallel._common import all_to_all, dtype_of, group_rank, group_size, rand_normal
+from pkb.problems.context_parallel._common import (all_to_all, dtype_of, group_rank, group_size, rand_normal,
+                                                   upstream_randn)
 
 
 def zigzag_to_natural(world_size: int) -> list[int]:
@@ -56,6 +57,18 @@ def make_inputs(case, rank, world_size, gen):
     decay = torch.exp(-torch.arange(filter_len, device=gen.device, dtype=torch.float32) / case["filter_decay"])
     h = (rand_normal(gen.shared, groups, filter_len) * decay * (case["filter_decay"] ** -0.5)).to(dtype)
     conv_bias = rand_normal(gen.shared, D, dtype=dtype)
+    return x1, x2, v, h, conv_bias, groups, case["group_dim"], None, case["zigzag"]
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: x1, x2, v [1, 1024, 2048] N(0, 1) in the run's dtype; ramps h[g, t] = (g * 4096 + t) / 4096
+    and conv_bias[d] = d / 1024, counted in bf16 and cast to the run's dtype; zigzag."""
+    B, D, L_local, filter_len = case["batch"], case["channels"], case["local_seq"], case["filter_len"]
+    groups, dtype = D // case["group_dim"], dtype_of(case)
+    x1, x2, v = (upstream_randn(case, B, D, L_local, device=device) for _ in range(3))
+    ramp = torch.arange(groups * filter_len, dtype=torch.bfloat16, device=device)
+    h = (ramp.reshape(groups, filter_len) / filter_len).to(dtype)
+    conv_bias = (torch.arange(D, dtype=torch.bfloat16, device=device) / D).to(dtype)
     return x1, x2, v, h, conv_bias, groups, case["group_dim"], None, case["zigzag"]
 
 
@@ -137,5 +150,5 @@ PROBLEM = Problem(
     # draws of the upstream case at W = 2, 4, 8; atol 0.05 leaves 2x. A missing rank's share moves
     # outputs by ~1.
     tolerance=Tolerance(atol=5e-2, rtol=1.6e-2),
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

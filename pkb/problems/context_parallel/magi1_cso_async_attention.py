@@ -67,6 +67,19 @@ def make_inputs(case, rank, world_size, gen):
     return query, key_value.to(dtype), k_ranges, N, clip, None
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: query [4p, Hq, 128], then k and v [4p, 8, 128] (concatenated on the last dim), N(0, 1) in
+    ``attention_dtype``; k_ranges clip i's own keys [i*c, (i+1)*c); 4 clips of c tokens."""
+    N, c, D, dtype = case["clips"], case["clip_tokens"], case["head_dim"], attention_dtype(case)
+    tokens = N * ceil_div(c, world_size)
+    query = torch.randn((tokens, case["q_heads"], D), dtype=dtype, device=device)
+    key = torch.randn((tokens, case["kv_heads"], D), dtype=dtype, device=device)
+    key_value = torch.cat([key, torch.randn_like(key)], dim=-1)
+    starts = torch.arange(N, dtype=torch.long, device=device) * c
+    k_ranges = torch.stack([starts, starts + c], dim=1)
+    return query, key_value, k_ranges, N, c, None
+
+
 def clip_attention(q, k, v):
     """SDPA of q [Sq, Hq, D] over k, v [Sk, Hkv, D] in the input dtype (GQA by repeating kv heads)."""
     if k.shape[0] == 0:
@@ -143,5 +156,5 @@ PROBLEM = Problem(
     name="magi1_cso_async_attention", version=3, upstream_id=77, category="context_parallel",
     source="MAGI-1 (Sand AI) DiT context-shuffle-overlap attention (cp_shuffle_num clips, Ulysses all-to-alls)",
     world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, upstream=UPSTREAM, tolerance=None,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -23,7 +23,7 @@ D=128, causal, MHA): Llama-2-7B (32 heads) at 32k and 64k tokens, and 64 heads (
 
 from pkb.problem import Case, Cost, Problem
 from pkb.problems.context_parallel._common import (attention_flops, causal_pairs, dtype_of, rand_normal,
-                                                   ring_attention_fp32)
+                                                   ring_attention_fp32, upstream_randn)
 
 QK_STD = 2.0**0.5  # q, k ~ N(0, 2): logits q.k/sqrt(D) have std 2 (a peaked softmax, as in trained models)
 
@@ -34,6 +34,13 @@ def make_inputs(case, rank, world_size, gen):
     k = rand_normal(gen, B, S_local, H, D, dtype=dtype, scale=QK_STD)
     v = rand_normal(gen, B, S_local, H, D, dtype=dtype)
     return q, k, v, case.get("softmax_scale"), case["causal"], None
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: q, k, v [16, 16/W, 8, 64] N(0, 1) in the run's dtype (unscaled), causal."""
+    shape = (case["batch"], case["seq"] // world_size, case["heads"], case["head_dim"])
+    q, k, v = (upstream_randn(case, *shape, device=device) for _ in range(3))
+    return q, k, v, None, case["causal"], None
 
 
 def reference(q, k, v, softmax_scale=None, causal=False, group=None):
@@ -83,5 +90,5 @@ PROBLEM = Problem(
     name="ring_attention", version=2, upstream_id=54, category="context_parallel",
     source="zhuzilin ring-flash-attention ring_flash_attn_func (RingComm, LSE merge)", world_sizes=(2, 4, 8),
     tests=TESTS, benchmarks=BENCHMARKS, upstream=UPSTREAM, tolerance=None, reference=reference,
-    make_inputs=make_inputs, cost=cost,
+    make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

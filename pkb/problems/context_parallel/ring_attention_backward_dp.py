@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, Tolerance
 from pkb.problems.context_parallel._common import (attention_backward_fp32, attention_fp32, dtype_of, group_rank,
-                                                   group_size, mesh, rand_normal, replica_generator, ring_shift)
+                                                   group_size, mesh, rand_normal, replica_generator, ring_shift,
+                                                   upstream_randn)
 from pkb.problems.context_parallel.ring_attention import QK_STD, busiest_rank_pairs
 
 DP = 2
@@ -53,6 +54,28 @@ def make_inputs(case, rank, world_size, gen):
     dout = rand_normal(gen, B, s_local, H, D, dtype=dtype)
     return (dout, q, ks[cp_index], vs[cp_index], out.to(dtype), lse, case.get("softmax_scale"), case["causal"],
             cp_group, dp_group)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: dout, q, k, v [16, 16/cp, 8, 64] N(0, 1) in the run's dtype (drawn q, k, v, dout, seeded by
+    dp and cp rank with 58 as upstream numbers it), and out, lse of the local block alone (not causal)."""
+    cp = world_size // DP
+    cp_group, dp_group, cp_index, dp_index = mesh(cp, rank, world_size, outer_first=True)
+    torch.manual_seed(42 + 58 * 1000 + dp_index * 100 + cp_index + trial * 1_000_003)
+    shape = (case["batch"], case["seq"] // cp, case["heads"], case["head_dim"])
+    q, k, v, dout = (upstream_randn(case, *shape, device=device) for _ in range(4))
+    out, softmax_lse = local_block_forward(q, k, v, case["head_dim"] ** -0.5)
+    return dout, q, k, v, out, softmax_lse, None, case["causal"], cp_group, dp_group
+
+
+def local_block_forward(q, k, v, scale: float):
+    """Upstream's out (q's dtype) and lse [B, H, S] (fp32) of q over its own k, v block, op for op as its factory
+    computes them (fp32 matmuls, softmax, logsumexp)."""
+    qh, kh, vh = (t.transpose(1, 2).float() for t in (q, k, v))
+    scores = torch.matmul(qh, kh.transpose(-2, -1)) * scale
+    softmax_lse = torch.logsumexp(scores, dim=-1)
+    out = torch.matmul(torch.softmax(scores, dim=-1), vh).transpose(1, 2).contiguous()
+    return out.to(q.dtype), softmax_lse
 
 
 def reference(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, cp_group=None, dp_group=None):
@@ -118,8 +141,10 @@ BENCHMARKS = (
 PROBLEM = Problem(
     name="ring_attention_backward_dp", version=2, upstream_id=57, category="context_parallel",
     source="ring-flash-attention ring_flash_attn_backward + data-parallel gradient averaging",
+    exact_dtype=torch.float32, exact_note="its reference accumulates dq, dk, dv in fp32 buffers that take no fp64 "
+                                          "operand; bf16 and fp16 inputs are raised to fp32",
     world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, upstream=UPSTREAM,
     # A bf16 flash backward rounds P and dS to bf16 before its matmuls; room for that beyond the default.
     tolerance=Tolerance(atol=2.5e-2, rtol=2.5e-2),
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

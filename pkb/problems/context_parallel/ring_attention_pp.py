@@ -31,7 +31,8 @@ import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem
 from pkb.problems.context_parallel._common import (attention_flops, dtype_of, group_rank, group_size, mesh,
-                                                   project_qkv, rand_normal, replica_generator, ring_attention_fp32)
+                                                   project_qkv, rand_normal, replica_generator, ring_attention_fp32,
+                                                   upstream_attention_layer)
 from pkb.problems.context_parallel.ring_attention import busiest_rank_pairs
 
 PP = 2
@@ -48,6 +49,17 @@ def make_inputs(case, rank, world_size, gen):
                        rand_normal(weights, E, E, scale=E**-0.5)]).to(dtype)
     w_o = rand_normal(weights, E, E, dtype=dtype, scale=E**-0.5)
     return hidden, w_qkv, w_o, case["heads"], case.get("softmax_scale"), case["causal"], cp_group, pp_group
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: hidden [16, 16/cp, 512] seeded by cp rank, w_qkv [1536, 512] and w_o [512, 512] seeded by
+    stage (N(0, 1) * 0.02), in the run's dtype; its seeds carry 57 (upstream's numbering)."""
+    cp = world_size // PP
+    cp_group, pp_group, cp_index, stage = mesh(cp, rank, world_size)
+    hidden, w_qkv, w_o = upstream_attention_layer(
+        case, case["seq"] // cp, case["heads"], hidden_seed=42 + 57 * 1000 + cp_index + trial * 1_000_003,
+        weight_seed=42 + 57 * 1000 + 20000 + stage + trial * 1_000_003, device=device)
+    return hidden, w_qkv, w_o, case["heads"], None, case["causal"], cp_group, pp_group
 
 
 def attention_stage(x, w_qkv, w_o, num_heads, softmax_scale, causal, cp_group):
@@ -108,5 +120,5 @@ PROBLEM = Problem(
     name="ring_attention_pp", version=3, upstream_id=56, category="context_parallel",
     source="ring-flash-attention ring_flash_attn_func + Megatron-LM pp-cp layout (stage hand-off)",
     world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, upstream=UPSTREAM, tolerance=None,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

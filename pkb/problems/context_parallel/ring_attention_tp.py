@@ -28,7 +28,7 @@ import torch.distributed as dist
 from pkb.problem import Case, Cost, Problem
 from pkb.problems.context_parallel._common import (ATTENTION_LAYER_BENCHMARKS, attention_flops, dtype_of, mesh,
                                                    project_qkv, rand_normal, replica_generator,
-                                                   ring_attention_fp32)
+                                                   ring_attention_fp32, upstream_attention_layer)
 from pkb.problems.context_parallel.ring_attention import busiest_rank_pairs
 
 TP = 2
@@ -47,6 +47,17 @@ def make_inputs(case, rank, world_size, gen):
                        rand_normal(shard, E // TP, E, scale=E**-0.5)]).to(dtype)
     w_o = rand_normal(shard, E, E // TP, dtype=dtype, scale=E**-0.5)
     return hidden, w_qkv, w_o, heads, case.get("softmax_scale"), case["causal"], tp_group, cp_group
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: hidden [16, 16/cp, 512] seeded by cp rank, w_qkv [768, 512] and w_o [512, 256] seeded by tp
+    rank (N(0, 1) * 0.02), in the run's dtype; its seeds carry 56 (upstream's numbering)."""
+    tp_group, cp_group, tp_index, cp_index = mesh(TP, rank, world_size)
+    s_local = case["seq"] // (world_size // TP)
+    hidden, w_qkv, w_o = upstream_attention_layer(
+        case, s_local, case["heads"] // TP, hidden_seed=42 + 56 * 1000 + cp_index + trial * 1_000_003,
+        weight_seed=42 + 56 * 1000 + 10000 + tp_index + trial * 1_000_003, device=device)
+    return hidden, w_qkv, w_o, case["heads"], None, case["causal"], tp_group, cp_group
 
 
 def reference(hidden_states, w_qkv, w_o, num_heads, softmax_scale=None, causal=False, tp_group=None,
@@ -92,5 +103,5 @@ PROBLEM = Problem(
     name="ring_attention_tp", version=2, upstream_id=55, category="context_parallel",
     source="ring-flash-attention ring_flash_attn_func + Megatron-LM tp-cp layout (column/row-parallel projections)",
     world_sizes=(2, 4, 8), tests=TESTS, benchmarks=BENCHMARKS, upstream=UPSTREAM, tolerance=None,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

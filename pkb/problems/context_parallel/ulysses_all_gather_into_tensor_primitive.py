@@ -13,7 +13,7 @@ global row count, split evenly over the ranks. The upstream case is upstream's x
 import math
 
 from pkb.problem import Case, Cost, Problem, Tolerance
-from pkb.problems.context_parallel._common import all_gather, dtype_of, rand_normal
+from pkb.problems.context_parallel._common import all_gather, dtype_of, rand_normal, upstream_randn
 
 
 def local_shape(case, world_size):
@@ -23,6 +23,11 @@ def local_shape(case, world_size):
 
 def make_inputs(case, rank, world_size, gen):
     return rand_normal(gen, *local_shape(case, world_size), dtype=dtype_of(case)), None
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: x [1024, 1024] N(0, 1) in the run's dtype."""
+    return upstream_randn(case, *local_shape(case, world_size), device=device), None
 
 
 def reference(x, group=None):
@@ -56,5 +61,6 @@ PROBLEM = Problem(
     name="ulysses_all_gather_into_tensor_primitive", version=3, upstream_id=34, category="context_parallel",
     source="VeOmni / verl Ulysses all_gather_tensor", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
     benchmarks=BENCHMARKS,
-    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs,
+    cost=cost,
 )

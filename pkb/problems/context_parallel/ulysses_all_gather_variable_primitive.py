@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, Tolerance
-from pkb.problems.context_parallel._common import dtype_of, group_size, rand_normal
+from pkb.problems.context_parallel._common import dtype_of, group_size, rand_normal, upstream_randn
 
 
 def lengths_for(case, world_size, gen):
@@ -43,6 +43,14 @@ def make_inputs(case, rank, world_size, gen):
     shape = list(case["shape"])
     shape[dim] = lengths_for(case, world_size, gen)[rank]
     return rand_normal(gen, *shape, dtype=dtype_of(case)), dim, None
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: x [1024, 1024] N(0, 1) in the run's dtype on every rank (every length 1024), dim 0."""
+    dim = case["gather_dim"]
+    shape = list(case["shape"])
+    shape[dim] = case["max_len"]  # min_len == max_len: upstream's shards are all one length
+    return upstream_randn(case, *shape, device=device), dim, None
 
 
 def reference(x, gather_dim, group=None):
@@ -99,5 +107,5 @@ PROBLEM = Problem(
     name="ulysses_all_gather_variable_primitive", version=3, upstream_id=35, category="context_parallel",
     source="VeOmni / verl Ulysses all-gather of uneven shards (sizes first, then padded data)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=Tolerance.exact(),
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

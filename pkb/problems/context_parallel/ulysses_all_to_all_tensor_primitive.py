@@ -19,7 +19,7 @@ heads) at 64k tokens, sequences as in Llama 3's long-context stage (config.json 
 """
 
 from pkb.problem import Case, Problem, Tolerance
-from pkb.problems.context_parallel._common import all_to_all, all_to_all_cost, dtype_of, rand_normal
+from pkb.problems.context_parallel._common import all_to_all, all_to_all_cost, dtype_of, rand_normal, upstream_randn
 
 
 def local_shape(case, world_size):
@@ -32,6 +32,12 @@ def local_shape(case, world_size):
 
 def make_inputs(case, rank, world_size, gen):
     x = rand_normal(gen, *local_shape(case, world_size), dtype=dtype_of(case))
+    return x, case["scatter_dim"], case["gather_dim"], None
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: x [1024, 1024] N(0, 1) in the run's dtype; scatter dim 0, gather dim 1."""
+    x = upstream_randn(case, *local_shape(case, world_size), device=device)
     return x, case["scatter_dim"], case["gather_dim"], None
 
 
@@ -68,5 +74,6 @@ BENCHMARKS = (
 PROBLEM = Problem(
     name="ulysses_all_to_all_tensor_primitive", version=3, upstream_id=33, category="context_parallel",
     source="VeOmni / verl Ulysses all_to_all_tensor", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
-    benchmarks=BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    benchmarks=BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs,
+    upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -37,7 +37,7 @@ import torch
 
 from pkb.problem import Case, Cost, Problem, Tolerance
 from pkb.problems.context_parallel._common import (ATTENTION_LAYER_BENCHMARKS, all_to_all, causal_pairs, dtype_of,
-                                                   project_qkv, rand_normal)
+                                                   project_qkv, rand_normal, upstream_randn)
 
 LOGIT_STD = 2.0  # q and k weights are scaled so that attention logits have about this std (a peaked softmax)
 
@@ -51,6 +51,16 @@ def make_inputs(case, rank, world_size, gen):
                        rand_normal(gen.shared, E, E, scale=E**-0.5)]).to(dtype)
     w_o = rand_normal(gen.shared, E, E, dtype=dtype, scale=E**-0.5)
     return hidden, w_qkv, w_o, None, heads, case["causal"]
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values, N(0, 1) in the run's dtype, weights unscaled and drawn per rank: hidden [16, 16/W, 512],
+    w_qkv [1536, 512], w_o [512, 512]; 8 heads, not causal."""
+    E = case["hidden"]
+    hidden = upstream_randn(case, case["batch"], case["seq"] // world_size, E, device=device)
+    w_qkv = upstream_randn(case, 3 * E, E, device=device)
+    w_o = upstream_randn(case, E, E, device=device)
+    return hidden, w_qkv, w_o, None, case["heads"], case["causal"]
 
 
 def attention_over_heads(q, k, v, scale: float, causal: bool):
@@ -109,5 +119,5 @@ PROBLEM = Problem(
     # to 0.016 beyond 1.6e-2*|out| (measured over 100 draws of every case at W = 2, 4, 8); atol 0.04
     # leaves room for that and still rejects zeroed or misrouted heads (outputs ~N(0, 1)).
     tolerance=Tolerance(atol=4e-2, rtol=1.6e-2),
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

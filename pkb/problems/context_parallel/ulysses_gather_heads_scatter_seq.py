@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from pkb.problem import Case, Cost, Problem, Tolerance
 from pkb.problems.context_parallel._common import (ULYSSES_RESHARD_BENCHMARKS, all_to_all, ceil_div, dtype_of,
-                                                   group_size, rand_normal)
+                                                   group_size, rand_normal, upstream_randn)
 
 
 def local_shape(case, world_size):
@@ -34,6 +34,11 @@ def local_shape(case, world_size):
 
 def make_inputs(case, rank, world_size, gen):
     return rand_normal(gen, *local_shape(case, world_size), dtype=dtype_of(case)), 1, 2, None
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: x [16, 16, 8, 64] N(0, 1) in the run's dtype; seq dim 1, head dim 2."""
+    return upstream_randn(case, *local_shape(case, world_size), device=device), 1, 2, None
 
 
 def reference(x, seq_dim, head_dim, group=None):
@@ -69,5 +74,6 @@ TESTS = (
 PROBLEM = Problem(
     name="ulysses_gather_heads_scatter_seq", version=3, upstream_id=37, category="context_parallel",
     source="VeOmni / verl Ulysses gather_heads_scatter_seq", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
-    benchmarks=ULYSSES_RESHARD_BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    benchmarks=ULYSSES_RESHARD_BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs,
+    upstream_inputs=upstream_inputs, cost=cost,
 )

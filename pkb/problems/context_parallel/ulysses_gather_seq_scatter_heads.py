@@ -21,7 +21,7 @@ Benchmarks: the query/key re-shard of Ulysses attention for Llama-3-8B (32 query
 
 from pkb.problem import Case, Problem, Tolerance
 from pkb.problems.context_parallel._common import (ULYSSES_RESHARD_BENCHMARKS, all_to_all, all_to_all_cost, ceil_div,
-                                                   cut_padding, dtype_of, rand_normal)
+                                                   cut_padding, dtype_of, rand_normal, upstream_randn)
 
 
 def local_shape(case, world_size):
@@ -33,6 +33,11 @@ def make_inputs(case, rank, world_size, gen):
     x = rand_normal(gen, *local_shape(case, world_size), dtype=dtype_of(case))
     unpadded = case["seq"] if case.get("pass_unpadded", True) else 0
     return x, 1, 2, None, unpadded
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: x [16, 16, 8, 64] N(0, 1) in the run's dtype; seq dim 1, head dim 2, unpadded size 0."""
+    return upstream_randn(case, *local_shape(case, world_size), device=device), 1, 2, None, 0
 
 
 def reference(x, seq_dim, head_dim, group=None, unpadded_dim_size=0):
@@ -59,5 +64,6 @@ TESTS = (
 PROBLEM = Problem(
     name="ulysses_gather_seq_scatter_heads", version=3, upstream_id=36, category="context_parallel",
     source="VeOmni / verl Ulysses gather_seq_scatter_heads", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
-    benchmarks=ULYSSES_RESHARD_BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    benchmarks=ULYSSES_RESHARD_BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs,
+    upstream_inputs=upstream_inputs, cost=cost,
 )

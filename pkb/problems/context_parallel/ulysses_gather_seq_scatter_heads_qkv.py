@@ -20,7 +20,7 @@ tokens, and of a 64-head x 128 model (P = 3*8192) at 64k tokens, B=1.
 
 from pkb.problem import Case, Problem, Tolerance
 from pkb.problems.context_parallel._common import (all_to_all, all_to_all_cost, ceil_div, cut_padding, dtype_of,
-                                                   rand_normal)
+                                                   rand_normal, upstream_randn)
 
 
 def local_shape(case, world_size):
@@ -32,6 +32,11 @@ def make_inputs(case, rank, world_size, gen):
     qkv = rand_normal(gen, *local_shape(case, world_size), dtype=dtype_of(case))
     unpadded = case["seq"] if case.get("pass_unpadded", True) else None
     return qkv, 1, None, unpadded, case.get("restore_shape", True)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: qkv [16, 16, 1536] N(0, 1) in the run's dtype; seq dim 1, no unpadded size, restore_shape."""
+    return upstream_randn(case, *local_shape(case, world_size), device=device), 1, None, None, True
 
 
 def reference(qkv_tensor, seq_dim, group=None, unpadded_dim_size=None, restore_shape=True):
@@ -74,5 +79,6 @@ BENCHMARKS = (
 PROBLEM = Problem(
     name="ulysses_gather_seq_scatter_heads_qkv", version=3, upstream_id=38, category="context_parallel",
     source="VeOmni Ulysses gather_seq_scatter_heads_qkv", world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS,
-    benchmarks=BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    benchmarks=BENCHMARKS, tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs,
+    upstream_inputs=upstream_inputs, cost=cost,
 )

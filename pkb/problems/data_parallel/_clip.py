@@ -39,6 +39,11 @@ def sharded_grads(shapes, rank: int, world_size: int, gen, dtype, sharded: bool 
             for shape in local_shapes(shapes, rank, world_size, sharded)]
 
 
+def upstream_grads(shapes, dtype, device) -> list[torch.Tensor]:
+    """Upstream's gradients: N(0, 1) tensors of ``shapes`` (unscaled, unsharded), drawn in ``dtype`` in order."""
+    return [torch.randn(shape, dtype=dtype, device=device) for shape in shapes]
+
+
 def local_norm_term(grads, norm_type: float, device) -> torch.Tensor:
     """fp32 0-dim: sum_t ||g_t||_p^p over this rank's gradients (each norm in fp32; 0 with none)."""
     term = torch.zeros((), dtype=torch.float32, device=device)

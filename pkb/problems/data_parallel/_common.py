@@ -15,7 +15,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from pkb.problem import DEFAULT_PRECISION, PRECISIONS, Tolerance, default_tolerance, randn
+from pkb.problem import DEFAULT_PRECISION, PRECISIONS, Tolerance, default_tolerance, randn, upstream_seed
 
 
 def dtype_of(case) -> torch.dtype:
@@ -117,6 +117,11 @@ def adam_states(gen, scale: torch.Tensor | float, numel: int, generator=None) ->
     uniform = torch.rand(numel, generator=generator, device=gen.device)
     exp_avg_sq = (uniform + 0.5) * torch.as_tensor(scale, device=gen.device) ** 2
     return exp_avg, exp_avg_sq
+
+
+def upstream_adam_hyperparameters(trial: int) -> tuple[float, float, float, float, int]:
+    """Upstream's factory's (lr, beta1, beta2, eps, step): torch.optim.Adam's defaults, the step 1 + trial % 7."""
+    return 1e-3, 0.9, 0.999, 1e-8, 1 + trial % 7
 
 
 # -- the two-layer MLP -------------------------------------------------------------------------------
@@ -303,3 +308,20 @@ def mlp_step_hbm_bytes(case, world_size: int, adam_numel: int) -> int:
     itemsize = mlp_dtype(case).itemsize
     batch = batch_rows(case, world_size)
     return itemsize * (batch * (d_in + d_out) + mlp_num_params(d_in, d_hidden, d_out) + 7 * adam_numel)
+
+
+def upstream_mlp_draws(case, upstream_id: int, rank: int, world_size: int, trial: int, device):
+    """Upstream's batch and model for the MLP step problems (40-42, 47), seeded as rank 0 on every rank: X, y
+    N(0, 1) over all ``batch_total`` rows, this rank's 1/W kept; W1, b1, W2, b2 N(0, 1) on rank 0, zeros elsewhere.
+
+    Returns (X_local, y_local, [W1, b1, W2, b2]) in the case's dtype on ``device``.
+    """
+    upstream_seed(upstream_id, 0, trial)
+    d_in, d_hidden, d_out = dims(case)
+    dtype, rows = mlp_dtype(case), batch_rows(case, world_size)
+    full_x = torch.randn(case["batch_total"], d_in, dtype=dtype, device=device)
+    full_y = torch.randn(case["batch_total"], d_out, dtype=dtype, device=device)
+    own_rows = slice(rank * rows, (rank + 1) * rows)
+    fill = torch.randn if rank == 0 else torch.zeros
+    params = [fill(shape, dtype=dtype, device=device) for shape in mlp_shapes(d_in, d_hidden, d_out)]
+    return full_x[own_rows].contiguous(), full_y[own_rows].contiguous(), params

@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 
 from pkb.problems.data_parallel._common import (adam_step, dims, mlp_adam_states, mlp_batch, mlp_dtype,
-                                                mlp_hyperparameters, mlp_init, shard, unflatten)
+                                                mlp_hyperparameters, mlp_init, mlp_num_params, shard, unflatten,
+                                                upstream_adam_hyperparameters, upstream_mlp_draws)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -24,6 +25,15 @@ def make_inputs(case, rank, world_size, gen):
     flat_exp_avg_sq = torch.cat([t.reshape(-1) for t in exp_avg_sqs])
     return (x, y, *params, shard(flat_exp_avg, rank, world_size), shard(flat_exp_avg_sq, rank, world_size),
             *mlp_hyperparameters(case, gen))
+
+
+def upstream_inputs(case, upstream_id, rank, world_size, trial, device):
+    """Upstream's values for ZeRO-1 and ZeRO-2: ``upstream_mlp_draws`` (rank 0's model, zeros elsewhere), zero
+    moment partitions [P/W], step 1 + trial % 7."""
+    x, y, params = upstream_mlp_draws(case, upstream_id, rank, world_size, trial, device)
+    part = mlp_num_params(*dims(case)) // world_size
+    moments = [torch.zeros(part, dtype=mlp_dtype(case), device=device) for _ in range(2)]
+    return (x, y, *params, *moments, *upstream_adam_hyperparameters(trial))
 
 
 def update_partition_and_gather(flat_params, grad_part, exp_avg_part, exp_avg_sq_part, shapes, lr, beta1, beta2, eps,

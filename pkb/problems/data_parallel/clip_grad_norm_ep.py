@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem
 from pkb.problems.data_parallel._clip import (clip_, finish_norm, local_norm_term, local_shapes, norm_cost_terms,
-                                              sharded_grads)
+                                              sharded_grads, upstream_grads)
 from pkb.problems.data_parallel._common import chunk_rows, dtype_of, mesh_partitions, subgroup
 
 
@@ -65,6 +65,21 @@ def make_inputs(case, rank, world_size, gen):
             ep_fsdp_group = dist.group.WORLD
     non_ep = sharded_grads(case["dense_shapes"], rank, world_size, gen, dtype, case.get("sharded", True))
     ep = sharded_grads(expert_shapes(case, rank, world_size), rank, world_size, gen, dtype, sharded=False)
+    return (non_ep, ep, case["max_norm"], float(case["norm_type"]), ep_size, dist.group.WORLD, ep_fsdp_group,
+            ep_group)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: N(0, 1) dense then expert gradients; ep = W/2 with the groups of that mesh, built after
+    the draws (at W = 2, ep = 1: no ep group, no new group, the world as the ep_fsdp group)."""
+    dtype = dtype_of(case)
+    non_ep = upstream_grads(case["dense_shapes"], dtype, device)
+    ep = upstream_grads(case["expert_local_shapes"], dtype, device)
+    ep_size, ep_fsdp_size = mesh(case, world_size)
+    ep_group, ep_fsdp_group = None, dist.group.WORLD
+    if ep_size > 1:  # the same groups, in the same order, as upstream's _build_ep_fsdp_groups
+        ep_groups, ep_fsdp_groups = mesh_partitions(ep_fsdp_size, ep_size)
+        ep_group, ep_fsdp_group = subgroup(ep_groups), subgroup(ep_fsdp_groups)
     return (non_ep, ep, case["max_norm"], float(case["norm_type"]), ep_size, dist.group.WORLD, ep_fsdp_group,
             ep_group)
 
@@ -133,5 +148,5 @@ PROBLEM = Problem(
         Case("qwen3_30b_a3b_moe_layer", _moe_layer(2048, 4096, 512, 128, 768, "half")),
         Case("qwen3_235b_a22b_moe_layer", _moe_layer(4096, 8192, 512, 128, 1536, "half"), world_sizes=(8,)),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -25,12 +25,18 @@ import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem
 from pkb.problems.data_parallel._clip import (clip_, finish_norm, llama_layer_shapes, local_norm_term,
-                                              local_shapes, norm_cost_terms, sharded_grads)
+                                              local_shapes, norm_cost_terms, sharded_grads, upstream_grads)
 from pkb.problems.data_parallel._common import dtype_of
 
 
 def make_inputs(case, rank, world_size, gen):
     grads = sharded_grads(case["shapes"], rank, world_size, gen, dtype_of(case), case.get("sharded", True))
+    return grads, case["max_norm"], float(case["norm_type"]), dist.group.WORLD
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: three N(0, 1) [1024, 1024] gradients per rank (unscaled, so always clipped)."""
+    grads = upstream_grads(case["shapes"], dtype_of(case), device)
     return grads, case["max_norm"], float(case["norm_type"]), dist.group.WORLD
 
 
@@ -78,5 +84,5 @@ PROBLEM = Problem(
         Case("llama3_8b_layer_fsdp", {"shapes": llama_layer_shapes(4096, 1024, 14336), "max_norm": 1.0,
                                       "norm_type": 2.0}),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -28,7 +28,8 @@ from pkb.problem import Cost, Problem
 from pkb.problems.data_parallel._common import (ADAM_FLOPS_PER_ELEMENT, adam_step, batch_rows, broadcast_flat, dims,
                                                 mlp_adam_states, mlp_batch, mlp_cases, mlp_dtype, mlp_flops, mlp_grads,
                                                 mlp_hyperparameters, mlp_init, mlp_num_params, mlp_step_hbm_bytes,
-                                                mlp_tolerance, unflatten)
+                                                mlp_tolerance, unflatten, upstream_adam_hyperparameters,
+                                                upstream_mlp_draws)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -36,6 +37,14 @@ def make_inputs(case, rank, world_size, gen):
     params = mlp_init(gen, gen.device, *dims(case), dtype=mlp_dtype(case))
     exp_avgs, exp_avg_sqs = mlp_adam_states(case, gen, gen.device, world_size)
     return (x, y, *params, *exp_avgs, *exp_avg_sqs, *mlp_hyperparameters(case, gen))
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: ``upstream_mlp_draws`` (rank 0's model, zeros elsewhere), all eight Adam moments zero,
+    step 1 + trial % 7."""
+    x, y, params = upstream_mlp_draws(case, PROBLEM.upstream_id, rank, world_size, trial, device)
+    moments = [torch.zeros_like(param) for _ in ("exp_avg", "exp_avg_sq") for param in params]
+    return (x, y, *params, *moments, *upstream_adam_hyperparameters(trial))
 
 
 def reference(X_local, y_local, W1, b1, W2, b2, exp_avg_W1, exp_avg_b1, exp_avg_W2, exp_avg_b2, exp_avg_sq_W1,
@@ -67,5 +76,5 @@ PROBLEM = Problem(
     source="PyTorch DistributedDataParallel step (rank-0 parameter broadcast, bucketed gradient all-reduce "
            "average) + torch.optim.Adam",
     world_sizes=(2, 4, 8), upstream=_UPSTREAM, tests=_TESTS, benchmarks=_BENCHMARKS, tolerance=mlp_tolerance,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

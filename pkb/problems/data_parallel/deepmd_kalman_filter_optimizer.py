@@ -47,6 +47,17 @@ def make_inputs(case, rank, world_size, gen):
     return H, error, weights, P, case["kalman_lambda"], 0.9987
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values, fp64 whatever the run's precision: per block h = 0.01 N(0, 1) and w = N(0, 1) [n, 1] and
+    P the identity, then the error N(0, 1) (distinct per rank)."""
+    H, weights, P = [], [], []
+    for n in case["block_sizes"]:
+        H.append(torch.randn((n, 1), dtype=torch.float64, device=device) * 0.01)
+        weights.append(torch.randn((n, 1), dtype=torch.float64, device=device))
+        P.append(torch.eye(n, dtype=torch.float64, device=device))
+    return H, torch.randn((), dtype=torch.float64, device=device), weights, P, case["kalman_lambda"], 0.9987
+
+
 def reference(H, error, weights, P, kalman_lambda, kalman_nue=0.9987):
     dtype, device = weights[0].dtype, weights[0].device
     lam = torch.tensor(kalman_lambda, dtype=dtype, device=device)
@@ -92,5 +103,5 @@ PROBLEM = Problem(
     benchmarks=[
         Case("deepmd_kf_block5120_4_per_rank", {"block_sizes": [5120] * 4, "kalman_lambda": 0.98}),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -33,7 +33,7 @@ Llama-3-70B with n_tp = 4 x n_fsdp = 2.
 import torch
 import torch.distributed as dist
 
-from pkb.problem import Case, Cost, Problem, randn, reduction_tolerance
+from pkb.problem import Case, Cost, Problem, randn, reduction_tolerance, upstream_seed
 from pkb.problems.data_parallel._common import chunk_rows, dtype_of, mesh_partitions, subgroup
 
 
@@ -57,6 +57,24 @@ def make_inputs(case, rank, world_size, gen):
     dim = slice(fsdp_rank * d_model // n_fsdp, (fsdp_rank + 1) * d_model // n_fsdp)
     return (x[start:start + rows].clone(), w1[dim, cols].clone(), w2[dim, cols].clone(), w3[cols, dim].clone(),
             n_tp, n_fsdp)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values, seeded as rank 0 on every rank: x, W1, W2, W3 N(0, 1) (unscaled), cut as ``make_inputs``
+    cuts them (upstream's sizes divide evenly)."""
+    upstream_seed(PROBLEM.upstream_id, 0, trial)
+    n_tp, n_fsdp = layout(case, world_size)
+    fsdp_rank, tp_rank = divmod(rank, n_tp)
+    tokens, d_model, d_ffn, dtype = case["tokens"], case["d_model"], case["d_ffn"], dtype_of(case)
+    x = torch.randn(tokens, d_model, dtype=dtype, device=device)
+    w1 = torch.randn(d_model, d_ffn, dtype=dtype, device=device)
+    w2 = torch.randn(d_model, d_ffn, dtype=dtype, device=device)
+    w3 = torch.randn(d_ffn, d_model, dtype=dtype, device=device)
+    rows = tokens // n_fsdp
+    cols = slice(tp_rank * d_ffn // n_tp, (tp_rank + 1) * d_ffn // n_tp)
+    dim = slice(fsdp_rank * d_model // n_fsdp, (fsdp_rank + 1) * d_model // n_fsdp)
+    return (x[fsdp_rank * rows:(fsdp_rank + 1) * rows].contiguous(), w1[dim, cols].contiguous(),
+            w2[dim, cols].contiguous(), w3[cols, dim].contiguous(), n_tp, n_fsdp)
 
 
 def _gather(shard: torch.Tensor, group, group_size: int) -> torch.Tensor:
@@ -119,5 +137,5 @@ PROBLEM = Problem(
         Case("llama3_70b_mlp_tp4_fsdp2", {"tokens": 8192, "d_model": 8192, "d_ffn": 28672, "tp": 4},
              world_sizes=(8,)),
     ],
-    tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=tolerance, reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -30,7 +30,8 @@ from pkb.problem import Cost, Problem
 from pkb.problems.data_parallel._common import (ADAM_FLOPS_PER_ELEMENT, adam_step, batch_rows, dims, mlp_adam_states,
                                                 mlp_batch, mlp_cases, mlp_dtype, mlp_flops, mlp_grads,
                                                 mlp_hyperparameters, mlp_init, mlp_num_params, mlp_shapes,
-                                                mlp_step_hbm_bytes, mlp_tolerance, shard, unflatten)
+                                                mlp_step_hbm_bytes, mlp_tolerance, shard, unflatten,
+                                                upstream_adam_hyperparameters, upstream_mlp_draws)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -42,6 +43,17 @@ def make_inputs(case, rank, world_size, gen):
     param_shard, exp_avg_shard, exp_avg_sq_shard = (shard(f, rank, world_size) for f in flat)
     return (x, y, param_shard, mlp_shapes(*dims(case)), exp_avg_shard, exp_avg_sq_shard, lr, beta1, beta2, eps, 0.01,
             step)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: this rank's 1/W of the flat ``upstream_mlp_draws`` model (rank 0's parameters, zeros
+    elsewhere), zero moments, weight decay 0.01, step 1 + trial % 7."""
+    x, y, params = upstream_mlp_draws(case, PROBLEM.upstream_id, rank, world_size, trial, device)
+    flat = torch.cat([param.reshape(-1) for param in params])
+    part = flat.numel() // world_size
+    lr, beta1, beta2, eps, step = upstream_adam_hyperparameters(trial)
+    return (x, y, shard(flat, rank, world_size), mlp_shapes(*dims(case)), flat.new_zeros(part), flat.new_zeros(part),
+            lr, beta1, beta2, eps, 0.01, step)
 
 
 def reference(X_local, y_local, flat_param_shard, param_shapes, exp_avg_shard, exp_avg_sq_shard, lr, beta1, beta2,
@@ -73,5 +85,5 @@ PROBLEM = Problem(
     source="PyTorch FSDP FlatParameter FULL_SHARD step (all-gather, backward, reduce-scatter average) + "
            "torch.optim.AdamW",
     world_sizes=(2, 4, 8), upstream=_UPSTREAM, tests=_TESTS, benchmarks=_BENCHMARKS, tolerance=mlp_tolerance,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -24,9 +24,10 @@ the whole Llama-3-8B model (8,030,261,248 parameters) at W = 8.
 import torch
 import torch.distributed as dist
 
-from pkb.problem import Case, Cost, Problem, Tolerance, default_tolerance, randn
+from pkb.problem import Case, Cost, Problem, Tolerance, default_tolerance, randn, upstream_seed
 from pkb.problems.data_parallel._common import (ADAM_FLOPS_PER_ELEMENT, adam_hyperparameters, adam_states,
-                                                adam_step_, dtype_of, shard_numel)
+                                                adam_step_, dtype_of, shard, shard_numel,
+                                                upstream_adam_hyperparameters)
 
 GRAD_SCALE = 1e-2  # keeps the second moment (~1e-4) inside fp16's normal range
 MASTER_SCALE = 0.02  # weights at their usual init std; a bf16 master then still shows Adam's ~lr-sized step
@@ -43,6 +44,17 @@ def make_inputs(case, rank, world_size, gen):
     exp_avg, exp_avg_sq = adam_states(gen, GRAD_SCALE, part)
     return (grad_shard, master_shard, exp_avg.to(dtype), exp_avg_sq.to(dtype),
             *adam_hyperparameters(gen, case.get("max_step", 2000)))
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values, seeded as rank 0 on every rank: this rank's 1/W of an N(0, 1) gradient and of an N(0, 1)
+    master vector [W*S], zero moments, step 1 + trial % 7."""
+    upstream_seed(PROBLEM.upstream_id, 0, trial)
+    part, dtype = shard_size(case, world_size), dtype_of(case)
+    full_grad = torch.randn(part * world_size, dtype=dtype, device=device)
+    full_master = torch.randn(part * world_size, dtype=dtype, device=device)
+    return (shard(full_grad, rank, world_size), shard(full_master, rank, world_size),
+            full_grad.new_zeros(part), full_grad.new_zeros(part), *upstream_adam_hyperparameters(trial))
 
 
 def reference(grad_shard, master_shard, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, step):
@@ -94,5 +106,5 @@ PROBLEM = Problem(
         Case("llama3_8b_layer", {"num_params": 218_112_000}),
         Case("llama3_8b_full_model", {"num_params": 8_030_261_248}, world_sizes=(8,)),
     ],
-    tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=tolerance, reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

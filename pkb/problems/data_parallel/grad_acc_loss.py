@@ -52,6 +52,16 @@ def make_inputs(case, rank, world_size, gen):
     return loss, local_valid, counts.sum(), grad_normalized_loss, grad_loss_sum
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: an N(0, 1) loss, M * N valid tokens on every rank (W * M * N in all), upstream gradients
+    1 (normalized loss) and 0 (loss sum)."""
+    dtype, tokens = dtype_of(case), case["valid_tokens"][0]
+    loss = torch.randn((), dtype=dtype, device=device)
+    return (loss, torch.tensor(tokens, dtype=torch.long, device=device),
+            torch.tensor(world_size * tokens, dtype=torch.long, device=device),
+            torch.ones((), dtype=dtype, device=device), torch.zeros((), dtype=dtype, device=device))
+
+
 def reference(loss, local_valid_tokens, global_valid_tokens, grad_normalized_loss, grad_loss_sum=None):
     local_valid, global_valid = local_valid_tokens.float(), global_valid_tokens.float()
     loss = torch.where(local_valid_tokens == 0, torch.nan_to_num(loss), loss)
@@ -101,5 +111,5 @@ PROBLEM = Problem(
     precisions=("bf16", "fp32"),
     precision_note="at upstream's inputs loss_sum (the loss times 1024 x 1024 tokens per rank) overflows fp16 "
                    "(largest value 65504): upstream's reference returns inf",
-    tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=tolerance, reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -100,6 +100,17 @@ def make_inputs(case, rank, world_size, gen):
     return hidden_states, weight, labels, old_logprobs, advantages, -100
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: hidden states and an LM head N(0, 1) (the head distinct per rank), uniform labels (all
+    valid), old log-probs and advantages N(0, 1)."""
+    tokens, hidden, vocab, dtype = tokens_of(case, rank), case["hidden"], case["vocab"], dtype_of(case)
+    hidden_states = torch.randn(tokens, hidden, dtype=dtype, device=device)
+    weight = torch.randn(vocab, hidden, dtype=dtype, device=device)
+    labels = torch.randint(0, vocab, (tokens,), dtype=torch.long, device=device)
+    old_logprobs = torch.randn(tokens, dtype=dtype, device=device)
+    return hidden_states, weight, labels, old_logprobs, torch.randn(tokens, dtype=dtype, device=device), -100
+
+
 def reference(hidden_states, weight, labels, old_logprobs, advantages, ignore_index=-100):
     logits = F.linear(hidden_states, weight)                             # [T, V] bf16, fp32 accumulation
     labels, old_logprobs, advantages = labels.view(-1), old_logprobs.view(-1), advantages.view(-1)
@@ -161,5 +172,5 @@ PROBLEM = Problem(
         Case("qwen2_5_7b_grpo_8k_tokens", {"tokens": (8192, 8192), "hidden": 3584, "vocab": 152064,
                                            "ignored_fraction": 0.33}),
     ],
-    tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=tolerance, reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

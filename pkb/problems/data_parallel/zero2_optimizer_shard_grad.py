@@ -36,6 +36,11 @@ def make_inputs(case, rank, world_size, gen):
     return _zero.make_inputs(case, rank, world_size, gen)
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: rank 0's N(0, 1) model (zeros elsewhere), zero moment partitions (``_zero``)."""
+    return _zero.upstream_inputs(case, PROBLEM.upstream_id, rank, world_size, trial, device)
+
+
 def reference(X_local, y_local, W1, b1, W2, b2, exp_avg_part, exp_avg_sq_part, lr, beta1, beta2, eps, step):
     world_size = dist.get_world_size()
     shapes = [p.shape for p in (W1, b1, W2, b2)]
@@ -65,5 +70,5 @@ PROBLEM = Problem(
     source="DeepSpeed ZeRO stage 2 (DeepSpeedZeroOptimizer with partitioned gradients: reduce-scatter, "
            "partitioned Adam, all-gather)",
     world_sizes=(2, 4, 8), upstream=_UPSTREAM, tests=_TESTS, benchmarks=_BENCHMARKS, tolerance=mlp_tolerance,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -147,3 +147,31 @@ def routed_case(case, rank: int, world_size: int, gen):
                                          case.get("skew", False))
     input_splits, output_splits, per_local = split_sizes(token_counts(selected, case["experts"]), rank)
     return tokens, selected, input_splits, output_splits, per_local
+
+
+# -- upstream's values (the paper's verdict) --------------------------------------------------------------
+
+
+def upstream_routing(num_tokens: int, num_experts: int, top_k: int, device) -> torch.Tensor:
+    """Upstream's routing draws (dispatch and combine): for each token in turn the first ``top_k`` of
+    ``torch.randperm(num_experts)``; [T, k] int64 in draw order (k distinct experts per token)."""
+    return torch.stack([torch.randperm(num_experts, device=device)[:top_k] for _ in range(num_tokens)])
+
+
+def upstream_split_sizes(total: int, world_size: int) -> list[int]:
+    """Upstream's synthetic split list: ``total // W`` rows to every rank, the remainder to the last one.
+
+    Example: total=10, W=4  ->  [2, 2, 2, 4].
+    """
+    splits = [total // world_size] * world_size
+    splits[-1] += total % world_size
+    return splits
+
+
+def upstream_tokens_per_local_expert(total: int, world_size: int, num_local_experts: int, device) -> torch.Tensor:
+    """Upstream's synthetic counts [W, E/W] int64: ``total`` spread evenly over the W * E/W slots, the
+    first ``total % (W * E/W)`` slots one more (they ignore the routing, as upstream's do)."""
+    num_slots = world_size * num_local_experts
+    flat = torch.full((num_slots,), total // num_slots, dtype=torch.long, device=device)
+    flat[:total % num_slots] += 1
+    return flat.view(world_size, num_local_experts)

@@ -27,6 +27,8 @@ import math
 import torch
 import torch.distributed as dist
 
+from pkb.problems.expert_parallel._common import dtype_of
+
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 MIN_AMAX = 1e-12
@@ -59,6 +61,13 @@ def gather_scales(scale: torch.Tensor, group=None) -> torch.Tensor:
     scales = torch.empty(world_size, dtype=torch.float32, device=scale.device)
     dist.all_gather_into_tensor(scales, scale.reshape(1).contiguous(), group=group)
     return scales
+
+
+def upstream_fp8_inputs(case, num_values: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Upstream's: ``num_values`` N(0, 1) in the run's dtype (amax unsettled) and a bf16 history of
+    ``case["history"]`` entries of 1e-8, so this step's amax always sets the scale."""
+    values = torch.randn(num_values, dtype=dtype_of(case), device=device)
+    return values, torch.full((case["history"],), 1e-8, dtype=torch.bfloat16, device=device)
 
 
 def gaussian_amax(num_values: int) -> float:

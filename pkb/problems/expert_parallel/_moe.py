@@ -127,10 +127,15 @@ def expert_inputs(case, gen, lora_rank: int = 0) -> tuple:
     if not lora_rank:
         return modules
     r = lora_rank
-    shapes_scales = (((r, hidden), hidden ** -0.5), ((inter, r), r ** -0.5),          # gate A, B
-                     ((r, hidden), hidden ** -0.5), ((inter, r), r ** -0.5),          # up A, B
-                     ((r, inter), inter ** -0.5), ((hidden, r), 0.125 * r ** -0.5))   # down A, B
-    return modules + tuple(randn(gen, *shape, dtype=dtype, scale=scale) for shape, scale in shapes_scales)
+    scales = (hidden ** -0.5, r ** -0.5, hidden ** -0.5, r ** -0.5, inter ** -0.5, 0.125 * r ** -0.5)
+    return modules + tuple(randn(gen, *shape, dtype=dtype, scale=scale)
+                           for shape, scale in zip(lora_shapes(hidden, inter, r), scales))
+
+
+def lora_shapes(hidden: int, inter: int, lora_rank: int) -> tuple:
+    """Shapes of the six adapters: gate A [r, H], B [I, r]; up A [r, H], B [I, r]; down A [r, I], B [H, r]."""
+    r = lora_rank
+    return (r, hidden), (inter, r), (r, hidden), (inter, r), (r, inter), (hidden, r)
 
 
 def layer_inputs(case, rank: int, world_size: int, gen, num_experts: int, top_k: int, ep_size: int,
@@ -140,6 +145,21 @@ def layer_inputs(case, rank: int, world_size: int, gen, num_experts: int, top_k:
     num_tokens = tokens_per_rank(case, world_size)[rank]
     hidden_states, gate_weight, gate_bias = router_inputs(case, num_tokens, num_experts, top_k, ep_size, gen)
     return (hidden_states, gate_weight, gate_bias, *expert_inputs(case, gen, lora_rank), num_experts, top_k, None)
+
+
+def upstream_layer_inputs(case, device, num_experts: int, top_k: int, lora_rank: int = 0) -> tuple:
+    """Upstream's draws, in its order: hidden, gate_weight, gate_bias ~ N(0, 1) in the run's dtype (ties in the
+    router possible); gate, up, down ``nn.Linear`` with torch's default init (built in fp32 on the CPU, then
+    moved and cast); with ``lora_rank`` the six adapters ~ N(0, 1). The argument list ends with group=None."""
+    hidden, inter, dtype = case["hidden"], case["intermediate"], dtype_of(case)
+    hidden_states = torch.randn(case["tokens"], hidden, dtype=dtype, device=device)
+    gate_weight = torch.randn(num_experts, hidden, dtype=dtype, device=device)
+    gate_bias = torch.randn(num_experts, dtype=dtype, device=device)
+    modules = tuple(torch.nn.Linear(features_in, features_out).to(device=device, dtype=dtype)
+                    for features_in, features_out in ((hidden, inter), (hidden, inter), (inter, hidden)))
+    adapters = tuple(torch.randn(shape, dtype=dtype, device=device)
+                     for shape in (lora_shapes(hidden, inter, lora_rank) if lora_rank else ()))
+    return (hidden_states, gate_weight, gate_bias, *modules, *adapters, num_experts, top_k, None)
 
 
 # -- the forward ----------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from pkb.problem import Case, Cost, Problem, Tolerance, randn
 from pkb.problems.expert_parallel._common import dtype_of
 from pkb.problems.expert_parallel._fp8 import (FP8_DTYPE, decode, dequant_scale, encode, gather_scales,
                                                gaussian_amax, history_like, plant_settled_amax,
-                                               updated_history)
+                                               updated_history, upstream_fp8_inputs)
 
 
 def _shard(case, world_size) -> int:
@@ -39,6 +39,11 @@ def make_inputs(case, rank, world_size, gen):
     flat_param_shard = plant_settled_amax(randn(gen, shard, dtype=dtype_of(case)))  # see _fp8: a settled scale
     amax_history = history_like(gen, case["history"], gaussian_amax(shard), torch.bfloat16)
     return flat_param_shard, amax_history
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: flat_param_shard [N] ~ N(0, 1) and a history of 1e-8 (_fp8.upstream_fp8_inputs)."""
+    return upstream_fp8_inputs(case, _shard(case, world_size), device)
 
 
 def reference(flat_param_shard, amax_history):
@@ -77,7 +82,9 @@ BENCHMARKS = (
 PROBLEM = Problem(
     name="fp8_allgather_params", version=3, upstream_id=53, category="expert_parallel",
     source="Transformer Engine / torchao float8 delayed scaling + FSDP parameter all-gather",
+    exact_dtype=None, exact_note="quantisation: the decoded e4m3 codes of each rank's fp32 delayed-scaling recipe are "
+                                 "the answer; compared with the reference's by the tolerance",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
     tolerance=Tolerance(atol=0.0, rtol=2.0**-7),
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

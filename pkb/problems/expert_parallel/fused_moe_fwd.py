@@ -24,11 +24,16 @@ top-8, 4096, 1536) at EP 8; Qwen3-30B-A3B (128, top-8, 2048, 768) at EP 4; Mixtr
 """
 
 from pkb.problem import Case, Problem
-from pkb.problems.expert_parallel._moe import layer_inputs, moe_cost, moe_forward
+from pkb.problems.expert_parallel._moe import layer_inputs, moe_cost, moe_forward, upstream_layer_inputs
 
 
 def make_inputs(case, rank, world_size, gen):
     return layer_inputs(case, rank, world_size, gen, case["experts"], case["top_k"], world_size)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: N(0, 1) tokens and router, default-initialised nn.Linear MLP (_moe.upstream_layer_inputs)."""
+    return upstream_layer_inputs(case, device, case["experts"], case["top_k"])
 
 
 def reference(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, num_experts, top_k, group=None):
@@ -74,5 +79,5 @@ PROBLEM = Problem(
     source="VeOmni MoE layer forward (router -> preprocess -> token_pre_all2all -> SwiGLU MLP -> "
            "tokens_post_all2all)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

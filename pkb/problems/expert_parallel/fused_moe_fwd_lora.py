@@ -22,11 +22,16 @@ Benchmarks: rank-16 adapters on the routing and shapes of DeepSeek-V3 (256 exper
 """
 
 from pkb.problem import Case, Problem
-from pkb.problems.expert_parallel._moe import layer_inputs, moe_cost, moe_forward
+from pkb.problems.expert_parallel._moe import layer_inputs, moe_cost, moe_forward, upstream_layer_inputs
 
 
 def make_inputs(case, rank, world_size, gen):
     return layer_inputs(case, rank, world_size, gen, case["experts"], case["top_k"], world_size, case["lora_rank"])
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: as fused_moe_fwd's, then six N(0, 1) adapters (_moe.upstream_layer_inputs)."""
+    return upstream_layer_inputs(case, device, case["experts"], case["top_k"], case["lora_rank"])
 
 
 def reference(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, lora_gate_A, lora_gate_B,
@@ -70,5 +75,5 @@ PROBLEM = Problem(
     name="fused_moe_fwd_lora", version=3, upstream_id=32, category="expert_parallel",
     source="VeOmni MoE layer forward with LoRA experts (EPGroupGemm with LoRA)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -71,6 +71,12 @@ def make_inputs(case, rank, world_size, gen):
     return gate_logits, case["experts"], case["top_k"], attention_mask
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: gate_logits [T, E] ~ N(0, 1) in the run's dtype (ties possible), top-k, no mask."""
+    gate_logits = torch.randn(case["seq"], case["experts"], dtype=dtype_of(case), device=device)
+    return gate_logits, case["experts"], case["top_k"], None
+
+
 def reference(gate_logits, num_experts, top_k=2, attention_mask=None):
     if isinstance(gate_logits, (tuple, list)):
         gate_logits = torch.cat(list(gate_logits), dim=0)
@@ -129,5 +135,5 @@ PROBLEM = Problem(
     name="load_balancing_loss_fn", version=2, upstream_id=24, category="expert_parallel",
     source="Hugging Face transformers Mixtral load_balancing_loss_func, loss averaged over DP ranks",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=tolerance,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
-from pkb.problems.expert_parallel._common import dtype_of
+from pkb.problems.expert_parallel._common import dtype_of, upstream_split_sizes
 
 
 def split_matrix(case, world_size, gen_shared) -> list[list[int]] | None:
@@ -65,6 +65,13 @@ def make_inputs(case, rank, world_size, gen):
     output_splits = [matrix[src][rank] for src in range(world_size)]
     local_tensor = randn(gen, sum(input_splits), case["hidden"], dtype=dtype_of(case))
     return local_tensor, input_splits, output_splits, None
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: local_tensor [rows, H] ~ N(0, 1), and the same equal split list out and in."""
+    local_tensor = torch.randn(case["rows"], case["hidden"], dtype=dtype_of(case), device=device)
+    splits = upstream_split_sizes(case["rows"], world_size)
+    return local_tensor, splits, list(splits), None
 
 
 def reference(local_tensor, input_split_sizes=None, output_split_sizes=None, group=None):
@@ -115,5 +122,5 @@ PROBLEM = Problem(
     name="moe_all2all_primitive", version=3, upstream_id=27, category="expert_parallel",
     source="VeOmni MoE all_to_all (all_to_all_single with split sizes)", world_sizes=(2, 4, 8),
     upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=Tolerance.exact(),
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -18,11 +18,17 @@ W = 4 (4 experts, top-2) for the 4-GPU roofline.
 """
 
 from pkb.problem import Case, Problem
-from pkb.problems.expert_parallel._moe import layer_inputs, moe_cost, moe_forward
+from pkb.problems.expert_parallel._moe import layer_inputs, moe_cost, moe_forward, upstream_layer_inputs
 
 
 def make_inputs(case, rank, world_size, gen):
     return layer_inputs(case, rank, world_size, gen, world_size, min(case["top_k"], world_size), world_size)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: N(0, 1) tokens and router, default-initialised nn.Linear MLP, W experts
+    (_moe.upstream_layer_inputs)."""
+    return upstream_layer_inputs(case, device, world_size, case["top_k"])
 
 
 def reference(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, num_experts, top_k, group=None):
@@ -59,5 +65,6 @@ BENCHMARKS = (
 PROBLEM = Problem(
     name="moe_ep_balanced", version=3, upstream_id=49, category="expert_parallel",
     source="VeOmni MoE layer forward, one expert per EP rank", world_sizes=(2, 4, 8),
-    upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, reference=reference, make_inputs=make_inputs, cost=cost,
+    upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, reference=reference, make_inputs=make_inputs,
+    upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -29,7 +29,7 @@ as EP 2 x DP 2 (2 experts, top-1, Switch-style routing, so that routing still ch
 import torch.distributed as dist
 
 from pkb.problem import Case, Problem
-from pkb.problems.expert_parallel._moe import layer_inputs, moe_cost, moe_forward
+from pkb.problems.expert_parallel._moe import layer_inputs, moe_cost, moe_forward, upstream_layer_inputs
 
 _EP_GROUPS: dict[tuple[int, int], list] = {}
 
@@ -66,6 +66,13 @@ def make_inputs(case, rank, world_size, gen):
     num_experts = num_experts_of(case, world_size)
     return layer_inputs(case, rank, world_size, gen, num_experts, min(case["top_k"], num_experts),
                         ep_size(num_experts, world_size))
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: N(0, 1) tokens and router, default-initialised nn.Linear MLP, E = the narrow expert count
+    (_moe.upstream_layer_inputs); group None as upstream passes it (the reference builds the EP groups)."""
+    num_experts = num_experts_of(case, world_size)
+    return upstream_layer_inputs(case, device, num_experts, min(case["top_k"], num_experts))
 
 
 def reference(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, num_experts, top_k, group=None):
@@ -114,5 +121,5 @@ PROBLEM = Problem(
     name="moe_ep_narrow", version=3, upstream_id=51, category="expert_parallel",
     source="VeOmni MoE layer forward on EP sub-groups (one expert per rank, DP over the EP groups)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

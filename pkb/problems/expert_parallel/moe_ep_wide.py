@@ -17,11 +17,17 @@ per rank for prefill and 128 for decode; Mixtral's shapes with 16 experts at W =
 """
 
 from pkb.problem import Case, Problem
-from pkb.problems.expert_parallel._moe import layer_inputs, moe_cost, moe_forward
+from pkb.problems.expert_parallel._moe import layer_inputs, moe_cost, moe_forward, upstream_layer_inputs
 
 
 def make_inputs(case, rank, world_size, gen):
     return layer_inputs(case, rank, world_size, gen, 2 * world_size, case["top_k"], world_size)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: N(0, 1) tokens and router, default-initialised nn.Linear MLP, 2W experts
+    (_moe.upstream_layer_inputs)."""
+    return upstream_layer_inputs(case, device, 2 * world_size, case["top_k"])
 
 
 def reference(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, num_experts, top_k, group=None):
@@ -58,5 +64,6 @@ BENCHMARKS = (
 PROBLEM = Problem(
     name="moe_ep_wide", version=3, upstream_id=50, category="expert_parallel",
     source="VeOmni MoE layer forward, two experts per EP rank", world_sizes=(2, 4, 8),
-    upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, reference=reference, make_inputs=make_inputs, cost=cost,
+    upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, reference=reference, make_inputs=make_inputs,
+    upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -37,6 +37,11 @@ def make_inputs(case, rank, world_size, gen):
     return (*(randn(gen, *shape, dtype=dtype_of(case)) for shape in _shapes(case)), None)
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: the three gradients ~ N(0, 1) in the run's dtype, drawn in argument order."""
+    return (*(torch.randn(shape, dtype=dtype_of(case), device=device) for shape in _shapes(case)), None)
+
+
 def reference(grad_fc1_1_lora_A, grad_fc1_2_lora_A, grad_fc2_lora_B, group=None):
     grads = (grad_fc1_1_lora_A, grad_fc1_2_lora_A, grad_fc2_lora_B)
     for grad in grads:  # in place, in the gradients' dtype, as upstream
@@ -74,5 +79,5 @@ PROBLEM = Problem(
     name="moe_epgroupgemm_lora_backward", version=4, upstream_id=30, category="expert_parallel",
     source="VeOmni EPGroupGemm LoRA backward (all-reduce of the shared LoRA gradients)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=tolerance,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -36,7 +36,8 @@ import torch.nn.functional as F
 
 from pkb.problem import Case, Cost, Problem, randn
 from pkb.problems.expert_parallel._common import (dtype_of, expected_remote_ranks, permutation_mapping,
-                                                  routed_case, sort_chunks_by_idxs)
+                                                  routed_case, sort_chunks_by_idxs, upstream_routing,
+                                                  upstream_split_sizes, upstream_tokens_per_local_expert)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -48,6 +49,24 @@ def make_inputs(case, rank, world_size, gen):
     routing_map = F.one_hot(selected_experts, case["experts"]).sum(dim=1).T.bool().contiguous()   # [E, T]
     return (expert_outputs, routing_weights, selected_experts, case["experts"], input_splits, output_splits,
             per_local, routing_map, permutation_mapping(routing_map), torch.Size([num_tokens, hidden]), None)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: each token's k experts from ``randperm``, then per token a softmax of k N(0, 1) in the run's
+    dtype, then the T*k expert outputs; even splits and counts that ignore the routing (as moe_pre_all2all's)."""
+    num_tokens, hidden, num_experts, top_k = case["tokens"], case["hidden"], case["experts"], case["top_k"]
+    dtype = dtype_of(case)
+    selected = upstream_routing(num_tokens, num_experts, top_k, device)
+    routing_map = F.one_hot(selected, num_experts).sum(dim=1).T.bool().contiguous()                # [E, T]
+    selected_experts = selected.sort(dim=1).values  # upstream reads them back from the map: ascending
+    routing_weights = torch.stack([torch.randn(top_k, dtype=dtype, device=device).softmax(dim=0)
+                                   for _ in range(num_tokens)])
+    total = int(routing_map.sum())
+    expert_outputs = torch.randn(total, hidden, dtype=dtype, device=device)
+    splits = upstream_split_sizes(total, world_size)
+    per_local = upstream_tokens_per_local_expert(total, world_size, num_experts // world_size, device)
+    return (expert_outputs, routing_weights, selected_experts, num_experts, splits, list(splits), per_local,
+            routing_map, permutation_mapping(routing_map), torch.Size([num_tokens, hidden]), None)
 
 
 def reference(expert_outputs, routing_weights, selected_experts, num_experts, input_splits, output_splits,
@@ -105,5 +124,5 @@ PROBLEM = Problem(
     name="moe_post_all2all", version=3, upstream_id=29, category="expert_parallel",
     source="VeOmni MoE tokens_post_all2all (sort chunks back, combine all-to-all, weighted unpermute)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

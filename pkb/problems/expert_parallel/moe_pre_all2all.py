@@ -36,7 +36,8 @@ import torch.nn.functional as F
 
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
 from pkb.problems.expert_parallel._common import (dtype_of, expected_remote_ranks, permutation_mapping,
-                                                  routed_case, sort_chunks_by_idxs)
+                                                  routed_case, sort_chunks_by_idxs, upstream_routing,
+                                                  upstream_split_sizes, upstream_tokens_per_local_expert)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -44,6 +45,19 @@ def make_inputs(case, rank, world_size, gen):
     hidden_states = randn(gen, tokens[rank], case["hidden"], dtype=dtype_of(case))
     expert_mask = F.one_hot(selected[rank], case["experts"]).permute(2, 1, 0).to(torch.float32).contiguous()
     return hidden_states, expert_mask, case["experts"], input_splits, output_splits, per_local, None
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: hidden ~ N(0, 1), then each token's k experts from ``randperm``; its splits and counts
+    are even shares of the T*k routed rows, the same on every rank (they ignore the routing)."""
+    num_experts = case["experts"]
+    hidden_states = torch.randn(case["tokens"], case["hidden"], dtype=dtype_of(case), device=device)
+    selected = upstream_routing(case["tokens"], num_experts, case["top_k"], device)
+    expert_mask = F.one_hot(selected, num_experts).permute(2, 1, 0).float().contiguous()         # [E, k, T]
+    total = int((expert_mask.sum(dim=1) > 0).sum())
+    splits = upstream_split_sizes(total, world_size)
+    per_local = upstream_tokens_per_local_expert(total, world_size, num_experts // world_size, device)
+    return hidden_states, expert_mask, num_experts, splits, list(splits), per_local, None
 
 
 def reference(hidden_states, expert_mask, num_experts, input_splits, output_splits,
@@ -99,5 +113,5 @@ PROBLEM = Problem(
     name="moe_pre_all2all", version=3, upstream_id=28, category="expert_parallel",
     source="VeOmni MoE token_pre_all2all (permute, dispatch all-to-all, sort chunks by local expert)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS, tolerance=Tolerance.exact(),
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

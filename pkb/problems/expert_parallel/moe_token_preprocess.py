@@ -39,6 +39,13 @@ def make_inputs(case, rank, world_size, gen):
     return expert_mask, case["experts"], None
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's: each token's k experts drawn independently with ``randint`` (a token may pick one expert
+    twice), then the same permuted fp32 one-hot view."""
+    selected = torch.randint(0, case["experts"], (case["tokens"], case["top_k"]), device=device)
+    return F.one_hot(selected, case["experts"]).float().permute(2, 1, 0), case["experts"], None
+
+
 def reference(expert_mask, num_experts, group=None):
     world_size = dist.get_world_size(group)
     rank = dist.get_rank(group)
@@ -85,5 +92,6 @@ PROBLEM = Problem(
     name="moe_token_preprocess", version=3, upstream_id=26, category="expert_parallel",
     source="VeOmni MoE preprocess (EP split sizes)", world_sizes=(2, 4, 8),
     upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
-    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs,
+    cost=cost,
 )

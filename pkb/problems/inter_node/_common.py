@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 
 from pkb.kernels.topology import node_groups as _node_groups
 from pkb.problem import DEFAULT_PRECISION, PRECISIONS, Case, randn
@@ -28,6 +29,21 @@ def topology_of(case: Case, world_size: int) -> Topology:
 def node_groups(case: Case, world_size: int) -> tuple:
     """(intra-node group, inter-node group) of this rank on the case's nodes."""
     return _node_groups(topology_of(case, world_size).num_nodes)
+
+
+_PARTITIONS: dict[tuple, dict] = {}
+
+
+def group_of(parts) -> "dist.ProcessGroup | None":
+    """This rank's group among ``parts`` (a partition of the world's ranks into groups, each a sequence of global
+    ranks), made once per process by all ranks together (``dist.new_group`` is collective: every rank makes
+    every group, in order); None outside a process group."""
+    if not dist.is_initialized():
+        return None
+    key = tuple(tuple(part) for part in parts)
+    if key not in _PARTITIONS:
+        _PARTITIONS[key] = {rank: group for part in key for group in [dist.new_group(list(part))] for rank in part}
+    return _PARTITIONS[key].get(dist.get_rank())
 
 
 def dtype_of(case: Case) -> torch.dtype:

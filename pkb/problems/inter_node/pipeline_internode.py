@@ -1,36 +1,49 @@
-"""Pipeline-parallel activations and gradients across nodes, one 1F1B steady-state exchange (Megatron-LM's
-megatron/core/pipeline_parallel/p2p_communication.py: ``send_forward_recv_backward`` and
-``send_backward_recv_forward`` issued together, i.e. ``_communicate(tensor_send_next, tensor_send_prev,
-recv_prev=True, recv_next=True)`` as ``send_forward_backward_recv_forward_backward`` does), with the
-pipeline stages on different nodes and tensor + sequence parallelism inside a node.
+"""Pipeline-parallel stage boundaries across nodes with tensor + sequence parallelism inside each node: one
+1F1B steady-state exchange of Megatron-LM (megatron/core/pipeline_parallel/p2p_communication.py,
+``send_forward_backward_recv_forward_backward``: ``_communicate(tensor_send_next, tensor_send_prev,
+recv_prev=True, recv_next=True)``) together with the sequence-parallel collectives at the two ends of the
+stage (megatron/core/tensor_parallel/mappings.py): the all-gather of the sequence its first layer's
+column-parallel linear needs (``gather_from_sequence_parallel_region``) and the reduce-scatter of that input's
+gradient (``reduce_scatter_to_sequence_parallel_region``, its backward), and the same all-gather of the output's
+gradient its last layer's row-parallel linear needs in its backward. On the wire between stages go sequence
+shards; inside a stage the node's GPUs gather them (NVLink).
 
-Topology (pkb.topology: W ranks on N nodes of G = W/N GPUs): pipeline stage s = node s (N stages), each
-stage tensor parallel over its node's G ranks, TP rank = local rank. Megatron's rank order with
-pp outermost: rank r is stage r // G, TP rank r % G, and its pipeline group (``pp_group``, the
-inter-node group of pkb.kernels.topology) holds the ranks of TP rank r % G on every node, in stage
-order. Activations are sequence parallel: a TP rank holds its 1/G of the sequence, tensor_shape =
-(S/G, B, E) in Megatron's [s, b, h] layout (S % G == 0, as Megatron requires under sequence parallelism).
+Topology (pkb.topology: W ranks on N nodes of G = W/N GPUs): pipeline stage s = node s (N stages), each stage
+tensor and sequence parallel over its node's G ranks, TP rank = local rank (Megatron's order with pp
+outermost: rank r is stage r // G, TP rank r % G). ``pp_group`` holds the ranks of TP rank r % G on every node in
+stage order (the inter-node group), ``tp_group`` the stage's G ranks (the intra-node group). A sequence shard is
+(S/G, B, E) in Megatron's [s, b, h] layout (S % G == 0, as sequence parallelism requires): TP rank t holds
+tokens [t S/G, (t+1) S/G).
 
-Per rank, in the run's precision (tensor_shape = (S/G, B, E)):
-  output_tensor [S/G, B, E]: this stage's forward output shard, sent to the same TP rank of stage s+1
-      (None on the last stage, whose output is the loss: Megatron sends nothing forward there)
-  input_tensor_grad [S/G, B, E]: the gradient of this stage's input shard, sent to the same TP rank of
-      stage s-1 (None on the first stage, whose input is the embedding: nothing to send back)
-  tensor_shape (tuple of ints), pp_group (the rank's pipeline group)
--> (input_tensor, output_tensor_grad): the activation shard received from stage s-1 (the next
-   microbatch's input; None on the first stage) and the gradient of this stage's output shard received
-   from stage s+1 (None on the last stage), each [S/G, B, E] in the inputs' dtype: the structure
-   Megatron returns. The inputs are left unchanged. Exact (deterministic). On 2 nodes stage 0 sends an
-   activation and receives a gradient, stage 1 the other way round; on 4 nodes stages 1 and 2 do both.
+Per rank, in the run's precision:
+  output_tensor [S/G, B, E]: this stage's output shard (its last layer's row-parallel linear reduce-scatters
+      into sequence shards), sent to the same TP rank of stage s+1 (None on the last stage: the loss)
+  input_tensor_grad [S, B, E]: this TP rank's part of the gradient of the stage's input, a partial sum over the
+      TP ranks (its first layer's column-parallel dX = dY W_t^T), reduce-scattered (sum) over tp_group into
+      this rank's shard, which goes to the same TP rank of stage s-1 (None on the first stage)
+  tensor_shape (S/G, B, E), pp_group, tp_group
+-> (input_tensor, output_tensor_grad), each [S, B, E] in the inputs' dtype: the stage's next input, the shards
+   its G ranks received from stage s-1 gathered in TP-rank order (None on the first stage), and the gradient
+   of its output, the shards received from stage s+1 gathered likewise (None on the last stage). The inputs are
+   left unchanged. On 2 nodes stage 0 sends an activation shard and gets an output gradient, stage 1 the other
+   way round; on 4 nodes stages 1 and 2 do both.
 
-The reference posts the four point-to-point operations in Megatron's deadlock-free ``_p2p_ops`` order
-(even stages send before they receive, odd stages receive first), as isend/irecv on the world group.
+The reference reduce-scatters the input gradient (in fp32, rounded once), posts the four point-to-point
+operations in Megatron's deadlock-free ``_p2p_ops`` order (even stages send before they receive, odd stages
+receive first) as isend/irecv on the world group, then all-gathers what arrived: the network and NVLink one
+after the other, where a kernel can overlap them (gather each piece inside the node as it arrives, reduce the
+gradient while the activation is in flight).
+Tolerance: output_tensor_grad holds sums of G partial gradients (``reduction_tolerance`` of G terms);
+input_tensor holds copies, far inside that (a shard moved wrong is off by whole values).
 
-Cost per rank, A = (S/G) B E b bytes (one shard, b bytes per element). Every shard must cross the network
-(the peer is on another node); a middle stage sends two shards (activation forward, gradient back) and
-receives two, an end stage one each way: network_bytes = A (2 nodes) or 2A (3 or more: the busiest, a
-middle stage), per direction. The same TP rank on both sides holds the same 1/G of the sequence, so
-nothing crosses NVLink: link_bytes = 0. HBM: read what it sends, write what it receives, 2 network_bytes.
+Cost per rank (the busiest stage), A = (S/G) B E b bytes (one shard, b bytes per element):
+- network: every shard crosses to the neighbouring stage's same TP rank once: an end stage sends one shard and
+  receives one, a middle stage two of each: A (2 nodes) or 2A (3 or more) per direction.
+- NVLink: each all-gather of G shards moves (G-1) A per rank, the reduce-scatter of the [S, B, E] partial
+  gradient (G-1)/G of it, (G-1) A (nccl-tests' counts): the last stage 2 (G-1) A (input gather, gradient
+  reduce-scatter), a middle stage 3 (G-1) A, the first (G-1) A; the busiest 2 (G-1) A on 2 nodes, 3 (G-1) A on
+  more.
+- HBM: read what it sends or reduces, write what it gathers: the last stage 2 G A, a middle stage 3 G A + A.
 
 Benchmarks (micro-batch 1, bf16): Llama-3-70B (E = 8192) at 8k tokens, Llama-3-405B (E = 16384) at 8k,
 DeepSeek-V3 (E = 7168) at its 4k pretraining length, GPT-3 175B (E = 12288) at 2k.
@@ -39,7 +52,7 @@ DeepSeek-V3 (E = 7168) at its 4k pretraining length, GPT-3 175B (E = 12288) at 2
 import torch
 import torch.distributed as dist
 
-from pkb.problem import Case, Cost, Problem, Tolerance
+from pkb.problem import Case, Cost, Problem, reduction_tolerance
 from pkb.problems.inter_node._common import NODES, WORLD_SIZES, buffer, dtype_of, node_groups, topology_of
 
 
@@ -54,11 +67,11 @@ def shard_shape(case, world_size) -> tuple[int, int, int]:
 def make_inputs(case, rank, world_size, gen):
     topology = topology_of(case, world_size)
     stage, stages = topology.node_of(rank), topology.num_nodes
-    _, pp_group = node_groups(case, world_size)
+    tp_group, pp_group = node_groups(case, world_size)
     shape = shard_shape(case, world_size)
     output_tensor = buffer(case, gen, *shape) if stage < stages - 1 else None
-    input_tensor_grad = buffer(case, gen, *shape) if stage > 0 else None
-    return output_tensor, input_tensor_grad, shape, pp_group
+    input_tensor_grad = buffer(case, gen, case["seq"], *shape[1:]) if stage > 0 else None
+    return output_tensor, input_tensor_grad, shape, pp_group, tp_group
 
 
 def wait_all(works) -> None:
@@ -68,12 +81,26 @@ def wait_all(works) -> None:
             work.wait()
 
 
-def reference(output_tensor, input_tensor_grad, tensor_shape, pp_group):
+def gather_sequence(shard, tp_group):
+    """[S/G, B, E] shards of the G TP ranks -> [S, B, E] in TP-rank order (gather_from_sequence_parallel_region)."""
+    if shard is None:
+        return None
+    gathered = shard.new_empty(shard.shape[0] * dist.get_world_size(tp_group), *shard.shape[1:])
+    dist.all_gather_into_tensor(gathered, shard, group=tp_group)
+    return gathered
+
+
+def reference(output_tensor, input_tensor_grad, tensor_shape, pp_group, tp_group):
     stage, stages = dist.get_rank(pp_group), dist.get_world_size(pp_group)
     first, last = stage == 0, stage == stages - 1
     like = output_tensor if output_tensor is not None else input_tensor_grad
+    send_prev = None
+    if not first:  # reduce_scatter_to_sequence_parallel_region, summed in fp32 (or finer)
+        accumulate = torch.promote_types(input_tensor_grad.dtype, torch.float32)
+        send_prev = input_tensor_grad.new_empty(tensor_shape, dtype=accumulate)
+        dist.reduce_scatter_tensor(send_prev, input_tensor_grad.to(accumulate), group=tp_group)
+        send_prev = send_prev.to(like.dtype)
     send_next = None if last else output_tensor
-    send_prev = None if first else input_tensor_grad
     recv_prev = None if first else torch.empty(tensor_shape, dtype=like.dtype, device=like.device)
     recv_next = None if last else torch.empty(tensor_shape, dtype=like.dtype, device=like.device)
     prev_rank = None if first else dist.get_global_rank(pp_group, stage - 1)
@@ -91,15 +118,22 @@ def reference(output_tensor, input_tensor_grad, tensor_shape, pp_group):
         if tensor is not None:
             works.append(dist.isend(tensor, dst=peer) if kind == "send" else dist.irecv(tensor, src=peer))
     wait_all(works)
-    return recv_prev, recv_next
+    return gather_sequence(recv_prev, tp_group), gather_sequence(recv_next, tp_group)
 
 
 def cost(case, world_size):
+    topology = topology_of(case, world_size)
     shape = shard_shape(case, world_size)
     shard = shape[0] * shape[1] * shape[2] * dtype_of(case).itemsize
-    network = shard * (2 if topology_of(case, world_size).num_nodes > 2 else 1)
-    return Cost(link_bytes=0.0, network_bytes=float(network), hbm_bytes=2.0 * network,
-                pattern="point_to_point (pipeline neighbours, same TP rank, across nodes)")
+    gpus, middle = topology.gpus_per_node, topology.num_nodes > 2
+    return Cost(link_bytes=float((3 if middle else 2) * (gpus - 1) * shard),
+                network_bytes=float(shard * (2 if middle else 1)),
+                hbm_bytes=float((3 * gpus + 1) * shard if middle else 2 * gpus * shard),
+                pattern="reduce_scatter(intra)+point_to_point(inter)+all_gather(intra)")
+
+
+def tolerance(case, world_size, dtype):
+    return reduction_tolerance(dtype, topology_of(case, world_size).gpus_per_node)
 
 
 TESTS = (
@@ -125,9 +159,10 @@ BENCHMARKS = (
 )
 
 PROBLEM = Problem(
-    name="pipeline_internode", version=1, upstream_id=None, category="inter_node",
-    source="Megatron-LM p2p_communication send_forward_recv_backward / send_backward_recv_forward (1F1B steady "
-           "state), pipeline stages on separate nodes, TP + sequence parallelism inside a node",
-    world_sizes=WORLD_SIZES, nodes=NODES, tests=TESTS, benchmarks=BENCHMARKS, tolerance=Tolerance.exact(),
-    deterministic=True, reference=reference, make_inputs=make_inputs, cost=cost,
+    name="pipeline_internode", version=2, upstream_id=None, category="inter_node",
+    source="Megatron-LM p2p_communication send_forward_backward_recv_forward_backward (1F1B steady state) with the "
+           "sequence-parallel all-gather and reduce-scatter at the stage's ends (tensor_parallel.mappings), pipeline "
+           "stages on separate nodes, TP + sequence parallelism inside a node",
+    world_sizes=WORLD_SIZES, nodes=NODES, tests=TESTS, benchmarks=BENCHMARKS, tolerance=tolerance,
+    reference=reference, make_inputs=make_inputs, cost=cost,
 )

@@ -39,6 +39,19 @@ def global_size(case, key: str, world_size: int) -> int:
     return per_rank * world_size if per_rank is not None else case[key]
 
 
+def upstream_randn(case, device, *shapes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """One ``torch.randn(shape)`` per shape, in order, in the run's dtype on ``device``, from the global
+    generators: the draws of most of upstream's factory branches (``upstream_inputs``)."""
+    return tuple(torch.randn(shape, dtype=dtype_of(case), device=device) for shape in shapes)
+
+
+def upstream_targets(batch: int, seq: int, vocab: int, step: int, offset: int, trial: int, device) -> torch.Tensor:
+    """Upstream's fixed targets [batch, seq] int64 (no draw): flat token t gets ``(t * step + offset + trial) %
+    vocab``; ``step`` and ``offset`` are each problem's constants in upstream's factory."""
+    token_ids = torch.arange(batch * seq, dtype=torch.long, device=device)
+    return (token_ids * step + offset + trial).remainder(vocab).reshape(batch, seq)
+
+
 def divides_all(*sizes: int, world_sizes=(2, 4, 8)) -> tuple[int, ...]:
     """The world sizes among ``world_sizes`` that divide every one of ``sizes``."""
     return tuple(w for w in world_sizes if all(size % w == 0 for size in sizes))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from pkb.problem import Case, Cost, randn
-from pkb.problems.tensor_parallel._common import dtype_of, global_size, local_size
+from pkb.problems.tensor_parallel._common import dtype_of, global_size, local_size, upstream_randn
 
 
 def activations(case, gen, rows, cols):
@@ -68,6 +68,12 @@ def k_gathered_inputs(case, world_size, gen):
     """A_local [M, K/W] and this rank's weight shard B [K, N/W] (the all-gather + GEMM problems)."""
     m, k, n_local = case["m"], case["k"], local_size(case, "n", world_size)
     return activations(case, gen, m, k // world_size), weight(case, gen, k, n_local, fan_in=k)
+
+
+def k_gathered_upstream_inputs(case, world_size, device):
+    """Upstream's draws for 11 and 12 (after its seed): A_local [M, K/W], then B [K, N/W], both N(0, 1)."""
+    m, k = case["m"], case["k"]
+    return upstream_randn(case, device, (m, k // world_size), (k, local_size(case, "n", world_size)))
 
 
 def k_gathered_cost(case, world_size):

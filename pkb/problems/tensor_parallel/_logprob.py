@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost
-from pkb.problems.tensor_parallel._common import all_gather_cat, dtype_of
+from pkb.problems.tensor_parallel._common import all_gather_cat, dtype_of, upstream_targets
 
 MAX_REDRAWS = 16
 LOGIT_SCALE = 2.0
@@ -128,6 +128,19 @@ def make_logprob_inputs(case: Case, rank: int, world_size: int, gen) -> tuple[to
     vocab_local = vocab // world_size
     block = logits.view(b, s, vocab)[..., rank * vocab_local:(rank + 1) * vocab_local]
     return block.to(dtype).contiguous(), target
+
+
+def upstream_logprob_inputs(case: Case, rank: int, world_size: int, trial: int, device,
+                            step: int, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Upstream's logits and targets for 82-84 (after its seed): logits [B, S, V/W] N(0, 1), targets fixed
+    (``_common.upstream_targets`` with the problem's ``step`` and ``offset``), 8 added to each target's logit."""
+    b, s, vocab = case["batch"], case["seq"], case["vocab"]
+    vocab_local, dtype = vocab // world_size, dtype_of(case)
+    logits = torch.randn((b, s, vocab_local), dtype=dtype, device=device)
+    target = upstream_targets(b, s, vocab, step, offset, trial, device)
+    global_vocab = rank * vocab_local + torch.arange(vocab_local, dtype=torch.long, device=device)
+    target_mask = global_vocab.view(1, 1, vocab_local) == target.unsqueeze(-1)
+    return logits + target_mask.to(dtype=dtype) * 8.0, target
 
 
 def token_chunks(num_tokens: int, chunk_tokens: int, world_size: int) -> list[tuple[int, int]]:

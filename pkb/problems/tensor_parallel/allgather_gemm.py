@@ -19,11 +19,17 @@ Benchmarks: Llama-3 70B / 8B column-parallel projections (QKV, MLP up; K = hidde
 from pkb.problem import Problem
 from pkb.problems.tensor_parallel._common import all_gather_list_cat
 from pkb.problems.tensor_parallel._gemm import (
-    K_GATHERED_UPSTREAM, K_SHARDED_TESTS, column_parallel_cases, k_gathered_cost, k_gathered_inputs)
+    K_GATHERED_UPSTREAM, K_SHARDED_TESTS, column_parallel_cases, k_gathered_cost, k_gathered_inputs,
+    k_gathered_upstream_inputs)
 
 
 def make_inputs(case, rank, world_size, gen):
     return k_gathered_inputs(case, world_size, gen)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's draws (after its seed): A_local [1024, 512/W], then B [512, 1024], both N(0, 1)."""
+    return k_gathered_upstream_inputs(case, world_size, device)
 
 
 def reference(A_local, B):
@@ -39,5 +45,5 @@ PROBLEM = Problem(
     name="allgather_gemm", version=2, upstream_id=12, category="tensor_parallel",
     source="PyTorch async-TP style all-gather + GEMM (K-sharded activations)",
     world_sizes=(2, 4, 8), upstream=K_GATHERED_UPSTREAM, tests=K_SHARDED_TESTS, benchmarks=column_parallel_cases(),
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

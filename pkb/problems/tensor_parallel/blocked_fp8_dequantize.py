@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, Tolerance, randn
-from pkb.problems.tensor_parallel._common import dtype_of, itemsize
+from pkb.problems.tensor_parallel._common import dtype_of, itemsize, upstream_randn
 
 FP8_MAX = 448.0
 
@@ -38,6 +38,13 @@ def make_inputs(case, rank, world_size, gen):
     y = (randn(gen, world_size, m, n) * 64.0).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     s = torch.exp(randn(gen, world_size, m * n // block)) / FP8_MAX
     return y.to(dtype), s.to(dtype), block
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's draws (after its seed): local_y [W, 1024, 1024], then local_s [W, 8192], both N(0, 1) in the
+    run's dtype (the payload not e4m3-rounded, the scales not positive); block 128."""
+    m, n, block = case["m"], case["n"], case.get("block_size", 128)
+    return (*upstream_randn(case, device, (world_size, m, n), (world_size, m * n // block)), block)
 
 
 def reference(local_y, local_s, block_size=128):
@@ -77,5 +84,6 @@ PROBLEM = Problem(
         Case("deepseek_v3_dispatch_512_tokens", {"m": 512, "n": 7168}),
         Case("deepseek_v3_dispatch_64_tokens", {"m": 64, "n": 7168}),
     ],
-    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs,
+    cost=cost,
 )

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem
-from pkb.problems.tensor_parallel._common import all_gather_cat, divides_all, itemsize
+from pkb.problems.tensor_parallel._common import all_gather_cat, divides_all, itemsize, upstream_randn
 from pkb.problems.tensor_parallel._gemm import DECODE_TOKENS, LLAMA3_70B, LLAMA3_8B, PREFILL_TOKENS, activations, weight
 
 
@@ -36,6 +36,13 @@ def make_inputs(case, rank, world_size, gen):
     m, h, f = case["m"], case["h"], case["f"]
     return (activations(case, gen, m, h // world_size), weight(case, gen, h, f, fan_in=h),
             weight(case, gen, f, h, fan_in=f))
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's draws (after its seed): x_local [1024, 256/W], then W1 [256, 512] and W2 [512, 256], all
+    N(0, 1) (unscaled). Its M and H rounded up to multiples of W are 1024 and 256 at every W."""
+    m, h, f = case["m"], case["h"], case["f"]
+    return upstream_randn(case, device, (m, h // world_size), (h, f), (f, h))
 
 
 def reference(x_local, W1, W2):
@@ -78,5 +85,5 @@ PROBLEM = Problem(
         Case("llama3_70b_mlp_prefill", {"m": PREFILL_TOKENS, "h": LLAMA3_70B["hidden"], "f": LLAMA3_70B["ffn"]}),
         Case("llama3_70b_mlp_decode", {"m": DECODE_TOKENS, "h": LLAMA3_70B["hidden"], "f": LLAMA3_70B["ffn"]}),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

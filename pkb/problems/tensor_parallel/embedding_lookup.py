@@ -44,6 +44,15 @@ def make_inputs(case, rank, world_size, gen):
     return indices, randn(gen, rows_per_shard, case["dim"], dtype=dtype_of(case))
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's draws (after its seed): the shard [1024, 1024] N(0, 1) first, then 1024 ids uniform over the
+    whole table (randint)."""
+    rows_per_shard = local_size(case, "rows", world_size)
+    local_shard = torch.randn((rows_per_shard, case["dim"]), dtype=dtype_of(case), device=device)
+    indices = torch.randint(0, world_size * rows_per_shard, (case["num_ids"],), dtype=torch.long, device=device)
+    return indices, local_shard
+
+
 def reference(indices, local_shard):
     world_size = dist.get_world_size()
     rows_per_shard, dim = local_shard.shape
@@ -93,5 +102,6 @@ PROBLEM = Problem(
         Case("llama3_8b_token_embedding", {"rows": 128256, "dim": 4096, "num_ids": 8192},
              world_sizes=divides_all(128256)),
     ],
-    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=Tolerance.exact(), reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs,
+    cost=cost,
 )

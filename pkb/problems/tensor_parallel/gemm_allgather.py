@@ -16,7 +16,7 @@ Benchmarks: the Llama-3 LM head (vocab 128256) gathered for sampling: 8B (K = 40
 
 
 from pkb.problem import Case, Cost, Problem
-from pkb.problems.tensor_parallel._common import all_gather_cat, divides_all, itemsize
+from pkb.problems.tensor_parallel._common import all_gather_cat, divides_all, itemsize, upstream_randn
 from pkb.problems.tensor_parallel._gemm import (
     DECODE_TOKENS, LLAMA3_70B, LLAMA3_8B, PREFILL_TOKENS, UPSTREAM_K, UPSTREAM_M, UPSTREAM_N, activations, weight)
 
@@ -26,6 +26,12 @@ VOCAB = 128256
 def make_inputs(case, rank, world_size, gen):
     m, k, n = case["m"], case["k"], case["n"]
     return activations(case, gen, m, k), weight(case, gen, k, n // world_size, fan_in=k)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's draws (after its seed): A [1024, 512], then B [512, 1024/W], both N(0, 1)."""
+    m, k, n = case["m"], case["k"], case["n"]
+    return upstream_randn(case, device, (m, k), (k, n // world_size))
 
 
 def reference(A, B):
@@ -59,5 +65,5 @@ PROBLEM = Problem(
         Case("llama3_70b_lm_head_decode", {"m": DECODE_TOKENS, "k": LLAMA3_70B["hidden"], "n": VOCAB},
              world_sizes=divides_all(VOCAB)),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

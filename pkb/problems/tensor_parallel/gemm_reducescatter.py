@@ -23,13 +23,19 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem
-from pkb.problems.tensor_parallel._common import itemsize
+from pkb.problems.tensor_parallel._common import itemsize, upstream_randn
 from pkb.problems.tensor_parallel._gemm import (
     UPSTREAM_K, UPSTREAM_M, UPSTREAM_N, k_sharded_inputs, partial_sum_tolerance, row_parallel_cases)
 
 
 def make_inputs(case, rank, world_size, gen):
     return k_sharded_inputs(case, world_size, gen)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's draws (after its seed): A_local [1024, 512/W], then B_local [512/W, 1024], both N(0, 1)."""
+    m, k_local, n = case["m"], case["k"] // world_size, case["n"]
+    return upstream_randn(case, device, (m, k_local), (k_local, n))
 
 
 def reference(A_local, B_local):
@@ -59,5 +65,5 @@ PROBLEM = Problem(
         Case("taller", {"m": 40, "k": 24, "n": 17}, tags=("odd_sizes",)),
     ],
     benchmarks=row_parallel_cases(), tolerance=partial_sum_tolerance,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -22,8 +22,9 @@ import math
 
 import torch
 
-from pkb.problem import Case, Cost, Problem, randn
-from pkb.problems.tensor_parallel._common import all_gather_cat, divides_all, dtype_of, itemsize, local_size
+from pkb.problem import Case, Cost, Problem, randn, upstream_seed
+from pkb.problems.tensor_parallel._common import (
+    all_gather_cat, divides_all, dtype_of, itemsize, local_size, upstream_randn)
 
 
 def make_inputs(case, rank, world_size, gen):
@@ -32,6 +33,17 @@ def make_inputs(case, rank, world_size, gen):
     return (randn(gen.shared, tokens, hidden, dtype=dtype),
             randn(gen, vocab_local, hidden, dtype=dtype, scale=1.0 / math.sqrt(hidden)),
             randn(gen, vocab_local, dtype=dtype, scale=0.5))
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's draws, all under rank 0's seed: hidden [1, 1024], the whole weight [1024*W, 1024] and bias
+    [1024*W], N(0, 1) (unscaled); each rank keeps its block of vocab rows (copies)."""
+    tokens, hidden, vocab_local = case["tokens"], case["hidden"], local_size(case, "vocab", world_size)
+    upstream_seed(PROBLEM.upstream_id, 0, trial)
+    hidden_states, weight, bias = upstream_randn(case, device, (tokens, hidden), (vocab_local * world_size, hidden),
+                                                 (vocab_local * world_size,))
+    rows = slice(rank * vocab_local, (rank + 1) * vocab_local)
+    return hidden_states, weight[rows].contiguous(), bias[rows].contiguous()
 
 
 def reference(hidden_states, weight_shard, bias_shard):
@@ -74,5 +86,5 @@ PROBLEM = Problem(
         Case("qwen25_72b_decode_b8", {"tokens": 8, "hidden": 8192, "vocab": QWEN25_VOCAB},
              world_sizes=divides_all(QWEN25_VOCAB)),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

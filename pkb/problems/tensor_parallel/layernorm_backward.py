@@ -50,6 +50,14 @@ def make_inputs(case, rank, world_size, gen):
     return x_hat.to(dtype_of(case)), randn(gen, rows, hidden, dtype=dtype_of(case))
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's draws (after its seed): X_hat as rows scaled to unit norm (not to unit variance), then dY."""
+    rows, hidden = case["tokens_per_rank"], case["hidden"]
+    x_hat = torch.randn(rows, hidden, dtype=dtype_of(case), device=device)
+    x_hat = x_hat / (x_hat.norm(dim=-1, keepdim=True) + 1e-5)
+    return x_hat, torch.randn(rows, hidden, dtype=dtype_of(case), device=device)
+
+
 def reference(X_hat, dY):
     d_beta = dY.sum(0)
     d_gamma = (dY * X_hat).sum(0)  # products rounded to the input dtype, as upstream's
@@ -86,5 +94,5 @@ PROBLEM = Problem(
         Case("gpt3_175b_seq2048", {"tokens": 2048, "hidden": 12288}),
         Case("nemotron4_340b_seq4096", {"tokens": 4096, "hidden": 18432}),
     ],
-    tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=tolerance, reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

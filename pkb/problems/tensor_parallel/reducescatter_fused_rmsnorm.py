@@ -27,7 +27,7 @@ Llama-3 8B (hidden 4096) prefill. rows = tokens / W.
 import torch
 import torch.distributed as dist
 
-from pkb.problem import Case, Cost, Problem, randn, reduction_tolerance
+from pkb.problem import Case, Cost, Problem, randn, reduction_tolerance, upstream_seed
 from pkb.problems.tensor_parallel._common import dtype_of, global_size, itemsize
 
 
@@ -35,6 +35,16 @@ def make_inputs(case, rank, world_size, gen):
     tokens, hidden, dtype = global_size(case, "tokens", world_size), case["hidden"], dtype_of(case)
     gamma = (1.0 + randn(gen.shared, hidden, scale=0.2)).to(dtype)
     return randn(gen, tokens * hidden, dtype=dtype), gamma, case.get("eps", 1e-5)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's draws: gamma [128] N(0, 1) under rank 0's seed (the same on every rank), then, under this
+    rank's seed, rs_input [W*rows*128] N(0, 1); eps 1e-5."""
+    tokens, hidden, dtype = global_size(case, "tokens", world_size), case["hidden"], dtype_of(case)
+    upstream_seed(PROBLEM.upstream_id, 0, trial)
+    gamma = torch.randn((hidden,), dtype=dtype, device=device)
+    upstream_seed(PROBLEM.upstream_id, rank, trial)
+    return torch.randn((tokens * hidden,), dtype=dtype, device=device), gamma, case.get("eps", 1e-5)
 
 
 def reference(rs_input_1d, gamma, eps):
@@ -80,5 +90,5 @@ PROBLEM = Problem(
         Case("llama3_70b_decode", {"tokens": 64, "hidden": 8192}),
         Case("llama3_8b_prefill", {"tokens": 8192, "hidden": 4096}),
     ],
-    tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=tolerance, reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

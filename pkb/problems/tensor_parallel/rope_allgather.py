@@ -29,7 +29,7 @@ sequence and Llama-3 70B (64 q heads, 8 kv heads) on a 32768-token sequence, bat
 import torch
 
 from pkb.problem import Case, Cost, Problem, Tolerance, default_tolerance, randn
-from pkb.problems.tensor_parallel._common import all_gather_cat, dtype_of, itemsize
+from pkb.problems.tensor_parallel._common import all_gather_cat, dtype_of, itemsize, upstream_randn
 
 ROPE_THETA = 500000.0
 MAX_POSITION = 131072
@@ -45,6 +45,13 @@ def make_inputs(case, rank, world_size, gen):
     freqs = positions[..., None] * inv_freq  # [B, T/W, D/2]
     angles = torch.cat([freqs, freqs], dim=-1)
     return q, k, angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's draws (after its seed): q, k [16, 16/W, 8, 64], then cos and sin [16, 16/W, 64], all N(0, 1)
+    (its cos and sin are not rotary tables)."""
+    b, t, d = case["batch"], max(1, case["seq"] // world_size), case["head_dim"]
+    return upstream_randn(case, device, (b, t, case["q_heads"], d), (b, t, case["kv_heads"], d), (b, t, d), (b, t, d))
 
 
 def _rope(x, cos, sin):
@@ -91,5 +98,5 @@ PROBLEM = Problem(
         Case("llama3_8b_seq8192", {"batch": 1, "seq": 8192, "q_heads": 32, "kv_heads": 8, "head_dim": 128}),
         Case("llama3_70b_seq32768", {"batch": 1, "seq": 32768, "q_heads": 64, "kv_heads": 8, "head_dim": 128}),
     ],
-    tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=tolerance, reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -63,6 +63,15 @@ def make_inputs(case, rank, world_size, gen):
     return (randn(gen, *shape, dtype=torch.bfloat16), case["steps"], case["coefficient_type"], dim, None)
 
 
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's draws (after its seed): x [512, 512/W] N(0, 1) plus 0.01 * rank, in bf16 whatever the run's
+    dtype; 5 quintic steps, columns sharded, group None."""
+    m, n, dim = case["m"], case["n"], case["partition_dim"]
+    shape = (m, n // world_size) if dim == 1 else (m // world_size, n)
+    x = torch.randn(shape, dtype=torch.bfloat16, device=device) + 0.01 * rank
+    return x, case["steps"], case["coefficient_type"], dim, None
+
+
 def reference(x, steps=5, coefficient_type="quintic", partition_dim=1, group=None):
     if coefficient_type not in COEFFICIENTS:
         raise ValueError(f"coefficient_type {coefficient_type!r}: use one of {sorted(COEFFICIENTS)}")
@@ -129,5 +138,5 @@ PROBLEM = Problem(
         Case("llama3_70b_o_proj", {"m": 8192, "n": 8192, "partition_dim": 1, "steps": 5,
                                    "coefficient_type": "quintic"}),
     ],
-    tolerance=tolerance, reference=reference, make_inputs=make_inputs, cost=cost,
+    tolerance=tolerance, reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

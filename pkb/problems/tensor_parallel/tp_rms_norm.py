@@ -22,13 +22,19 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, randn
-from pkb.problems.tensor_parallel._common import dtype_of, global_size, itemsize, local_size
+from pkb.problems.tensor_parallel._common import dtype_of, global_size, itemsize, local_size, upstream_randn
 
 
 def make_inputs(case, rank, world_size, gen):
     n, h_local, dtype = case["tokens"], local_size(case, "hidden", world_size), dtype_of(case)
     weight = (1.0 + randn(gen, h_local, scale=0.2)).to(dtype)
     return randn(gen, n, h_local, dtype=dtype), weight, case.get("eps", 1e-5)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's draws (after its seed): x [1024, 1024], then the weight [1024], both N(0, 1); eps 1e-5."""
+    n, h_local = case["tokens"], local_size(case, "hidden", world_size)
+    return (*upstream_randn(case, device, (n, h_local), (h_local,)), case.get("eps", 1e-5))
 
 
 def reference(local_hidden_states, local_weight, variance_epsilon):
@@ -64,5 +70,5 @@ PROBLEM = Problem(
         Case("hidden8192_decode", {"tokens": 64, "hidden": 8192}),
         Case("olmo2_13b_hidden5120_prefill", {"tokens": 8192, "hidden": 5120}),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

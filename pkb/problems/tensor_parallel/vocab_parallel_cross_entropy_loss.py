@@ -27,13 +27,22 @@ import torch
 import torch.distributed as dist
 
 from pkb.problem import Case, Cost, Problem, randn
-from pkb.problems.tensor_parallel._common import divides_all, dtype_of, itemsize
+from pkb.problems.tensor_parallel._common import divides_all, dtype_of, itemsize, upstream_targets
 
 
 def make_inputs(case, rank, world_size, gen):
     b, s, vocab = case["batch"], case["seq"], case["vocab"]
     logits = randn(gen, b, s, vocab // world_size, dtype=dtype_of(case), scale=2.0)
     target = torch.randint(0, vocab, (b, s), generator=gen.shared, device=gen.device, dtype=torch.int64)
+    return logits, target, None
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's draws (after its seed): logits [8, 1024, 512/W] N(0, 1); the targets are not drawn but fixed,
+    (13 t + 7 + trial) % 512 for flat token t; group None."""
+    b, s, vocab = case["batch"], case["seq"], case["vocab"]
+    logits = torch.randn((b, s, vocab // world_size), dtype=dtype_of(case), device=device)
+    target = upstream_targets(b, s, vocab, step=13, offset=7, trial=trial, device=device)
     return logits, target, None
 
 
@@ -80,5 +89,5 @@ PROBLEM = Problem(
         Case("qwen25_b4_seq4096", {"batch": 4, "seq": 4096, "vocab": QWEN25_VOCAB},
              world_sizes=divides_all(QWEN25_VOCAB)),
     ],
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

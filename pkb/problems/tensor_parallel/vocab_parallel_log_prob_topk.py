@@ -27,13 +27,20 @@ import torch.distributed as dist
 
 from pkb.problem import Problem
 from pkb.problems.tensor_parallel._logprob import (
-    chunk_log_probs, forward_logprob_cost, logprob_cases, make_logprob_inputs, token_chunks)
+    chunk_log_probs, forward_logprob_cost, logprob_cases, make_logprob_inputs, token_chunks, upstream_logprob_inputs)
 
 UPSTREAM, TESTS, BENCHMARKS = logprob_cases(chunked=False)
 
 
 def make_inputs(case, rank, world_size, gen):
     logits, target = make_logprob_inputs(case, rank, world_size, gen)
+    return logits, target, None, case.get("top_k"), case.get("top_p", 1.0)
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: logits [2, 8, 256/W] N(0, 1) plus 8 at each target, targets (17 t + 3 + trial) % 256
+    for flat token t (not drawn); group None, top-k 10, top-p 0.9."""
+    logits, target = upstream_logprob_inputs(case, rank, world_size, trial, device, step=17, offset=3)
     return logits, target, None, case.get("top_k"), case.get("top_p", 1.0)
 
 
@@ -54,5 +61,5 @@ PROBLEM = Problem(
     source="NeMo-RL nemo_rl/distributed/model_utils.py: distributed log-probs with top-k/top-p "
            "(vLLM apply_top_k_top_p)",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -26,13 +26,21 @@ import torch.distributed as dist
 
 from pkb.problem import Problem
 from pkb.problems.tensor_parallel._logprob import (
-    chunk_log_probs, chunk_tokens_of, forward_logprob_cost, logprob_cases, make_logprob_inputs, token_chunks)
+    chunk_log_probs, chunk_tokens_of, forward_logprob_cost, logprob_cases, make_logprob_inputs, token_chunks,
+    upstream_logprob_inputs)
 
 UPSTREAM, TESTS, BENCHMARKS = logprob_cases(chunked=True)
 
 
 def make_inputs(case, rank, world_size, gen):
     logits, target = make_logprob_inputs(case, rank, world_size, gen)
+    return logits, target, None, case.get("top_k"), case.get("top_p", 1.0), case["chunk_size"]
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: logits [2, 8, 256/W] N(0, 1) plus 8 at each target, targets (19 t + 5 + trial) % 256
+    for flat token t (not drawn); group None, top-k 10, top-p 0.9, chunk_size W."""
+    logits, target = upstream_logprob_inputs(case, rank, world_size, trial, device, step=19, offset=5)
     return logits, target, None, case.get("top_k"), case.get("top_p", 1.0), case["chunk_size"]
 
 
@@ -52,5 +60,5 @@ PROBLEM = Problem(
     name="vocab_parallel_log_prob_topk_chunked", version=2, upstream_id=83, category="tensor_parallel",
     source="NeMo-RL nemo_rl/distributed/model_utils.py ChunkedDistributedLogprob with top-k/top-p",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

@@ -29,7 +29,8 @@ import torch.distributed as dist
 from pkb.problem import Cost, Problem, randn
 from pkb.problems.tensor_parallel._common import dtype_of
 from pkb.problems.tensor_parallel._logprob import (
-    chunk_grad, chunk_tokens_of, logprob_cases, logprob_cost_terms, logprob_flops, make_logprob_inputs, token_chunks)
+    chunk_grad, chunk_tokens_of, logprob_cases, logprob_cost_terms, logprob_flops, make_logprob_inputs, token_chunks,
+    upstream_logprob_inputs)
 
 UPSTREAM, TESTS, BENCHMARKS = logprob_cases(chunked=True)
 
@@ -37,6 +38,15 @@ UPSTREAM, TESTS, BENCHMARKS = logprob_cases(chunked=True)
 def make_inputs(case, rank, world_size, gen):
     logits, target = make_logprob_inputs(case, rank, world_size, gen)
     grad_output = randn(gen.shared, case["batch"], case["seq"], dtype=torch.bfloat16)  # bf16 in every precision, as upstream
+    return logits, target, grad_output, None, case.get("top_k"), case.get("top_p", 1.0), case["chunk_size"]
+
+
+def upstream_inputs(case, rank, world_size, trial, device):
+    """Upstream's values: the chunked forward's logits and targets, then grad_output [2, 8] bf16 evenly spaced
+    from -1 to 1 (linspace, not drawn); group None, top-k 10, top-p 0.9, chunk_size W."""
+    b, s = case["batch"], case["seq"]
+    logits, target = upstream_logprob_inputs(case, rank, world_size, trial, device, step=19, offset=5)
+    grad_output = torch.linspace(-1.0, 1.0, b * s, dtype=torch.bfloat16, device=device).reshape(b, s)
     return logits, target, grad_output, None, case.get("top_k"), case.get("top_p", 1.0), case["chunk_size"]
 
 
@@ -64,5 +74,5 @@ PROBLEM = Problem(
     name="vocab_parallel_log_prob_topk_chunked_backward", version=2, upstream_id=84, category="tensor_parallel",
     source="NeMo-RL nemo_rl/distributed/model_utils.py ChunkedDistributedLogprob.backward with top-k/top-p",
     world_sizes=(2, 4, 8), upstream=UPSTREAM, tests=TESTS, benchmarks=BENCHMARKS,
-    reference=reference, make_inputs=make_inputs, cost=cost,
+    reference=reference, make_inputs=make_inputs, upstream_inputs=upstream_inputs, cost=cost,
 )

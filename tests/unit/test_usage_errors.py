@@ -1,0 +1,231 @@
+"""A user's mistake is one sentence and exit status 2, before any work and with nothing written (issue 49): every
+number of every command is checked against its row of pkb.options where it is parsed; options become an
+``EvalConfig`` in one function (``config_from_options``), which also refuses what two options break together; a
+``--db`` pkb cannot store results in, a directory given as the candidate and ``--json`` with a usage error; a
+crash's traceback with the user's file first; and what ``pkb run`` ends with. In process: ``main`` returns
+before any rank process starts. The service's mistakes: tests/unit/test_serve_app.py and
+tests/integration/test_serve.py."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from pkb.cli import build_parser, main, print_run_summary, user_traceback, what_it_means
+from pkb.console import UsageError
+from pkb.evaluate.config import EvalConfig, OptionError, config_from_options
+from pkb.options import BUILD_ALLOWANCE_S, OPTIONS, Status
+from pkb.runtime.modes import Mode
+from pkb.store.db import REFERENCE_SET, SHIPPED_SET, ResultStore, StoreUnavailable, check_store
+
+PACKAGE = Path(__file__).resolve().parents[2] / "pkb"
+NOT_YET_CHECKED: set[tuple[str, str]] = set()  # every number of every command is checked where it is parsed
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def numeric_flags():
+    """(command, flag, argparse action) of every flag of every command that takes a number."""
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices
+    for command, subparser in commands.items():
+        for action in subparser._actions:
+            if action.option_strings and getattr(action.type, "__name__", "") in ("int", "float"):
+                yield command, action.option_strings[-1], action
+
+
+# -- every option of every command, checked where it is parsed ------------------------------------------------
+
+
+def test_every_number_every_command_takes_is_checked_against_its_row_where_it_is_parsed():
+    flags = list(numeric_flags())
+    assert len(flags) >= 25
+    unchecked = sorted((command, flag) for command, flag, action in flags if not hasattr(action.type, "option"))
+    assert set(unchecked) == NOT_YET_CHECKED, unchecked
+    for command, flag, action in flags:
+        option = getattr(action.type, "option", None)
+        if option is None or option.low is None:
+            continue
+        with pytest.raises(Exception, match=re.escape(f"must be {option.bounds}, got ")):  # argparse: a usage error
+            action.type(str(option.low - 1))
+        assert action.type(str(option.low)) == option.low
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["eval", "1", "reference", "--timeout", "0"], "argument --timeout: must be from 1 to 3600, got 0.0"),
+    (["eval", "1", "reference", "--timeout", "-5"], "argument --timeout: must be from 1 to 3600"),
+    (["eval", "1", "reference", "--world-size", "0"], "argument --world-size: must be from 1 to 1024, got 0"),
+    (["eval", "1", "reference", "--trials", "0"], "argument --trials: must be from 1 to 100, got 0"),
+    (["eval", "1", "reference", "--timeout", "nan"], "must be a finite number"),
+    (["run", "--parallel", "0"], "argument --parallel: must be from 1 to 1024"),
+    (["generate", "--model", "replay:x", "--problems", "1", "--samples", "0"], "argument --samples"),
+    (["agent", "--model", "replay:x", "--problems", "1", "--steps", "0"], "argument --steps"),
+    (["serve", "--max-queue", "0"], "argument --max-queue"),
+    (["serve", "--port", "70000"], "argument --port: must be from 0 to 65535"),
+    (["baseline", "--world-size", "0"], "argument --world-size"),
+    (["show", "1", "--nodes", "0"], "argument --nodes"),
+])
+def test_an_option_out_of_its_range_is_one_sentence_and_exit_2(capsys, argv, said):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert said in err and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"pkb {argv[0]}: error: ") and f"`pkb {argv[0]} --help`" in err
+
+
+def test_with_json_a_usage_error_is_one_object_on_stdout(capsys, tmp_path):
+    for argv in (["eval", "1", "reference", "--world-size", "0", "--json"],
+                 ["eval", "1", str(tmp_path), "--json"],
+                 ["eval", "nosuch", "reference", "--json"],
+                 ["run", "--bogus", "--json"]):
+        code, out, err = run(capsys, *argv)
+        answer = json.loads(out)
+        assert code == 2 and answer["status"] == "usage_error" and answer["command"] == argv[0], out
+        assert answer["message"] in err
+
+
+def test_nodes_that_do_not_divide_the_world_size_are_a_usage_error_before_any_work(capsys):
+    code, _, err = run(capsys, "eval", "1", "reference", "--world-size", "4", "--nodes", "3", "--mode", "cpu")
+    assert code == 2 and "4 ranks do not split into 3 nodes of equal size" in err and "mode:" not in err
+
+
+def test_a_directory_given_as_the_candidate_is_said_to_be_one(capsys, tmp_path):
+    code, _, err = run(capsys, "eval", "1", str(tmp_path))
+    assert code == 2 and f"{tmp_path} is a directory: give one .py file" in err and "not found" not in err
+
+
+# -- one function builds the config ---------------------------------------------------------------------------
+
+
+def test_only_config_from_options_builds_an_eval_config_in_pkb():
+    builders = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            called = getattr(node, "func", None)
+            if isinstance(node, ast.Call) and getattr(called, "id", getattr(called, "attr", None)) == "EvalConfig":
+                builders.append(str(path.relative_to(PACKAGE)))
+    assert builders == ["evaluate/config.py"], builders
+
+
+def test_config_from_options_names_each_setting_once_and_checks_every_bound():
+    config = config_from_options({"trials": 2, "timeout": 20, "dtype": "fp32", "nodes": None, "mode": "auto"}, 4,
+                                 Mode.CPU)
+    assert (config.num_trials, config.timeout_s, config.precision, config.nodes) == (2, 20, "fp32", 0)
+    assert config.world_size == 4 and config.mode is Mode.CPU
+    assert config.build_allowance_s == BUILD_ALLOWANCE_S and config.compile_limit_s == 20 + BUILD_ALLOWANCE_S
+    assert config_from_options({}, 2, Mode.CPU) == EvalConfig(world_size=2, mode=Mode.CPU)
+    for options, said in (({"timeout": 0}, "`timeout` must be from 1 to 3600"), ({"trials": 0}, "`trials`"),
+                          ({"nodes": 3}, "4 ranks do not split into 3 nodes"), ({"retries": 1}, "unknown options"),
+                          ({"dtype": "fp64"}, "`dtype` must be one of")):
+        with pytest.raises(OptionError, match=said):
+            config_from_options(options, 4, Mode.CPU)
+    with pytest.raises(OptionError, match="`world_size` must be from 1"):
+        config_from_options({}, 0, Mode.CPU)
+
+
+def test_the_timeout_bounds_loading_and_the_build_allowance_is_stated_in_help():
+    help_text = " ".join(OPTIONS["timeout"].help.split())
+    assert "loading the candidate included" in help_text and f"{BUILD_ALLOWANCE_S:g} s more" in help_text
+    eval_help = " ".join(next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+                         .choices["eval"].format_help().split())
+    assert f"up to {BUILD_ALLOWANCE_S:g} s more (pkb's build allowance)" in eval_help
+
+
+# -- the results database -------------------------------------------------------------------------------------
+
+
+def test_a_db_pkb_cannot_store_results_in_is_a_usage_error_that_writes_nothing(capsys, tmp_path):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    text = tmp_path / "notes.txt"
+    text.write_text("my notes\n")
+    other = tmp_path / "other.sqlite"
+    import sqlite3
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE mine (x)")
+    before = {path: path.read_bytes() for path in (text, other)}
+    for db, said in ((folder, "is a directory: give the results database's file"),
+                     (text, "is not a pkb results database (not SQLite)"),
+                     (text / "r.sqlite", "is a file, so"),
+                     (other, "is a SQLite database of something else")):
+        code, _, err = run(capsys, "run", "--problems", "1", "--mode", "cpu", "--db", str(db))
+        assert code == 2 and said in err and "Traceback" not in err, err
+        assert "executor:" not in err  # refused before any work
+    assert list(folder.iterdir()) == [] and {path: path.read_bytes() for path in (text, other)} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "notes.txt", "other.sqlite"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_db_in_a_read_only_folder_is_refused(tmp_path):
+    tmp_path.chmod(0o555)
+    try:
+        with pytest.raises(StoreUnavailable, match="read-only"):
+            check_store(tmp_path / "r.sqlite")
+    finally:
+        tmp_path.chmod(0o755)
+
+
+def test_the_store_error_is_a_usage_error_and_a_good_database_opens(tmp_path):
+    assert issubclass(StoreUnavailable, UsageError)
+    with ResultStore(tmp_path / "new" / "r.sqlite") as store:
+        assert store.schema_version > 0
+    check_store(tmp_path / "new" / "r.sqlite")  # pkb's own: fine
+    ResultStore(tmp_path / "new" / "r.sqlite").close()
+
+
+# -- what a user reads ----------------------------------------------------------------------------------------
+
+
+def test_a_crash_shows_the_users_file_and_line_first(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "mine.py"
+    scratch = "/tmp/pkb-scratch-x/pkb-candidate/rank0/mine.py"
+    traceback = (f'Traceback (most recent call last):\n  File "{PACKAGE}/runtime/worker.py", line 309, in worker_main\n'
+                 f'    reply = handlers[job["op"]](job)\n  File "{PACKAGE}/runtime/guards.py", line 150, in run\n'
+                 f'    return fn(*args)\n  File "{scratch}", line 5, in solution\n    return x / y\n'
+                 "ZeroDivisionError: division by zero")
+    shown = user_traceback(traceback, str(mine)).splitlines()
+    assert shown == ["Traceback (most recent call last):", "  (2 frames of pkb's own code before it left out)",
+                     '  File "mine.py", line 5, in solution', "    return x / y", "ZeroDivisionError: division by zero"]
+    inside_pkb = traceback.replace(scratch, f"{PACKAGE}/runtime/other.py")
+    assert user_traceback(inside_pkb, None) == inside_pkb  # never reaches the candidate: kept whole
+
+
+def results_of(*rows):
+    from pkb.evaluate.result import EvalResult
+
+    return [EvalResult(problem=problem, problem_version=1, solution=solution, solution_sha256="0" * 64, status=status,
+                       mode="cpu", world_size=2, solution_set=solution_set, message=message)
+            for problem, solution, solution_set, status, message in rows]
+
+
+def test_run_lists_each_result_that_needs_a_look_with_its_message_uncut(capsys):
+    long_message = ("fails pkb's rule and upstream's: rank 0, case upstream, trial 0: out: 1012477 of 1048576 "
+                    "elements off (atol=0.0625, rtol=0.015625); largest abs error 8.598 at [337, 806]")
+    rows = results_of(("allreduce", "reference", REFERENCE_SET, Status.OK, "ok"),
+                      ("allreduce", "local_only", "mine", Status.MISMATCH, long_message + "\nsecond line"),
+                      ("allgather", "fine", "mine", Status.OK, "ok"))
+    print_run_summary(rows, None, "pkb-results.sqlite")
+    out = capsys.readouterr().out
+    assert "  allreduce / local_only (mine): mismatch\n    " + long_message + "\n" in out and "second line" not in out
+    assert "`pkb report --problems 1-2 --html report.html` plots the 2 problems this run's sets cover" in out
+
+
+def test_the_main_job_says_what_it_means_on_this_machine():
+    rows = results_of(("allreduce", "reference", REFERENCE_SET, Status.OK, "ok"),
+                      ("hierarchical_allreduce", "reference", REFERENCE_SET, Status.SKIPPED, "runs at [4, 8], not 2"),
+                      ("allreduce", "1_allreduce_cuda_peer", SHIPPED_SET, Status.SKIPPED, "needs a GPU"),
+                      ("allreduce", "1_allreduce_two_step", SHIPPED_SET, Status.OK, "ok"))
+    said = " ".join(what_it_means(rows, EvalConfig(world_size=2, mode=Mode.CPU)).split())
+    assert "1 of the 1 references judged here passed against themselves (1 skipped" in said
+    assert "the suite and the harness work on this machine (cpu mode, W = 2)" in said
+    assert "2 worked examples, not a model's answers: 1 ok, 1 `skipped`" in said
+    assert "measures how few problems they cover" in said and "--mode cuda or shared-gpu" in said
