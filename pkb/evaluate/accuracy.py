@@ -96,24 +96,19 @@ class ExactAnswer:
 
     def judge(self, expected: torch.Tensor, got: torch.Tensor, tolerance: Tolerance, path: str):
         """A Mismatch where ``got`` (the reference's shape and dtype, checked) fails the accuracy rule, or None."""
-        from pkb.evaluate.compare import Mismatch
+        from pkb.evaluate.compare import Mismatch, compare_tensors
 
         exact = self.value()
-        if exact is UNAVAILABLE:
-            from pkb.evaluate.compare import compare_tensors
-
-            return compare_tensors(expected, got, tolerance, path)
-        if isinstance(exact, (int, float)):
-            exact = torch.tensor([float(exact)], dtype=torch.float64)
-        if not isinstance(exact, torch.Tensor) or exact.numel() != expected.numel():
-            raise RuntimeError(f"{path}: the exact answer has another structure than the reference's "
-                               f"({type(exact).__name__}); a problem whose reference cannot run in its exact_dtype "
-                               "must say so (Problem.exact_dtype)")
-        if torch.equal(_flat64(exact), _flat64(expected)):
-            # no more precise than the reference's own answer (its reference computes in a fixed dtype, e.g. fp32
-            # outputs of fp32 arithmetic): it says nothing of the reference's error, and the tolerance decides
-            from pkb.evaluate.compare import compare_tensors
-
+        if exact is not UNAVAILABLE:
+            if isinstance(exact, (int, float)):
+                exact = torch.tensor([float(exact)], dtype=torch.float64)
+            if not isinstance(exact, torch.Tensor) or exact.numel() != expected.numel():
+                raise RuntimeError(f"{path}: the exact answer has another structure than the reference's "
+                                   f"({type(exact).__name__}); a problem whose reference cannot run in its "
+                                   "exact_dtype must say so (Problem.exact_dtype)")
+        # too large to raise, or no more precise than the reference's own answer (its reference computes in a fixed
+        # dtype, e.g. fp32 outputs of fp32 arithmetic, and says nothing of its error): the tolerance decides
+        if exact is UNAVAILABLE or torch.equal(_flat64(exact), _flat64(expected)):
             return compare_tensors(expected, got, tolerance, path)
         verdict, accuracy = judge(expected, got, exact, tolerance, self.run_dtype,
                                   f"{self.where}: {path}" if self.where else path)
