@@ -72,7 +72,7 @@ def judge(files: list[Path], mode: Mode, world_size: int, arm: Arm, parallel: in
             raise ValueError(f"{path.name} names no problem")
         if world_size in problem.world_sizes:
             evaluations.append(Evaluation(problem, Candidate.from_file(path), "differential"))
-    config = EvalConfig(world_size=world_size, mode=mode, num_trials=trials, upstream_trials=trials, cases="all",
+    config = EvalConfig(world_size=world_size, mode=mode, trials=trials, upstream_trials=trials, cases="all",
                         sandbox=arm.sandbox)
     most_at_once = [0]
 

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pkb.executor.ray_cluster import RayExecutor
 
-    config = EvalConfig(world_size=args.world_size, mode=Mode(args.mode), num_trials=args.trials)
+    config = EvalConfig(world_size=args.world_size, mode=Mode(args.mode), trials=args.trials)
     evaluations = [Evaluation(p, Candidate.reference_of(p), "reference") for p in select(args.problems)
             if args.world_size in p.world_sizes]
     rows = [{"executor": "local", "slots": 1, **rounds(LocalExecutor, evaluations, config, args.rounds)}]

@@ -65,7 +65,7 @@ def fidelity(session: Session, config: EvalConfig) -> None:
 
 def overhead(session: Session, config: EvalConfig) -> None:
     candidate = Candidate.reference_of(GEMM)
-    one_trial = EvalConfig(world_size=1, mode=Mode.CUDA, num_trials=1)
+    one_trial = EvalConfig(world_size=1, mode=Mode.CUDA, trials=1)
     evaluate(GEMM, candidate, one_trial, session)
     walls = []
     for _ in range(5):
@@ -118,7 +118,7 @@ def main() -> None:
     parts = sys.argv[1:] or ["fidelity", "overhead", "build", "whole"]
     print(f"GPU: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, torch {torch.__version__}, "
           f"CUDA {torch.version.cuda}")
-    config = EvalConfig(world_size=1, mode=Mode.CUDA, num_trials=1)
+    config = EvalConfig(world_size=1, mode=Mode.CUDA, trials=1)
     if "fidelity" in parts or "overhead" in parts:
         with Session(Mode.CUDA, 1) as session:
             if "fidelity" in parts:

@@ -45,7 +45,7 @@ dist.destroy_process_group()
 
 
 def full_pass(world_size: int, trials: int) -> None:
-    config = EvalConfig(world_size=world_size, mode=Mode.CPU, num_trials=trials)
+    config = EvalConfig(world_size=world_size, mode=Mode.CPU, trials=trials)
     evaluations = plan(all_problems().values(), solutions_dir=None, include_reference=True)
     evaluations = [evaluation for evaluation in evaluations if evaluation.candidate.is_reference]
     per_problem = []
@@ -65,7 +65,7 @@ def tiny_problem_overhead(world_size: int, repeats: int) -> None:
     # One tiny case, one trial: what is left is the harness's own cost.
     one_case = type(problem)(**{**problem.__dict__, "tests": (Case("single", {"shape": (1,)}, tags=("tiny",)),)})
     object.__setattr__(one_case, "module", problem.module)
-    config = EvalConfig(world_size=world_size, mode=Mode.CPU, num_trials=1)
+    config = EvalConfig(world_size=world_size, mode=Mode.CPU, trials=1)
     candidate = Candidate.reference_of(problem)
 
     with Session(Mode.CPU, world_size) as session:

@@ -39,7 +39,7 @@ def main() -> None:
     if torch.cuda.device_count() < W:
         raise SystemExit(f"needs {W} GPUs, this machine has {torch.cuda.device_count()}")
     print(f"{W} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}")
-    config = EvalConfig(world_size=W, mode=Mode.CUDA, perf=True, timeout_s=300.0)
+    config = EvalConfig(world_size=W, mode=Mode.CUDA, perf=True, timeout=300.0)
     harness: dict[str, list[float]] = {}
     with Session(Mode.CUDA, W) as session:
         for _ in range(args.measurements):  # interleaved, so a drift in the machine shows as spread

@@ -58,7 +58,7 @@ void add_one(torch::Tensor x) {{ add_one_kernel<<<(x.numel() + 255) / 256, 256>>
 def side_by_side(mode: Mode, world_size: int, problems: str, rounds: int, trials: int) -> dict:
     jobs = [job for job in plan(select(problems), solutions_dir=None, include_reference=True)
             if not job.candidate.missing_in(mode)]  # a candidate this mode skips unrun costs nothing to compare
-    config = {level: EvalConfig(world_size=world_size, mode=mode, num_trials=trials, sandbox=level)
+    config = {level: EvalConfig(world_size=world_size, mode=mode, trials=trials, sandbox=level)
               for level in ("auto", "off")}
     times: dict[str, dict[str, list[float]]] = {"auto": {}, "off": {}}
     statuses: dict[str, set] = {}
@@ -116,7 +116,7 @@ def build_times(mode: Mode, world_size: int, cuda: bool) -> dict:
 
         problem = get_problem("allreduce")
         for label, level in (("no sandbox, cold", "off"), ("sandbox, cold", "auto"), ("sandbox, cached", "auto")):
-            config = EvalConfig(world_size=world_size, mode=mode, num_trials=1, cases="upstream", sandbox=level)
+            config = EvalConfig(world_size=world_size, mode=mode, trials=1, cases="upstream", sandbox=level)
             result = evaluate(problem, Candidate.from_file(path), config)
             measured[label] = {"wall_s": result.wall_s, "status": result.status.value}
             print(f"build ({'CUDA' if cuda else 'C++'}), {label}: evaluation {result.wall_s:.1f} s, {result.status.value}"

@@ -51,7 +51,7 @@ def evaluation_list(count: int, offset: int) -> list[tuple[str, str, int]]:
 def run_evaluations(evaluations: list[tuple[str, str, int]], trials: int) -> list[dict]:
     """Evaluate each of ``evaluations`` one after another through pkb's evaluation loop, each afresh (a repeat is
     judged again, never answered from the store), rank groups kept warm per world size."""
-    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=trials)
+    config = EvalConfig(world_size=2, mode=Mode.CPU, trials=trials)
     rows = []
     with tempfile.TemporaryDirectory() as scratch, ResultStore(Path(scratch) / "soak.sqlite") as store, \
             EvaluationLoop(store, config, reuse="never") as loop:

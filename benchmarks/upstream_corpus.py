@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.problems:
         wanted = {p.upstream_id for p in select(args.problems)}
         files = {n: path for n, path in files.items() if n in wanted}
-    config = EvalConfig(world_size=args.world_size, mode=Mode(args.mode), num_trials=args.trials,
+    config = EvalConfig(world_size=args.world_size, mode=Mode(args.mode), trials=args.trials,
                         timeout_s=args.timeout, cases=args.cases)
     evaluations = [Evaluation(get_problem(number), Candidate.from_file(path), "upstream-corpus")
                    for number, path in files.items()]

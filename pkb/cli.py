@@ -113,10 +113,7 @@ def cmd_eval(args) -> int:
         candidate = Candidate.reference_of(problem)
     else:
         candidate = Candidate.from_file(candidate_path(args.candidate))
-    world_size = args.world_size or problem.world_sizes[0]
-    if world_size not in problem.world_sizes:
-        raise UsageError(f"{problem.name} runs at world sizes {list(problem.world_sizes)}; pick one with --world-size")
-    config = make_config(args, world_size)
+    config = make_config(args, problem)
     result = evaluate(problem, candidate, config)
     if args.json:
         print(json.dumps(result.to_dict(), default=str))
@@ -240,7 +237,7 @@ def cmd_run(args) -> int:
         raise UsageError("nothing to run: no solution file matches the selected problems")
     check_store(args.db or DEFAULT_DB)  # a --db it cannot store results in: said before any work, nothing written
     with make_executor(args) as executor:
-        config = make_config(args, args.world_size, executor)
+        config = make_config(args, executor=executor)
         evaluations = light_self_checks(evaluations, config, cases=args.cases is None,
                                         trials=SELF_CHECK_TRIALS if args.trials is None else None)
         executor.capacity(config)  # decided now (a local executor's default is by the run's mode and world size)
@@ -266,17 +263,17 @@ def checked_line(args, config, self_check: bool, solutions_dir: Path | None) -> 
         return f"{trials} trial{'s' if trials != 1 else ''} on " + ("every case" if cases == "all" else f"the {cases} cases")
 
     files = f"the files of {solutions_dir}" if solutions_dir else "pkb's shipped solutions"
-    checked = f"{files}, {depth(config.num_trials, config.cases)}"
-    if config.cases in ("all", "upstream") and config.upstream_trials > config.num_trials:
+    checked = f"{files}, {depth(config.trials, config.cases)}"
+    if config.cases in ("all", "upstream") and config.upstream_trials > config.trials:
         checked += f" ({config.upstream_trials} on the upstream cases, which also give the paper's verdict)"
     if self_check:
         light = args.cases is None or args.trials is None
-        references = (depth(SELF_CHECK_TRIALS if args.trials is None else config.num_trials, "upstream")
+        references = (depth(SELF_CHECK_TRIALS if args.trials is None else config.trials, "upstream")
                       + " (the tests cases where this mode leaves those out)" if args.cases is None
                       else depth(SELF_CHECK_TRIALS, config.cases) if args.trials is None else "as deep")
         checked = f"each reference against itself, {references}; {checked}" + (
-            f"; the references as deep: `pkb run --cases {config.cases} --trials {config.num_trials}`" if light else "")
-    return f"checked ({config.mode} mode, W = {config.world_size}, {config.precision}): {checked}"
+            f"; the references as deep: `pkb run --cases {config.cases} --trials {config.trials}`" if light else "")
+    return f"checked ({config.mode} mode, W = {config.world_size}, {config.dtype}): {checked}"
 
 
 def running_labels(executor) -> list[tuple[str, float]]:

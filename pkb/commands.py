@@ -1,7 +1,7 @@
 """What the commands that evaluate share (``pkb eval``, ``run``, ``generate``, ``agent``, ``serve``): their
 options on the command line, made from pkb.options's one declaration and checked against it as they are parsed
 (``add_option``: a value out of range is a usage error, exit 2); the evaluation settings those options resolve to
-on this machine (``make_config``, through pkb.evaluate.config.config_from_options); the options a request to
+on this machine (``make_config``, through pkb.evaluate.config.resolve); the options a request to
 ``pkb serve`` carries (``served_options``); and the executor they run on (``make_executor``). Nothing heavy is
 imported until a function runs.
 """
@@ -94,45 +94,23 @@ def served_options(args) -> dict:
     return kept
 
 
-def make_config(args, world_size: int, executor=None):
-    """The evaluation settings of ``args`` (pkb.evaluate.config.config_from_options); ``--mode auto`` decides by
-    the GPUs of ``executor``'s machines (a Ray cluster's largest node) or, without one, of this machine. The mode
-    and the sandbox candidates get are said on stderr (unless ``--json``)."""
-    from pkb.evaluate.config import OptionError, config_from_options
-    from pkb.runtime.modes import ModeUnavailable, choose_mode
+def make_config(args, problem=None, executor=None):
+    """The evaluation settings of ``args`` for ``problem`` (None: a run over many), resolved by
+    pkb.evaluate.config.resolve on ``executor``'s machines (a Ray cluster's largest node) or, without one, this
+    machine; a UsageError where they cannot run. The mode and the sandbox candidates get are said on stderr
+    (unless ``--json``)."""
+    from pkb.evaluate.config import OptionError, resolve
 
-    values = option_values(args)
-    gpus = executor.gpus_per_node() if executor is not None else None
+    on_ray = executor is not None and executor.name == "ray"
     try:
-        choice = choose_mode(values["mode"], world_size, num_gpus=gpus)
-    except ModeUnavailable as exc:
-        raise UsageError(str(exc) + (" (GPUs counted on the largest node of the Ray cluster)" if gpus is not None else "")) from None
-    try:
-        config = config_from_options(values, world_size, choice.mode)
-    except OptionError as exc:  # e.g. --nodes that does not divide --world-size
+        resolved = resolve(option_values(args), problem, executor.gpus_per_node() if executor is not None else None,
+                           on_ray=on_ray)
+    except OptionError as exc:
         raise UsageError(str(exc)) from None
-    sandbox = sandbox_line(values["sandbox"], choice.mode, on_ray=executor is not None and executor.name == "ray")
     if not args.json:
-        print(f"mode: {choice.mode} ({choice.reason})", file=sys.stderr)
-        print(f"sandbox: {sandbox}", file=sys.stderr)
-    return config
-
-
-def sandbox_line(level: str, mode, on_ray: bool = False) -> str:
-    """What ``--sandbox level`` gives candidates here, e.g. ``auto (full: landlock-fs, ...)``; on a Ray
-    cluster each node checks for itself (a node that cannot honour ``required`` ends its evaluations as
-    ``infra_error``). Raises UsageError where ``required`` cannot be honoured on this machine."""
-    from pkb.runtime.sandbox import SandboxStatus, SandboxUnavailable, check_sandbox
-
-    if level == "off":
-        return SandboxStatus.off().describe()
-    if on_ray:
-        return f"{level} (checked on each node of the Ray cluster)"
-    try:
-        status = check_sandbox(level, mode)
-    except SandboxUnavailable as exc:
-        raise UsageError(str(exc)) from None
-    return status.describe()
+        print(f"mode: {resolved.config.mode} ({resolved.mode_reason})", file=sys.stderr)
+        print(f"sandbox: {resolved.sandbox_text}", file=sys.stderr)
+    return resolved.config
 
 
 def make_executor(args):

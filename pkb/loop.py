@@ -37,11 +37,11 @@ def evaluation_key(problem: Problem, candidate: Candidate, config: EvalConfig) -
     timing = ("perf+graph" if config.cuda_graph else "perf") if config.perf else ""
     cases = "" if config.cases == "all" else f"|cases={config.cases}"
     sandbox = "" if config.sandbox == "auto" else f"|sandbox={config.sandbox}"
-    precision = "" if config.precision == DEFAULT_PRECISION else f"|precision={config.precision}"
+    precision = "" if config.dtype == DEFAULT_PRECISION else f"|precision={config.dtype}"
     paper = "" if config.upstream_trials == UPSTREAM_TRIALS else f"|upstream_trials={config.upstream_trials}"
     nodes = "" if config.nodes == 1 else f"|nodes={config.nodes}"
     return run_key(problem.name, problem.version, candidate.sha256, config.mode.value, config.world_size,
-                   config.num_trials, f"{timing}|{config.policy}{cases}{sandbox}{precision}{paper}{nodes}")
+                   config.trials, f"{timing}|{config.policy}{cases}{sandbox}{precision}{paper}{nodes}")
 
 
 REUSE = ("restore", "as_stored", "never")

@@ -2,7 +2,7 @@
 
 Every way of asking for an evaluation reads them from here: ``pkb eval`` and ``pkb run`` (their flags are
 made from ``EVAL_OPTIONS``), the evaluation service (``EvaluationRequest``: a request's JSON), the client
-(``pkb.client``) and the RL environments; ``pkb.evaluate.config.config_from_options`` turns them into an
+(``pkb.client``) and the RL environments; ``pkb.evaluate.config.resolve`` turns them into an
 ``EvalConfig``. Each option has one name (``world_size``: ``--world-size`` on the command line,
 ``world_size`` in JSON), one default, its choices or its range, and one line of help; its bounds are checked
 where it is parsed (``Option.check``: the command line, a request's JSON, the client), in this one table. The

@@ -160,7 +160,7 @@ def light_self_checks(evaluations: list[Evaluation], config: EvalConfig, cases: 
             upstream = checked_cases(evaluation.problem, replace(config, cases="upstream"))
             own = replace(own, cases="upstream" if upstream else "tests")
         if trials:
-            own = replace(own, num_trials=trials, upstream_trials=trials)
+            own = replace(own, trials=trials, upstream_trials=trials)
         return replace(evaluation, config=own)
 
     return [lighter(evaluation) for evaluation in evaluations]

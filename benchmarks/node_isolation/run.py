@@ -86,7 +86,7 @@ def run(mode: Mode, world_size: int, nodes: int, out: Path, budget_s: float, ins
                 path, policy = HONEST[name], how.split("=", 1)[1]
             else:
                 path, policy = node_attack(name, "world" if how == "across-nodes" else "node", Path(folder)), "report"
-            config = EvalConfig(world_size=world_size, nodes=nodes, mode=mode, num_trials=1, upstream_trials=1,
+            config = EvalConfig(world_size=world_size, nodes=nodes, mode=mode, trials=1, upstream_trials=1,
                                 timeout_s=timeout_s, policy=policy)
             started = time.monotonic()
             result = evaluate(get_problem(problem), Candidate.from_file(path), config, session)

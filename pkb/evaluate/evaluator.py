@@ -48,7 +48,7 @@ def new_result(problem: Problem, candidate: Candidate, config: EvalConfig, statu
     """A result row for ``candidate`` on ``problem`` under ``config``, before anything is decided."""
     return EvalResult(problem=problem.name, problem_version=problem.version, solution=candidate.name,
                       solution_sha256=candidate.sha256, status=status, mode=config.mode.value,
-                      world_size=config.world_size, precision=config.precision, num_trials=config.num_trials,
+                      world_size=config.world_size, precision=config.dtype, num_trials=config.trials,
                       nodes=config.nodes or problem.nodes[0],
                       details={"solution_path": str(candidate.path) if candidate.path else None},
                       times_are_gpu_performance=config.mode.times_are_gpu_performance)
@@ -163,7 +163,7 @@ def _state_the_rules(result: EvalResult, upstream_unchecked: str | None) -> None
 def _trials_text(cases: tuple[Case, ...], config: EvalConfig) -> str:
     """e.g. ``5 cases x 3 trials (1 upstream case also x 5 trials on upstream's inputs)``."""
     upstream = sum(c.kind == "upstream" for c in cases)
-    text = f"{len(cases)} case{'s' * (len(cases) > 1)} x {config.num_trials} trials"
+    text = f"{len(cases)} case{'s' * (len(cases) > 1)} x {config.trials} trials"
     if upstream:
         text += (f" on pkb's secret inputs; {upstream} upstream case{'s' * (upstream > 1)} x {config.upstream_trials} "
                  "trials on upstream's")
@@ -242,7 +242,7 @@ def _check_trials(ranks: Ranks, cases: tuple[Case, ...], accuracy: list[Accuracy
     """Every trial of every case on pkb's secret values; the replies to the first case's first trial. Raises
     the first failure."""
     first = None
-    for trial in range(ranks.config.num_trials):
+    for trial in range(ranks.config.trials):
         for case in cases:
             replies = _check_case(ranks, case, trial, accuracy)
             first = first or replies
@@ -286,7 +286,7 @@ def _exact_answers(ranks: Ranks, case: Case, trial, accuracy: list[Accuracy]) ->
     if ranks.problem.exact_dtype is None or case.kind == "benchmarks":
         return None
     fetch = functools.cache(lambda: ranks.exact(case, trial))
-    run_dtype = PRECISIONS[ranks.config.precision]
+    run_dtype = PRECISIONS[ranks.config.dtype]
 
     def answer(rank: int):
         reply = fetch()[rank]
@@ -327,8 +327,8 @@ def _check_statically(problem: Problem, candidate: Candidate, config: EvalConfig
     missing = candidate.missing_in(config.mode, config.nodes)
     if missing:
         raise Verdict(Status.SKIPPED, missing)
-    if config.precision not in problem.precisions:
-        raise Verdict(Status.SKIPPED, f"{problem.name} runs in {', '.join(problem.precisions)}, not {config.precision}: "
+    if config.dtype not in problem.precisions:
+        raise Verdict(Status.SKIPPED, f"{problem.name} runs in {', '.join(problem.precisions)}, not {config.dtype}: "
                                       f"{problem.precision_note}")
     if config.world_size not in problem.world_sizes:
         raise Verdict(Status.SKIPPED, f"{problem.name} runs at world sizes {list(problem.world_sizes)}, "
@@ -363,7 +363,7 @@ def _left_out(case: Case, config: EvalConfig) -> bool:
 
 def _selected_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
     return tuple(case for kind in CASE_SELECTIONS[config.cases]
-                 for case in problem.cases(kind, config.world_size, config.precision, config.nodes))
+                 for case in problem.cases(kind, config.world_size, config.dtype, config.nodes))
 
 
 def _input_mismatch(mismatch: Mismatch, problem: Problem) -> Mismatch:

@@ -172,7 +172,7 @@ class Ranks:
                        None if candidate.is_reference else candidate.source)
         with candidate_failures("loading the candidate"):
             self.group.submit([job] * self.config.world_size)
-            replies = self.group.collect(self.config.timeout_s, self.config.compile_limit_s)
+            replies = self.group.collect(self.config.timeout, self.config.compile_limit_s)
         failed = [rank for rank, reply in enumerate(replies) if reply.get("status") != "ok"]
         if failed:
             rank = first_real_failure(replies, failed[0])
@@ -214,12 +214,12 @@ class Ranks:
         upstream's values instead; ``exact=True``: the exact answer), and the places of a large output's sample."""
         seed, name = self.session.seed, self.problem.name
         shared, sample = seed(name, case.name, seeded_by, "shared"), seed(name, case.name, seeded_by, "sample")
-        return [run_job(case.name, self.config.precision, self.config.nodes,
+        return [run_job(case.name, self.config.dtype, self.config.nodes,
                         (seed(name, case.name, seeded_by, rank), shared), sample, **upstream_or_exact)
                 for rank in range(self.config.world_size)]
 
     def _key(self, case: Case, which) -> tuple:
-        return (self.problem.module, self.problem.version, case.name, self.config.precision, self.config.nodes, which)
+        return (self.problem.module, self.problem.version, case.name, self.config.dtype, self.config.nodes, which)
 
     def _run(self, case: Case, jobs: list[RunJob], which, what: str, trial) -> Replies:
         """Both groups' replies to ``jobs``; a Verdict if the candidate failed to answer."""
@@ -236,11 +236,11 @@ class Ranks:
         with candidate_failures(what, case=case.name, trial=trial):
             self.group.submit(jobs)
         if expected is None:
-            expected = self.reference.collect(self.config.timeout_s)
+            expected = self.reference.collect(self.config.timeout)
             raise_reference_errors(expected, self.problem, what)
             self.session.reference_outputs.put(key, expected)
         with candidate_failures(what, case=case.name, trial=trial):
-            got = self.group.collect(self.config.timeout_s, compile_limit)
+            got = self.group.collect(self.config.timeout, compile_limit)
         for rank in range(self.config.world_size):
             if got[rank].get("error"):
                 raise_candidate_error(got, rank, {"case": case.name, "trial": trial}, self.config.mode)
@@ -276,10 +276,10 @@ class Ranks:
         trial's); before every repeat but the first, the copies get new values in place.
         """
         config, name, seed = self.config, self.problem.name, self.session.seed
-        W, timeout = config.world_size, config.timeout_s + 60
+        W, timeout = config.world_size, config.timeout + 60
         seeds = [[(seed(name, case.name, "time", rank, k), seed(name, case.name, "time", k))
                   for k in range(Session.MAX_TIMING_COPIES)] for rank in range(W)]
-        prepared = checked(group.request([time_prepare_job(case.name, config.precision, config.nodes, seeds[rank],
+        prepared = checked(group.request([time_prepare_job(case.name, config.dtype, config.nodes, seeds[rank],
                                                            config.timing.__dict__) for rank in range(W)], timeout))
         num_iters = prepared[0]["num_iters"]
         if any(reply["num_iters"] != num_iters for reply in prepared):

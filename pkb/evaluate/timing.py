@@ -23,8 +23,8 @@ from pkb.problem import Case, Problem
 def perf_cases(problem: Problem, config: EvalConfig) -> tuple[Case, ...]:
     """Benchmarks on real GPUs; the small test cases where times are not GPU performance anyway."""
     if config.mode.times_are_gpu_performance and problem.cases("benchmarks", config.world_size):
-        return problem.cases("benchmarks", config.world_size, config.precision, config.nodes)
-    return problem.cases("tests", config.world_size, config.precision, config.nodes)
+        return problem.cases("benchmarks", config.world_size, config.dtype, config.nodes)
+    return problem.cases("tests", config.world_size, config.dtype, config.nodes)
 
 
 def time_reference(session: Session, problem: Problem, case: Case, config: EvalConfig) -> GroupTiming:

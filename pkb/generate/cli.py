@@ -144,7 +144,7 @@ def cmd_generate(args) -> int:
     db = args.db or DEFAULT_DB
     check_store(db)  # a --db it cannot store results in: said before any work, nothing written
     with _executor(args, enabled=not args.no_eval) as executor, _usage_errors(ProviderError):
-        config = None if args.no_eval else make_config(args, args.world_size, executor)
+        config = None if args.no_eval else make_config(args, executor=executor)
         with ResultStore(db) as store:
             results = generate(problems, provider, settings, store, profile, config, progress, executor)
     if args.json:
@@ -180,7 +180,7 @@ def cmd_agent(args) -> int:
     outcomes = []
     check_store(args.db or DEFAULT_DB)
     with _executor(args) as executor, _usage_errors(ProviderError):
-        config = make_config(args, args.world_size, executor)  # a problem without that size runs at its smallest
+        config = make_config(args, executor=executor)  # a problem without that size runs at its smallest
         not_gpu = "" if config.mode.times_are_gpu_performance else f" ({config.mode} mode: not a GPU timing)"
 
         def show(step) -> None:

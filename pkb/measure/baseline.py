@@ -5,7 +5,8 @@ as every result) on its benchmark cases in cuda mode, or its small test cases in
 modes (labelled: not GPU performance), and each case gets a row: time, busbw (link bytes / time),
 the roofline bound on the chosen profile, bound / time and which term bounds it.
 
-    rows = run_baseline(select("1-2"), world_size=2, mode=Mode.CPU, profile=get_profile("cpu"))
+    config = resolve({"mode": "cpu", "world_size": 2, "perf": True}).config
+    rows = run_baseline(select("1-2"), config, profile=get_profile("cpu"))
 """
 
 from __future__ import annotations
@@ -45,17 +46,16 @@ class Skipped:
     reason: str
 
 
-def run_baseline(problems: Iterable, world_size: int, mode, profile: HardwareProfile, timeout_s: float = 300.0,
-                 cuda_graph: bool = False,
+def run_baseline(problems: Iterable, config, profile: HardwareProfile,
                  on_row: Callable[[BaselineRow], None] = lambda row: None) -> tuple[list[BaselineRow], list[Skipped]]:
-    """Time each problem's reference at ``world_size`` in ``mode``; rows in suite order, and what was skipped."""
-    from pkb.evaluate.config import config_from_options
+    """Time each problem's reference with ``config`` (pkb.evaluate.config.EvalConfig, ``perf`` on: its world size,
+    mode and timeout); rows in suite order, and what was skipped."""
     from pkb.evaluate.session import Session
     from pkb.evaluate.timing import perf_cases, time_reference
     from pkb.evaluate.verdicts import HarnessError
     from pkb.runtime.group import GroupFailure
 
-    config = config_from_options({"perf": True, "timeout": timeout_s, "cuda_graph": cuda_graph}, world_size, mode)
+    world_size, mode = config.world_size, config.mode
     datasheet = get_profile(profile.based_on) if profile.calibrated and profile.based_on else None
     rows: list[BaselineRow] = []
     skipped: list[Skipped] = []

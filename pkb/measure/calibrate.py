@@ -178,13 +178,13 @@ PROBE_TIMEOUT_S = 300.0  # one single-GPU probe's timing (a GEMM, a device copy)
 def measure_single_gpu(log: Callable[[str], None]) -> dict[str, Any]:
     import torch
 
-    from pkb.evaluate.config import config_from_options
+    from pkb.evaluate.config import resolve
     from pkb.evaluate.session import Session
     from pkb.evaluate.timing import time_reference
     from pkb.measure.probes import COPY, GEMM
     from pkb.runtime.modes import Mode
 
-    config = config_from_options({"perf": True, "timeout": PROBE_TIMEOUT_S}, world_size=1, mode=Mode.CUDA)
+    config = resolve({"perf": True, "timeout": PROBE_TIMEOUT_S, "world_size": 1, "mode": "cuda"}).config
     props = torch.cuda.get_device_properties(0)
     result: dict[str, Any] = {"l2_bytes": int(props.L2_cache_size), "hbm_bytes": int(props.total_memory)}
     with Session(Mode.CUDA, 1) as session:

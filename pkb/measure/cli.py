@@ -132,7 +132,7 @@ def cmd_baseline(args) -> int:
     from pkb.console import UsageError
     from pkb.measure.baseline import run_baseline
     from pkb.registry import select
-    from pkb.runtime.modes import ModeUnavailable, choose_mode
+    from pkb.evaluate.config import OptionError, resolve
 
     if args.out and Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} is a directory: give the JSON file's name")
@@ -142,12 +142,14 @@ def cmd_baseline(args) -> int:
 
         problems = [*problems, GEMM, COPY]
     try:
-        choice = choose_mode(args.mode, args.world_size)
-    except ModeUnavailable as exc:
+        resolved = resolve({"mode": args.mode, "world_size": args.world_size, "perf": True, "timeout": args.timeout,
+                            "cuda_graph": args.cuda_graph})
+    except OptionError as exc:
         raise UsageError(str(exc)) from None
-    profile = _baseline_profile(args.profile, choice.mode)
+    config = resolved.config
+    profile = _baseline_profile(args.profile, config.mode)
     if not args.json:
-        print(f"mode: {choice.mode} ({choice.reason}); profile: {profile.name}"
+        print(f"mode: {config.mode} ({resolved.mode_reason}); profile: {profile.name}"
               + (" (calibrated)" if profile.calibrated else ""), file=sys.stderr)
     printer = _RowPrinter(sys.stderr if args.json else sys.stdout, problems, args.world_size,
                           datasheet_column=profile.calibrated)  # with --json: progress on stderr
@@ -159,8 +161,7 @@ def cmd_baseline(args) -> int:
         if args.out:
             _write_json(args.out, _baseline_report(measured, [], profile))
 
-    rows, skipped = run_baseline(problems, args.world_size, choice.mode, profile, timeout_s=args.timeout,
-                                 cuda_graph=args.cuda_graph, on_row=on_row)
+    rows, skipped = run_baseline(problems, config, profile, on_row=on_row)
     report = _baseline_report(rows, skipped, profile)
     if args.out:
         _write_json(args.out, report)
@@ -174,7 +175,7 @@ def cmd_baseline(args) -> int:
             shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
             print(f"skipped {shown}: {reason}")
         if rows and not rows[0].times_are_gpu_performance:
-            print(f"(CPU times: measured in {choice.mode} mode, not GPU performance; the roofline uses the "
+            print(f"(CPU times: measured in {config.mode} mode, not GPU performance; the roofline uses the "
                   f"{profile.name} profile)")
     if not rows and skipped:
         raise UsageError(f"no selected problem runs at world size {args.world_size}; pick one with --world-size")

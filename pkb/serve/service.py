@@ -28,12 +28,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pkb.evaluate.candidate import Candidate
-from pkb.evaluate.config import OptionError, config_from_options
+from pkb.evaluate.config import OptionError, resolve
 from pkb.executor import Evaluation, Executor
 from pkb.loop import EvaluationLoop, StoredResult
 from pkb.options import EvaluationRequest
 from pkb.registry import get_problem
-from pkb.runtime.modes import ModeUnavailable, choose_mode
 from pkb.store.db import ResultStore
 
 
@@ -124,19 +123,16 @@ class EvaluationService:
     # -- the loop --------------------------------------------------------------------------------------
 
     def _evaluation(self, request: EvaluationRequest) -> Evaluation:
-        """What ``request`` asks for, its settings from pkb.evaluate.config.config_from_options; RequestError
+        """What ``request`` asks for, its settings from pkb.evaluate.config.resolve; RequestError
         (HTTP 400) where it cannot run as asked."""
         try:
             problem = get_problem(request.problem)
         except KeyError as exc:
             raise RequestError(str(exc.args[0])) from None
-        world_size = request.world_size or problem.world_sizes[0]
-        if world_size not in problem.world_sizes:
-            raise RequestError(f"{problem.name} runs at world sizes {list(problem.world_sizes)}, not {world_size}")
         try:
-            mode = choose_mode(request.mode, world_size, num_gpus=self.executor.gpus_per_node()).mode
-            config = config_from_options({**request.options(), "sandbox": self.sandbox}, world_size, mode)
-        except (ModeUnavailable, OptionError) as exc:
+            config = resolve({**request.options(), "sandbox": self.sandbox}, problem, self.executor.gpus_per_node(),
+                             on_ray=self.executor.name == "ray").config
+        except OptionError as exc:
             raise RequestError(str(exc)) from None
         if request.reference:
             return Evaluation(problem, Candidate.reference_of(problem), request.solution_set, config)

@@ -25,7 +25,7 @@ HONEST_ALLREDUCES = ("fp64_rounded_once", "reversed_order_in_bf16", "fp32_reduce
 
 
 def _evaluate(number: int, path: Path, world_size: int, cases: str, sessions):
-    config = EvalConfig(world_size=world_size, mode=Mode.CPU, num_trials=1, upstream_trials=1, timeout_s=300.0,
+    config = EvalConfig(world_size=world_size, mode=Mode.CPU, trials=1, upstream_trials=1, timeout=300.0,
                         cases=cases)
     return evaluate(get_problem(number), Candidate.from_file(path), config, sessions(world_size))
 

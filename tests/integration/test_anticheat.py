@@ -44,7 +44,7 @@ def session():
 def run(session, tmp_path, body: str, problem: str = "allreduce", perf: bool = False, **config) -> object:
     path = tmp_path / f"{problem}_attack.py"
     path.write_text(textwrap.dedent(body))
-    settings = dict(world_size=2, mode=Mode.CPU, num_trials=2, perf=perf, timeout_s=60.0)
+    settings = dict(world_size=2, mode=Mode.CPU, trials=2, perf=perf, timeout=60.0)
     settings.update(config)
     return evaluate(get_problem(problem), Candidate.from_file(path), EvalConfig(**settings), session)
 
@@ -212,7 +212,7 @@ def _busy():
 def solution(tensor):
     threading.Thread(target=_busy).start()
     return honest(tensor)
-""", perf=True, num_trials=1)
+""", perf=True, trials=1)
     assert result.status is Status.OK, result.message
     assert all(t.candidate_s > 0.015 for t in result.timings), [t.candidate_s for t in result.timings]
     assert all(t.reference_s < 0.015 for t in result.timings), [t.reference_s for t in result.timings]
@@ -234,14 +234,14 @@ def solution(tensor):
     worker.join()
     dist.all_reduce(flat[:half])
     return flat.view(tensor.shape)
-""", perf=True, num_trials=1)
+""", perf=True, trials=1)
     assert result.status is Status.OK, result.message
 
 
 def test_a_different_decomposition_with_fp32_accumulation_passes(session):
     path = SOLUTIONS / "1_allreduce_two_step.py"
     result = evaluate(get_problem("allreduce"), Candidate.from_file(path),
-                      EvalConfig(world_size=2, mode=Mode.CPU, num_trials=2, perf=True), session)
+                      EvalConfig(world_size=2, mode=Mode.CPU, trials=2, perf=True), session)
     assert result.status is Status.OK, result.message
 
 
@@ -254,7 +254,7 @@ def test_fp32_accumulation_at_eight_ranks_is_ok_on_both_verdicts(sessions):
     where the exact value is a tie between two bf16 values both err by half an ulp (ratio 1.0, seen in CI)."""
     path = SOLUTIONS / "1_allreduce_two_step.py"
     problem, candidate = get_problem("allreduce"), Candidate.from_file(path)
-    both = evaluate(problem, candidate, EvalConfig(world_size=8, mode=Mode.CPU, num_trials=2), sessions(8))
+    both = evaluate(problem, candidate, EvalConfig(world_size=8, mode=Mode.CPU, trials=2), sessions(8))
     assert (both.status, both.upstream_ok) == (Status.OK, True), both.message
     assert both.details["accuracy"]["worst"]["rms_ratio"] <= 1.0, both.details["accuracy"]
 
@@ -265,12 +265,12 @@ def test_fp32_accumulation_at_eight_ranks_is_ok_on_both_verdicts(sessions):
 def test_stock_collectives_are_recorded_and_forbidden_on_request(session):
     path = SOLUTIONS / "1_allreduce_two_step.py"
     problem = get_problem("allreduce")
-    reported = evaluate(problem, Candidate.from_file(path), EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1), session)
+    reported = evaluate(problem, Candidate.from_file(path), EvalConfig(world_size=2, mode=Mode.CPU, trials=1), session)
     assert reported.status is Status.OK
     assert "dist.reduce_scatter_tensor" in reported.collectives_used
     assert "dist.all_gather_into_tensor" in reported.collectives_used
     forbidden = evaluate(problem, Candidate.from_file(path),
-                         EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, policy="forbid-collectives"), session)
+                         EvalConfig(world_size=2, mode=Mode.CPU, trials=1, policy="forbid-collectives"), session)
     assert forbidden.status is Status.FORBIDDEN, forbidden.message
 
 
@@ -280,7 +280,7 @@ from pkb.problems.collectives import allreduce
 
 def solution(tensor):
     return allreduce.reference(tensor)
-""", num_trials=1)
+""", trials=1)
     assert result.status is Status.OK, result.message
     assert "reference" in result.collectives_used
     assert any("pkb internals" in label for label in result.details["tripwire"])
@@ -292,7 +292,7 @@ def solution(tensor):
 def test_no_seed_or_salt_reaches_a_rank_process_before_its_job(session):
     """Rank processes get their seeds only inside the job messages: nothing in argv or the environment."""
     problem = get_problem("allreduce")
-    evaluate(problem, Candidate.reference_of(problem), EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1), session)
+    evaluate(problem, Candidate.reference_of(problem), EvalConfig(world_size=2, mode=Mode.CPU, trials=1), session)
     group = session.candidate_group()
     group.wait_ready()
     secrets_ = {str(session.seed(problem.name, case.name, trial, rank)) for case in problem.tests

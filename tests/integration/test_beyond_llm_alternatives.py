@@ -113,7 +113,7 @@ def test_an_honest_alternative_kernel_matches(slug, world_size, sessions, tmp_pa
     what its docstring says, and its tie rules and exact outputs can be met by an independent kernel."""
     path = tmp_path / f"{slug}_alternative.py"
     path.write_text(_GATHER + textwrap.dedent(ALTERNATIVES[slug]))
-    config = EvalConfig(world_size=world_size, mode=Mode.CPU, num_trials=2, timeout_s=120.0, cases="tests")
+    config = EvalConfig(world_size=world_size, mode=Mode.CPU, trials=2, timeout=120.0, cases="tests")
     result = evaluate(get_problem(slug), Candidate.from_file(path), config, sessions(world_size))
     assert result.status is Status.OK, result.message
 
@@ -125,6 +125,6 @@ def test_knn_cases_leave_no_ties_in_the_top_k(sessions, tmp_path):
     assert other != ALTERNATIVES["dinov2_distributed_knn"]
     path = tmp_path / "knn_highest_index_first.py"
     path.write_text(_GATHER + textwrap.dedent(other))
-    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=2, timeout_s=120.0, cases="tests")
+    config = EvalConfig(world_size=2, mode=Mode.CPU, trials=2, timeout=120.0, cases="tests")
     result = evaluate(get_problem("dinov2_distributed_knn"), Candidate.from_file(path), config, sessions(2))
     assert result.status is Status.OK, result.message

@@ -30,7 +30,7 @@ WORLD_SIZES = [2, 4, pytest.param(8, marks=pytest.mark.slow)]
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("name", ["p2p_batched", "p2p_isend_irecv", "p2p_group_ops"])
 def test_point_to_point_candidates_are_ok_and_recorded(name, world_size, sessions):
-    config = EvalConfig(world_size=world_size, mode=Mode.CPU, num_trials=2, cases="tests")
+    config = EvalConfig(world_size=world_size, mode=Mode.CPU, trials=2, cases="tests")
     result = evaluate(get_problem("alltoall"), Candidate.from_file(CANDIDATES / f"{name}.py"), config,
                       sessions(world_size))
     assert result.status is Status.OK, result.message
@@ -81,7 +81,7 @@ def test_a_failing_reference_is_pkbs_failure_not_the_candidates(sessions, tmp_pa
 
     broken = replace(problem, reference=broken_reference)
     object.__setattr__(broken, "module", "tests.test_compat:BROKEN")  # not importable by the ranks: load fails
-    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="tests")
+    config = EvalConfig(world_size=2, mode=Mode.CPU, trials=1, cases="tests")
     result = evaluate(broken, Candidate.reference_of(problem), config, sessions(2))
     assert result.status is Status.HARNESS_ERROR and result.message.startswith("pkb failed, not the candidate")
     after = evaluate(problem, Candidate.reference_of(problem), config, sessions(2))
@@ -218,10 +218,10 @@ def test_cases_too_slow_on_the_cpu_are_left_out_there_and_said_so(sessions):
     problem = get_problem("conv2d_boundary_exchange")  # its upstream case: ~480/W GFLOP per rank
     assert [c.name for c in problem.upstream if c.slow_on_cpu] == ["upstream"]
     alone = evaluate(problem, Candidate.reference_of(problem),
-                     EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="upstream"), sessions(2))
+                     EvalConfig(world_size=2, mode=Mode.CPU, trials=1, cases="upstream"), sessions(2))
     assert alone.status is Status.SKIPPED and "--mode cuda" in alone.message, alone.message
     every = evaluate(problem, Candidate.reference_of(problem),
-                     EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1), sessions(2))
+                     EvalConfig(world_size=2, mode=Mode.CPU, trials=1), sessions(2))
     assert every.status is Status.OK and "upstream" not in every.cases and every.upstream_ok is None
     assert "upstream left out" in every.message and "upstream" in every.details["cases_left_out"]
 
@@ -230,7 +230,7 @@ def test_upstream_ok_records_the_papers_verdict_beside_the_strict_one(sessions, 
     """Every upstream trial runs first: a file right on the upstream inputs (1024 x 1024 bf16) and wrong
     on pkb's awkward cases is `mismatch` with upstream_ok True; one wrong everywhere has it False."""
     problem = get_problem("allreduce")
-    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1)
+    config = EvalConfig(world_size=2, mode=Mode.CPU, trials=1)
     only_big = tmp_path / "allreduce_only_big.py"
     only_big.write_text("import torch.distributed as dist\n\ndef solution(tensor):\n    out = tensor.clone()\n"
                         "    if tensor.numel() >= 1024 * 1024:\n        dist.all_reduce(out)\n    return out\n")

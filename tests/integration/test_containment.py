@@ -92,7 +92,7 @@ def open_session(level: str) -> Session:
 
 
 def eval_config(level: str, **settings) -> EvalConfig:
-    return EvalConfig(**{"world_size": 2, "mode": Mode.CPU, "num_trials": 1, "timeout_s": 60.0, "sandbox": level,
+    return EvalConfig(**{"world_size": 2, "mode": Mode.CPU, "trials": 1, "timeout": 60.0, "sandbox": level,
                          **settings})
 
 

@@ -50,7 +50,7 @@ def judge(source: str, sessions, tmp_path):
     problem = get_problem("allreduce")
     path = tmp_path / "candidate.py"
     path.write_text(source.replace("{module}", problem.module))
-    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="tests", timeout_s=60.0)
+    config = EvalConfig(world_size=2, mode=Mode.CPU, trials=1, cases="tests", timeout=60.0)
     began = time.monotonic()
     result = evaluate(problem, Candidate.from_file(path), config, sessions(2))
     return result, time.monotonic() - began

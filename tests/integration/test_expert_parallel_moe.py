@@ -80,6 +80,6 @@ def solution(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_pro
 def test_moe_layer_matches_a_dense_implementation(world_size, tmp_path):
     path = tmp_path / "dense_moe.py"
     path.write_text(textwrap.dedent(DENSE_MOE))
-    config = EvalConfig(world_size=world_size, mode=Mode.CPU, num_trials=2, timeout_s=120.0, cases="tests")
+    config = EvalConfig(world_size=world_size, mode=Mode.CPU, trials=2, timeout=120.0, cases="tests")
     result = evaluate(get_problem("fused_moe_fwd"), Candidate.from_file(path), config)
     assert result.status is Status.OK, result.message

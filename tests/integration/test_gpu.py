@@ -37,7 +37,7 @@ def _skip_unless_runnable(mode: Mode, world_size: int) -> None:
 @pytest.mark.parametrize("problem", select("collectives"), ids=lambda p: p.name)
 def test_collective_references_pass_on_gpu(problem, mode, world_size, sessions):
     _skip_unless_runnable(mode, world_size)
-    config = EvalConfig(world_size=world_size, mode=mode, num_trials=2)
+    config = EvalConfig(world_size=world_size, mode=mode, trials=2)
     result = evaluate(problem, Candidate.reference_of(problem), config, sessions(world_size, mode))
     assert result.status is Status.OK, result.message
 
@@ -52,7 +52,7 @@ def test_shipped_solutions_pass_on_gpu(path, mode, world_size, sessions):
     _skip_unless_runnable(mode, world_size)
     problem = match_file(path, all_problems()).problem
     # device-side solutions: the stock collectives on the hot path would make them `forbidden`
-    config = EvalConfig(world_size=world_size, mode=mode, num_trials=3, policy="forbid-collectives")
+    config = EvalConfig(world_size=world_size, mode=mode, trials=3, policy="forbid-collectives")
     result = evaluate(problem, Candidate.from_file(path), config, sessions(world_size, mode))
     assert (result.status, result.upstream_ok) == (Status.OK, True), \
         result.message + "\n" + result.details.get("traceback", "")
@@ -67,7 +67,7 @@ INTER_NODE_SHIPPED = sorted(p for p in SHIPPED_SOLUTIONS.glob("*.py") if any(p.s
 @pytest.mark.parametrize("world_size", [4, 8])
 @pytest.mark.parametrize("problem", INTER_NODE, ids=lambda p: p.name)
 def test_inter_node_references_pass_in_shared_gpu_mode_on_virtual_nodes(problem, world_size, sessions):
-    config = EvalConfig(world_size=world_size, nodes=2, mode=Mode.SHARED_GPU, num_trials=1)
+    config = EvalConfig(world_size=world_size, nodes=2, mode=Mode.SHARED_GPU, trials=1)
     result = evaluate(problem, Candidate.reference_of(problem), config, sessions(world_size, Mode.SHARED_GPU, nodes=2))
     assert result.status is Status.OK, result.message
 
@@ -78,7 +78,7 @@ def test_shipped_inter_node_solutions_pass_in_shared_gpu_mode(path, world_size, 
     """On a GPU they move data inside a node over symmetric memory of the intra-node group (which the fence
     lets through) and between the virtual nodes through torch.distributed."""
     problem = next(p for p in INTER_NODE if path.stem.startswith(p.name))
-    config = EvalConfig(world_size=world_size, nodes=2, mode=Mode.SHARED_GPU, num_trials=2)
+    config = EvalConfig(world_size=world_size, nodes=2, mode=Mode.SHARED_GPU, trials=2)
     result = evaluate(problem, Candidate.from_file(path), config, sessions(world_size, Mode.SHARED_GPU, nodes=2))
     assert result.status is Status.OK, result.message + "\n" + result.details.get("traceback", "")
 
@@ -104,7 +104,7 @@ def test_an_allocation_the_shared_gpu_cannot_give_is_skipped_not_the_candidates_
     shared GPU: skipped, with the figures. 400 GiB fits no GPU: the candidate's own runtime error (issue 47)."""
     hog = tmp_path / "1_allreduce_hog.py"
     hog.write_text(HOG.replace("{gib}", str(gib)))
-    config = EvalConfig(world_size=2, mode=Mode.SHARED_GPU, num_trials=1, cases="tests")
+    config = EvalConfig(world_size=2, mode=Mode.SHARED_GPU, trials=1, cases="tests")
     result = evaluate(all_problems()["allreduce"], Candidate.from_file(hog), config, sessions(2, Mode.SHARED_GPU))
     assert result.status is status, result.message
     if status is Status.SKIPPED:
@@ -142,7 +142,7 @@ def test_racy_alltoall_without_its_trailing_barrier_is_caught_while_timed(sessio
     racy = tmp_path / "8_alltoall_cuda_peer_racy.py"
     racy.write_text(head + tail)
     problem = all_problems()["alltoall"]
-    config = EvalConfig(world_size=2, mode=Mode.SHARED_GPU, num_trials=2, perf=True)
+    config = EvalConfig(world_size=2, mode=Mode.SHARED_GPU, trials=2, perf=True)
     control = evaluate(problem, Candidate.from_file(shipped), config, sessions(2, Mode.SHARED_GPU))
     assert control.status is Status.OK, control.message
     verdicts = [evaluate(problem, Candidate.from_file(racy), config, sessions(2, Mode.SHARED_GPU)) for _ in range(3)]
@@ -159,7 +159,7 @@ def test_a_build_error_is_a_compile_error_with_the_compiler_output(tmp_path, ses
         " functions=['f'])\n"
         "def solution(tensor):\n    return tensor\n")
     result = evaluate(all_problems()["allreduce"], Candidate.from_file(broken),
-                      EvalConfig(world_size=2, mode=Mode.SHARED_GPU, num_trials=1), sessions(2, Mode.SHARED_GPU))
+                      EvalConfig(world_size=2, mode=Mode.SHARED_GPU, trials=1), sessions(2, Mode.SHARED_GPU))
     assert result.status is Status.COMPILE_ERROR, result.message
     assert "error" in result.details["error"].lower()
 
@@ -183,7 +183,7 @@ def solution(tensor):
 
 def _timed_in_shared_gpu(path, sessions):
     problem = all_problems()["allreduce"]
-    config = EvalConfig(world_size=2, mode=Mode.SHARED_GPU, num_trials=1, perf=True)
+    config = EvalConfig(world_size=2, mode=Mode.SHARED_GPU, trials=1, perf=True)
     return evaluate(problem, Candidate.from_file(path), config, sessions(2, Mode.SHARED_GPU))
 
 
@@ -253,7 +253,7 @@ def test_upstream_cases_too_slow_on_the_cpu_are_checked_in_shared_gpu_mode(numbe
     problem = match_file(files[0], all_problems()).problem
     upstream = [c.name for c in problem.cases("upstream", 2) if c.slow_on_cpu]
     assert problem.upstream_id == number and upstream, (problem.name, upstream)
-    config = EvalConfig(world_size=2, mode=Mode.SHARED_GPU, num_trials=1, cases="upstream", timeout_s=300.0)
+    config = EvalConfig(world_size=2, mode=Mode.SHARED_GPU, trials=1, cases="upstream", timeout=300.0)
     result = evaluate(problem, Candidate.from_file(files[0]), config, sessions(2, Mode.SHARED_GPU))
     print(f"{files[0].name}: {result.status.value} in {result.wall_s:.1f} s ({result.details.get('phase_s')})")
     assert result.status is Status.OK, result.message + "\n" + result.details.get("traceback", "")

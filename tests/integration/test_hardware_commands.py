@@ -148,7 +148,7 @@ def test_the_nccl_probes_pass_on_cpu_and_cost_what_the_suite_problems_cost():
     from pkb.options import Status
     from pkb.runtime.modes import Mode
 
-    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=2, perf=True)
+    config = EvalConfig(world_size=2, mode=Mode.CPU, trials=2, perf=True)
     with Session(Mode.CPU, 2) as session:
         for kind, probe in NCCL_PROBES.items():
             result = evaluate(probe, Candidate.reference_of(probe), config, session)

@@ -24,7 +24,7 @@ SHIPPED = sorted(p for p in SHIPPED_SOLUTIONS.glob("*.py") if any(p.stem.startsw
 
 
 def _config(world_size: int, nodes: int, **overrides) -> EvalConfig:
-    return EvalConfig(**{"world_size": world_size, "nodes": nodes, "mode": Mode.CPU, "num_trials": 1,
+    return EvalConfig(**{"world_size": world_size, "nodes": nodes, "mode": Mode.CPU, "trials": 1,
                          "upstream_trials": 1, **overrides})
 
 

@@ -38,8 +38,8 @@ needs_node_domains = pytest.mark.skipif(not FULL_NODES, reason="each node a doma
 
 
 def _config(world_size: int = 4, nodes: int = 2, **overrides) -> EvalConfig:
-    return EvalConfig(**{"world_size": world_size, "nodes": nodes, "mode": Mode.CPU, "num_trials": 1,
-                         "upstream_trials": 1, "timeout_s": 60.0, **overrides})
+    return EvalConfig(**{"world_size": world_size, "nodes": nodes, "mode": Mode.CPU, "trials": 1,
+                         "upstream_trials": 1, "timeout": 60.0, **overrides})
 
 
 def _attack(name: str, scope: str, tmp_path: Path, session: Session):

@@ -80,7 +80,7 @@ def solution(tensor):
 
 
 def _config(**kwargs) -> EvalConfig:
-    return EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, timeout_s=120.0, cases="upstream", **kwargs)
+    return EvalConfig(world_size=2, mode=Mode.CPU, trials=1, timeout=120.0, cases="upstream", **kwargs)
 
 
 @pytest.mark.parametrize("name", sorted(ALLGATHER_CANDIDATES))
@@ -142,7 +142,7 @@ def solution(tensor):
 def test_every_message_says_which_rule_passed_or_failed(name, cases, said, rules, tmp_path, sessions):
     path = tmp_path / f"2_{name}.py"
     path.write_text(ALLGATHER + ALLGATHER_CANDIDATES[name][0])
-    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, timeout_s=120.0, cases=cases)
+    config = EvalConfig(world_size=2, mode=Mode.CPU, trials=1, timeout=120.0, cases=cases)
     result = evaluate(get_problem(2), Candidate.from_file(path), config, sessions(2))
     assert result.message.startswith(said), result.message
     assert result.details["rules"] == rules
@@ -167,7 +167,7 @@ def solution(tensor):
         return torch.zeros((dist.get_world_size(),) + tensor.shape, dtype=tensor.dtype)
     return gather(tensor)
 """)
-    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, timeout_s=120.0, cases="all")
+    config = EvalConfig(world_size=2, mode=Mode.CPU, trials=1, timeout=120.0, cases="all")
     result = evaluate(get_problem(2), Candidate.from_file(path), config, sessions(2))
     assert (result.status, result.upstream_ok) == (Status.MISMATCH, True), result.message
     assert get_problem(2).find_case(result.details["case"]).kind == "tests"

@@ -26,7 +26,7 @@ from pkb.runtime.modes import Mode
 from pkb.store.db import ResultStore
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="upstream")
+CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, trials=1, cases="upstream")
 
 
 def zeros_candidate(tmp_path: Path, problem) -> Candidate:

@@ -105,7 +105,7 @@ def solution(tensor):
 def test_a_first_call_that_compiles_gets_the_time_a_load_gets_and_a_hang_does_not(source, status, tmp_path, sessions):
     path = tmp_path / "1_allreduce_lazy.py"
     path.write_text(source.format(seconds=8))
-    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, upstream_trials=1, cases="upstream", timeout_s=3.0)
+    config = EvalConfig(world_size=2, mode=Mode.CPU, trials=1, upstream_trials=1, cases="upstream", timeout=3.0)
     result = evaluate(get_problem("allreduce"), Candidate.from_file(path), config, sessions(2))
     assert result.status is status, result.message
     if status is Status.TIMEOUT:

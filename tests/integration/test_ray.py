@@ -30,7 +30,7 @@ from pkb.runtime.modes import Mode
 from pkb.store.db import ResultStore
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "candidates"
-CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, timeout_s=20.0)
+CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, trials=1, timeout=20.0)
 # for the slow candidate, which writes a marker file the sandbox forbids (these tests kill the machine, not escapes)
 UNCONFINED = replace(CONFIG, sandbox="off")
 

@@ -19,7 +19,7 @@ SOLUTIONS = Path(__file__).resolve().parents[2] / "pkb" / "solutions"
 
 def test_the_second_candidate_of_a_problem_is_judged_against_the_kept_reference_outputs(tmp_path):
     problem = get_problem("allreduce")
-    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=2, cases="all")
+    config = EvalConfig(world_size=2, mode=Mode.CPU, trials=2, cases="all")
     wrong = tmp_path / "1_allreduce_doubled.py"
     wrong.write_text("import torch.distributed as dist\n\ndef solution(tensor):\n    out = tensor * 2\n"
                      "    dist.all_reduce(out)\n    return out\n")

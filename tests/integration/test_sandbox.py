@@ -46,7 +46,7 @@ def solution(tensor):
 def _evaluate(tmp_path, body: str, level: str = "auto", name: str = "allreduce_probe.py", trials: int = 1):
     path = tmp_path / name
     path.write_text(textwrap.dedent(body))
-    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=trials, cases="upstream", sandbox=level)
+    config = EvalConfig(world_size=2, mode=Mode.CPU, trials=trials, cases="upstream", sandbox=level)
     return evaluate(get_problem("allreduce"), Candidate.from_file(path), config)
 
 
@@ -236,7 +236,7 @@ def test_the_broker_builds_once_and_no_candidate_can_write_what_another_loads(tm
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     salt = f"{os.getpid()}-{time.time()}"
     with Session(Mode.CPU, 2, "auto") as session:
-        config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="upstream")
+        config = EvalConfig(world_size=2, mode=Mode.CPU, trials=1, cases="upstream")
         honest, attacker = tmp_path / "honest.py", tmp_path / "attacker.py"
         honest.write_text(BUILDS.format(salt=salt, tamper=False))
         attacker.write_text(BUILDS.format(salt=salt, tamper=True))
@@ -268,7 +268,7 @@ def test_a_build_nobody_waits_for_any_more_is_stopped_with_its_evaluation(tmp_pa
     path.write_text("import torch.distributed as dist\nif dist.get_rank() == 1:\n    raise RuntimeError('rank 1 gives up')\n"
                     + BUILDS.format(salt=f"{os.getpid()}-{time.time()}-slow", tamper=False))
     with Session(Mode.CPU, 2, "auto") as session:
-        config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="upstream")
+        config = EvalConfig(world_size=2, mode=Mode.CPU, trials=1, cases="upstream")
         began = time.monotonic()
         result = evaluate(get_problem("allreduce"), Candidate.from_file(path), config, session)
         assert result.status is Status.IMPORT_ERROR and "rank 1 gives up" in result.message, result.message
@@ -306,7 +306,7 @@ def test_nothing_of_an_evaluation_outlives_it_on_disk(tmp_path, monkeypatch, lev
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     path = tmp_path / "allreduce_noisy.py"
     path.write_text(NOISY)
-    config = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="upstream", sandbox=level)
+    config = EvalConfig(world_size=2, mode=Mode.CPU, trials=1, cases="upstream", sandbox=level)
     with Session(Mode.CPU, 2, level) as session:
         result = evaluate(get_problem("allreduce"), Candidate.from_file(path), config, session)
         assert result.status is Status.OK, result.message

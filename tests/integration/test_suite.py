@@ -39,7 +39,7 @@ def candidate_from(template: str, problem, tmp_path: Path) -> Candidate:
 def config(world_size: int, **overrides) -> EvalConfig:
     """The known-wrong candidates run on the test cases; the self-check and local-only run on every case
     (``cases="all"``: the upstream cases too)."""
-    return EvalConfig(**{"world_size": world_size, "mode": Mode.CPU, "num_trials": 2, "timeout_s": 120.0,
+    return EvalConfig(**{"world_size": world_size, "mode": Mode.CPU, "trials": 2, "timeout": 120.0,
                          "cases": "tests", **overrides})
 
 

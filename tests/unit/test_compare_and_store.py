@@ -120,6 +120,7 @@ def fake_check(calls: list, missing: dict[str, str] | None = None):
 def test_the_sandbox_flag_reaches_the_config_and_is_said_on_stderr(monkeypatch, capsys):
     from pkb.cli import build_parser
     from pkb.commands import make_config
+    from pkb.registry import get_problem
     from pkb.runtime import sandbox
     from pkb.runtime.modes import Mode
 
@@ -132,17 +133,17 @@ def test_the_sandbox_flag_reaches_the_config_and_is_said_on_stderr(monkeypatch, 
         parse("--sandbox", "loose")  # pkb's usage error: exit status 2 (pkb.cli.main)
 
     monkeypatch.setattr(sandbox, "check_sandbox", fake_check(calls))
-    config = make_config(parse("--sandbox", "required"), 2)
+    config = make_config(parse("--sandbox", "required"), get_problem(1))
     assert config.sandbox == "required" and calls == [("required", Mode.CPU)]
     assert f"sandbox: required (full: {', '.join(sandbox.PROTECTIONS)})" in capsys.readouterr().err
 
     monkeypatch.setattr(sandbox, "check_sandbox", fake_check(calls, {"network-namespace": "no user namespaces"}))
-    assert make_config(parse(), 2).sandbox == "auto"
+    assert make_config(parse(), get_problem(1)).sandbox == "auto"
     assert "sandbox: auto (partial; missing: network-namespace (no user namespaces))" in capsys.readouterr().err
-    assert make_config(parse("--json"), 2).sandbox == "auto" and capsys.readouterr().err == ""
+    assert make_config(parse("--json"), get_problem(1)).sandbox == "auto" and capsys.readouterr().err == ""
 
     calls.clear()
-    assert make_config(parse("--sandbox", "off"), 2).sandbox == "off"
+    assert make_config(parse("--sandbox", "off"), get_problem(1)).sandbox == "off"
     assert "sandbox: off (candidates run unconfined: for debugging only)" in capsys.readouterr().err
 
 

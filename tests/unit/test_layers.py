@@ -234,8 +234,10 @@ def test_the_cycle_finder_finds_a_cycle():
 
 # The evaluation core talks to the rank processes in one place (issue 50): pkb.evaluate.ranks (one evaluation's
 # rank groups, the rank messages, the failures of the ranks as verdicts) and pkb.evaluate.session (the warm groups
-# across evaluations). The rest of pkb.evaluate judges what they return.
-TALKS_TO_THE_RANKS = {"pkb.evaluate.ranks", "pkb.evaluate.session"}
+# across evaluations). The rest of pkb.evaluate judges what they return. pkb.evaluate.config asks the machine what it
+# offers (pkb.runtime.modes: its GPUs; pkb.runtime.sandbox: its protections) where options are resolved, and
+# starts no rank.
+TALKS_TO_THE_RANKS = {"pkb.evaluate.ranks", "pkb.evaluate.session", "pkb.evaluate.config"}
 
 
 def test_only_the_ranks_and_the_session_of_the_evaluation_core_import_the_runtime():

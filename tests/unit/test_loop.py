@@ -18,7 +18,7 @@ from pkb.registry import get_problem
 from pkb.runtime.modes import Mode
 from pkb.store.db import ResultStore
 
-CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1)
+CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, trials=1)
 ALLGATHER = get_problem("allgather")
 
 
@@ -117,7 +117,7 @@ def test_an_evaluations_own_config_overrides_the_loop_config(tmp_path):
         executor = VerdictFromSource()
         loop = EvaluationLoop(store, CONFIG, executor, reuse="never", keep_paths=False)
         loop.submit(replace(evaluation_of(tmp_path, "four"), config=replace(CONFIG, world_size=4)))
-        loop.submit(replace(evaluation_of(tmp_path, "trials"), config=replace(CONFIG, num_trials=7)))
+        loop.submit(replace(evaluation_of(tmp_path, "trials"), config=replace(CONFIG, trials=7)))
         done = list(loop.finished())
         assert [(d.result.world_size, d.result.num_trials) for d in done] == [(4, 1), (2, 7)]
         assert all("solution_path" not in d.result.details for d in done)

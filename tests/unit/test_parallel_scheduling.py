@@ -22,7 +22,7 @@ from pkb.options import Status
 from pkb.registry import get_problem
 from pkb.runtime.modes import Mode
 
-CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, cases="upstream")
+CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, trials=1, cases="upstream")
 
 
 def test_timed_evaluations_run_alone_after_the_untimed_ones(monkeypatch):

@@ -21,7 +21,7 @@ from pkb.options import Status
 from pkb.registry import get_problem
 from pkb.runtime.modes import Mode
 
-CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, num_trials=1, timeout_s=20.0)
+CONFIG = EvalConfig(world_size=2, mode=Mode.CPU, trials=1, timeout=20.0)
 
 
 def from_source(name: str, source: str, tmp_path: Path) -> Candidate:

@@ -1,6 +1,6 @@
 """A user's mistake is one sentence and exit status 2, before any work and with nothing written (issue 49): every
 number of every command is checked against its row of pkb.options where it is parsed; options become an
-``EvalConfig`` in one function (``config_from_options``), which also refuses what two options break together; a
+``EvalConfig`` in one function (``resolve``), which also refuses what two options break together; a
 ``--db`` pkb cannot store results in, a directory given as the candidate and ``--json`` with a usage error; a
 crash's traceback with the user's file first; and what ``pkb run`` ends with. In process: ``main`` returns
 before any rank process starts. The service's mistakes: tests/unit/test_serve_app.py and
@@ -9,6 +9,7 @@ tests/integration/test_serve.py."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import re
@@ -18,8 +19,9 @@ import pytest
 
 from pkb.cli import build_parser, main, print_run_summary, user_traceback, what_it_means
 from pkb.console import UsageError
-from pkb.evaluate.config import EvalConfig, OptionError, config_from_options
+from pkb.evaluate.config import EvalConfig, OptionError, resolve
 from pkb.options import BUILD_ALLOWANCE_S, OPTIONS, Status
+from pkb.registry import get_problem
 from pkb.runtime.modes import Mode
 from pkb.store.db import REFERENCE_SET, SHIPPED_SET, ResultStore, StoreUnavailable, check_store
 
@@ -105,30 +107,46 @@ def test_a_directory_given_as_the_candidate_is_said_to_be_one(capsys, tmp_path):
 # -- one function builds the config ---------------------------------------------------------------------------
 
 
-def test_only_config_from_options_builds_an_eval_config_in_pkb():
-    builders = []
+def _calls_in_pkb(name: str) -> list[str]:
+    """The modules of pkb that call a function named ``name`` (as ``name(...)`` or ``x.name(...)``)."""
+    callers = []
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             called = getattr(node, "func", None)
-            if isinstance(node, ast.Call) and getattr(called, "id", getattr(called, "attr", None)) == "EvalConfig":
-                builders.append(str(path.relative_to(PACKAGE)))
-    assert builders == ["evaluate/config.py"], builders
+            if isinstance(node, ast.Call) and getattr(called, "id", getattr(called, "attr", None)) == name:
+                callers.append(str(path.relative_to(PACKAGE)))
+    return sorted(set(callers))
 
 
-def test_config_from_options_names_each_setting_once_and_checks_every_bound():
-    config = config_from_options({"trials": 2, "timeout": 20, "dtype": "fp32", "nodes": None, "mode": "auto"}, 4,
-                                 Mode.CPU)
-    assert (config.num_trials, config.timeout_s, config.precision, config.nodes) == (2, 20, "fp32", 0)
+def test_only_resolve_builds_an_eval_config_and_chooses_a_mode_in_pkb():
+    """Options resolve in one place (pkb.evaluate.config.resolve): the CLI, `run`, the service, Ray, the RL modules
+    (through the service) and `pkb baseline` / `calibrate` all come there; pkb.runtime.modes decides by itself only
+    what ``auto`` means on a machine."""
+    assert _calls_in_pkb("EvalConfig") == ["evaluate/config.py"]
+    assert _calls_in_pkb("choose_mode") == ["evaluate/config.py", "runtime/modes.py"]
+    assert _calls_in_pkb("check_sandbox") == ["evaluate/config.py", "evaluate/session.py", "serve/cli.py"]
+
+
+def test_resolve_names_each_setting_once_and_checks_every_bound():
+    config = resolve({"trials": 2, "timeout": 20, "dtype": "fp32", "nodes": None, "mode": "cpu", "world_size": 4}).config
+    assert (config.trials, config.timeout, config.dtype, config.nodes) == (2, 20, "fp32", 0)
     assert config.world_size == 4 and config.mode is Mode.CPU
     assert config.build_allowance_s == BUILD_ALLOWANCE_S and config.compile_limit_s == 20 + BUILD_ALLOWANCE_S
-    assert config_from_options({}, 2, Mode.CPU) == EvalConfig(world_size=2, mode=Mode.CPU)
+    assert resolve({"mode": "cpu", "world_size": 2}).config == EvalConfig(world_size=2, mode=Mode.CPU)
+    assert {f.name for f in dataclasses.fields(EvalConfig)} - {"build_allowance_s"} <= set(OPTIONS)  # one spelling
     for options, said in (({"timeout": 0}, "`timeout` must be from 1 to 3600"), ({"trials": 0}, "`trials`"),
                           ({"nodes": 3}, "4 ranks do not split into 3 nodes"), ({"retries": 1}, "unknown options"),
-                          ({"dtype": "fp64"}, "`dtype` must be one of")):
+                          ({"dtype": "fp64"}, "`dtype` must be one of"), ({"mode": "tpu"}, "`mode` must be one of")):
         with pytest.raises(OptionError, match=said):
-            config_from_options(options, 4, Mode.CPU)
+            resolve({"mode": "cpu", "world_size": 4, **options})
     with pytest.raises(OptionError, match="`world_size` must be from 1"):
-        config_from_options({}, 0, Mode.CPU)
+        resolve({"mode": "cpu", "world_size": 0})
+    problem = get_problem("allreduce")
+    assert resolve({"mode": "cpu"}, problem).config.world_size == problem.world_sizes[0]  # the problem's smallest
+    with pytest.raises(OptionError, match="allreduce runs at world sizes"):
+        resolve({"mode": "cpu", "world_size": 3}, problem)
+    with pytest.raises(OptionError, match="mode cuda needs 2 GPUs"):
+        resolve({"mode": "cuda", "world_size": 2}, num_gpus=0)
 
 
 def test_the_timeout_bounds_loading_and_the_build_allowance_is_stated_in_help():
