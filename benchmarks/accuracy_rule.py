@@ -1,13 +1,22 @@
-"""How pkb's accuracy rule (pkb/evaluate/accuracy.py) judges honest and dishonest answers, measured on many
-random inputs: the share of trials each candidate passes, at W = 2, 4 and 8.
+"""How pkb's accuracy rule (pkb/evaluate/accuracy.py) judges honest and dishonest answers, measured on many random
+inputs: the share of whole evaluations each candidate passes, at W = 2, 4 and 8, in bf16 and fp32.
 
-The all-reduce of W ranks' N(0, 1) bf16 buffers (the shapes of problem 1's cases), and the row-parallel GEMM +
-all-reduce (problem 13's shape family, K = 64 per rank), simulated in one process: the exact answer is the fp64
-sum, the reference sums as NCCL and gloo do (a bf16 ring, rounding after each addition) or rounds once from fp32
-(``--reference once``), and each candidate is one way to compute the answer. Only the parent's judgement is
-measured here (``judge``: the rule that decides pkb's verdict on a tensor), not the ranks.
+Each scenario is a small workload simulated in one process, judged as an evaluation judges it: every case of the
+scenario, three trials each, every rank's output through ``pkb.evaluate.accuracy.Judge`` (element-wise per tensor,
+then the aggregate tests pooled per output over ranks and trials). The exact answer is the workload in fp64 and its
+sensitivity comes from the workload run on inputs perturbed by pkb.runtime.exact, as a reference rank computes them.
+Only the parent's judgement is measured here, not the ranks (tests/integration/test_verdict_integrity.py runs
+candidates through rank processes).
 
-    python benchmarks/accuracy_rule.py --trials 200 --out results.json
+Scenarios:
+- ``allreduce``: W ranks' bf16 (fp32) buffers summed; the reference rounds after each addition as NCCL's and gloo's
+  rings do.
+- ``colsum``: the column sums of a 1,024-row matrix in fp32 (layernorm backward's dgamma): the reference is torch's
+  blocked ``sum``; an honest kernel sums the rows one after the other.
+- ``rmsnorm``: rows normalised by their RMS in fp32; the reference is torch's; an honest kernel sums each row's squares
+  sequentially.
+
+    python benchmarks/accuracy_rule.py --evaluations 100 --out results.json
 """
 
 from __future__ import annotations
@@ -15,107 +24,252 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from pkb.evaluate.accuracy import judge
-from pkb.problem import reduction_tolerance
+from pkb.evaluate.accuracy import PERTURBATIONS, Exact, Judge, Where
+from pkb.problem import Tolerance, reduction_tolerance
+from pkb.runtime.exact import perturbed, sensitivity
 
-SHAPES = ((3, 683), (5, 7, 11), (129, 8), (256, 256))  # problem 1's tests cases and a 64K-element buffer
+TRIALS = 3  # pkb's default trials per case
 
 
-def ring(parts: list[torch.Tensor], dtype=torch.bfloat16) -> torch.Tensor:
-    """Rank by rank, rounding to ``dtype`` after each addition (NCCL's and gloo's bf16 ring)."""
+def ring(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """Rank by rank, rounding to ``dtype`` after each addition (NCCL's and gloo's ring)."""
     out = parts[0].to(dtype)
     for part in parts[1:]:
         out = (out.float() + part.float()).to(dtype)
     return out
 
 
-def tree(parts: list[torch.Tensor]) -> torch.Tensor:
-    """Pairwise, rounding to bf16 after each level (a tree all-reduce)."""
+def tree(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     while len(parts) > 1:
-        parts = [ring(parts[i:i + 2]) for i in range(0, len(parts), 2)]
-    return parts[0].bfloat16()
+        parts = [ring(parts[i:i + 2], dtype) for i in range(0, len(parts), 2)]
+    return parts[0].to(dtype)
 
 
 def truncated(values: torch.Tensor) -> torch.Tensor:
-    """fp32 to bf16 by dropping the low 16 bits (round toward zero, as some hand-written kernels convert)."""
+    """fp32 to bf16 by dropping the low 16 bits (round toward zero: the classic fast-cast bug)."""
     return (values.float().contiguous().view(torch.int32) & ~0xFFFF).view(torch.float32).bfloat16()
 
 
-def lose_largest(values: torch.Tensor) -> torch.Tensor:
+def away_from_zero(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rounded to ``dtype`` away from zero (a hand-written conversion that rounds magnitudes up)."""
+    nearest = values.to(dtype)
+    bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[dtype]
+    larger = (nearest.view(bits) + 1).view(dtype)  # the next magnitude up: sign and magnitude bits
+    return torch.where(nearest.double().abs() < values.double().abs(), larger, nearest)
+
+
+def sparsified(parts: list[torch.Tensor], threshold: float, dtype: torch.dtype) -> torch.Tensor:
+    return sum(torch.where(p.abs() < threshold, 0.0, p.float()) for p in parts).to(dtype)
+
+
+def one_rank_dropped(parts: list[torch.Tensor], share: float, dtype: torch.dtype) -> torch.Tensor:
+    first = parts[0].float()
+    threshold = float(first.abs().reshape(-1).kthvalue(max(1, int(share * first.numel()))).values)
+    return (torch.where(first.abs() <= threshold, 0.0, first) + sum(p.float() for p in parts[1:])).to(dtype)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    shapes: tuple  # one per case
+    make: Callable  # (shape, world_size, dtype, generator) -> inputs (a list)
+    exact: Callable  # inputs raised to fp64 -> the exact output (fp64)
+    reference: Callable  # inputs -> the reference's output
+    tolerance: Callable  # (world_size, dtype) -> Tolerance
+    candidates: dict  # name -> (honest, (inputs, dtype, generator) -> output)
+
+
+def _allreduce_inputs(shape, world_size, dtype, gen):
+    return [torch.randn(*shape, generator=gen).to(dtype) for _ in range(world_size)]
+
+
+ALLREDUCE = Scenario(
+    "allreduce", ((3, 683), (5, 7, 11), (129, 8), (256, 256), (4, 4)), _allreduce_inputs,
+    exact=lambda parts: sum(parts), reference=lambda parts: ring(parts, parts[0].dtype),
+    tolerance=lambda world_size, dtype: reduction_tolerance(dtype, world_size),
+    candidates={
+        "fp64 rounded once": (True, lambda p, d, g: sum(x.double() for x in p).to(d)),
+        "fp32 sum rounded once": (True, lambda p, d, g: sum(x.float() for x in p).to(d)),
+        "ring, same order": (True, lambda p, d, g: ring(p, d)),
+        "ring, reversed": (True, lambda p, d, g: ring(p[::-1], d)),
+        "tree": (True, lambda p, d, g: tree(p, d)),
+        "fp32 sum truncated to bf16": (False, lambda p, d, g: truncated(sum(x.float() for x in p)) if d == torch.bfloat16
+                                       else None),
+        # in bf16 only: in fp32 its bias (about half a unit roundoff) is under what one fp32 scalar's rounding gives an
+        # honest kernel (x * (1 / W)), the rule's floor there
+        "exact sum rounded away from zero": (False, lambda p, d, g: away_from_zero(sum(x.double() for x in p), d)
+                                             if d == torch.bfloat16 else None),
+        "gain +0.28%": (False, lambda p, d, g: (sum(x.double() for x in p) * 1.0028).to(d)),
+        "offset +0.003 W": (False, lambda p, d, g: (sum(x.double() for x in p) + 0.003 * len(p)).to(d)),
+        "every rank drops |v| < 0.04": (False, lambda p, d, g: sparsified(p, 0.04, d)),
+        "one rank drops its smallest 5%": (False, lambda p, d, g: one_rank_dropped(p, 0.05, d)),
+        "fp8 e4m3 on the wire": (False, lambda p, d, g: sum(x.float().to(torch.float8_e4m3fn).float() for x in p).to(d)),
+        "largest element lost": (False, lambda p, d, g: _lose_largest(sum(x.float() for x in p).to(d))),
+        "0.8% of elements off by 0.6 T": (False, lambda p, d, g: _off_by_tolerance(p, d, 125, 0.6)),
+        "gain +0.3% under slab gains": (False, lambda p, d, g: _slab_gains(p, d, g)),
+        "offset 0.9 atol on small tensors": (False, lambda p, d, g: _offset_when_small(p, d)),
+    })
+
+
+def _off_by_tolerance(parts: list[torch.Tensor], dtype: torch.dtype, every: int, share: float, gen=None,
+                      ulps: bool = False) -> torch.Tensor:
+    """The exact sum with one element in ``every`` off by ``share`` of the tolerance, with a sign drawn from its place
+    (a corrupted lane; red team's ``garbage_on_0p8_percent``); ``ulps``: every element also moved one or two ulps at
+    random (``median_inflation``)."""
+    exact = sum(x.double() for x in parts).reshape(-1)
+    tolerance = reduction_tolerance(dtype, len(parts))
+    place = torch.arange(exact.numel())
+    sign = torch.where((place * 2654435761 % 97) % 2 == 0, 1.0, -1.0).double()
+    moved = torch.where(place % every == 7 % every, exact + sign * share * (tolerance.atol + tolerance.rtol * exact.abs()),
+                        exact).to(dtype)
+    if ulps:
+        bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+        steps = torch.randint(-2, 3, moved.shape, generator=gen).to(bits)
+        moved = (moved.view(bits) + steps).view(dtype)
+    return moved.reshape(parts[0].shape)
+
+
+def _slab_gains(parts: list[torch.Tensor], dtype: torch.dtype, gen) -> torch.Tensor:
+    """A +0.3 % gain hidden under a random gain (sd 0.7 %) per slab of rows, 32 slabs (red team's
+    ``gain_0p3pct_hidden_by_slab_noise``: the clusters the rule once used)."""
+    exact = sum(x.double() for x in parts)
+    size = exact.shape[0]
+    slab = torch.arange(size) * min(32, size) // size
+    gains = (torch.rand(min(32, size), generator=gen, dtype=torch.float64) * 2 - 1) * 3 ** 0.5
+    return (exact * (1.003 + 0.007 * gains[slab]).view(-1, *[1] * (exact.dim() - 1))).to(dtype)
+
+
+def _offset_when_small(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """0.9 of the tolerance's atol added to every element of a tensor under 256 elements (red team's
+    ``offset_on_small_tensors``: the aggregate tests once skipped outputs that small)."""
+    exact = sum(x.double() for x in parts)
+    return (exact + (0.9 * reduction_tolerance(dtype, len(parts)).atol if exact.numel() < 256 else 0.0)).to(dtype)
+
+
+def _lose_largest(values: torch.Tensor) -> torch.Tensor:
     out = values.clone().reshape(-1)
     out[int(out.float().abs().argmax())] = 0
     return out.reshape(values.shape)
 
 
-def drop_one_term(values: torch.Tensor, parts: list[torch.Tensor], gen: torch.Generator) -> torch.Tensor:
-    """One random element misses the last rank's contribution (a race that lost one write)."""
-    out = values.clone().reshape(-1)
-    index = int(torch.randint(out.numel(), (1,), generator=gen))
-    out[index] = (out[index].float() - parts[-1].reshape(-1)[index].float()).bfloat16()
-    return out.reshape(values.shape)
+def _colsum_inputs(shape, world_size, dtype, gen):
+    return [torch.randn(*shape, generator=gen).to(dtype)]
 
 
-CANDIDATES = {  # name -> (honest, make(parts, exact, gen))
-    "fp64 rounded once": (True, lambda p, e, g: e.bfloat16()),
-    "fp32 sum rounded once": (True, lambda p, e, g: sum(x.float() for x in p).bfloat16()),
-    "bf16 ring, same order": (True, lambda p, e, g: ring(p)),
-    "bf16 ring, reversed": (True, lambda p, e, g: ring(p[::-1])),
-    "bf16 tree": (True, lambda p, e, g: tree(p)),
-    "fp32 sum, truncated to bf16": (True, lambda p, e, g: truncated(sum(x.float() for x in p))),
-    "biased +0.8%": (False, lambda p, e, g: (e * 1.008).bfloat16()),
-    "biased +0.5%": (False, lambda p, e, g: (e * 1.005).bfloat16()),
-    "fp8 e4m3 on the wire": (False, lambda p, e, g: sum(x.float().to(torch.float8_e4m3fn).float() for x in p).bfloat16()),
-    "fp8 e5m2 on the wire": (False, lambda p, e, g: sum(x.float().to(torch.float8_e5m2).float() for x in p).bfloat16()),
-    "largest element lost": (False, lambda p, e, g: lose_largest(e.bfloat16())),
-    "one element misses a rank": (False, lambda p, e, g: drop_one_term(ring(p), p, g)),
-}
+def _sequential_colsum(x: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(x.shape[1], dtype=x.dtype)
+    for row in x:
+        out = out + row
+    return out
 
 
-def measure(world_size: int, trials: int, reference_kind: str, seed: int) -> dict[str, dict]:
+COLSUM = Scenario(
+    "colsum", ((1024, 64), (1024, 96), (1024, 33)), _colsum_inputs,
+    exact=lambda inputs: inputs[0].sum(0), reference=lambda inputs: inputs[0].sum(0),
+    tolerance=lambda world_size, dtype: Tolerance(1e-4, 1e-4),
+    candidates={
+        "sequential row loop": (True, lambda p, d, g: _sequential_colsum(p[0])),
+        "fp64 rounded once": (True, lambda p, d, g: p[0].double().sum(0).to(d)),
+        "gain +5e-5": (False, lambda p, d, g: (p[0].double().sum(0) * (1 + 5e-5)).to(d)),
+        "one row of 1024 lost": (False, lambda p, d, g: p[0][1:].sum(0)),
+    })
+
+
+def _rmsnorm(x: torch.Tensor, sum_of_squares=None) -> torch.Tensor:
+    squares = (x * x).sum(-1, keepdim=True) if sum_of_squares is None else sum_of_squares(x)
+    return x * torch.rsqrt(squares / x.shape[-1] + 1e-6)
+
+
+def _sequential_squares(x: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(x.shape[0], 1, dtype=x.dtype)
+    for column in range(x.shape[1]):
+        out = out + x[:, column:column + 1] * x[:, column:column + 1]
+    return out
+
+
+RMSNORM = Scenario(
+    "rmsnorm", ((64, 1024), (33, 4096)), _colsum_inputs,
+    exact=lambda inputs: _rmsnorm(inputs[0]), reference=lambda inputs: _rmsnorm(inputs[0]),
+    tolerance=lambda world_size, dtype: Tolerance(1e-4, 1e-4),
+    candidates={
+        "per-row sequential sum of squares": (True, lambda p, d, g: _rmsnorm(p[0], _sequential_squares)),
+        "gain +5e-5": (False, lambda p, d, g: (_rmsnorm(p[0].double()) * (1 + 5e-5)).to(d)),
+        "eps 1e-3 instead of 1e-6": (False, lambda p, d, g: p[0] * torch.rsqrt((p[0] * p[0]).mean(-1, keepdim=True) + 1e-3)),
+    })
+
+SCENARIOS = {s.name: s for s in (ALLREDUCE, COLSUM, RMSNORM)}
+
+
+def evaluation(scenario: Scenario, candidate: Callable, world_size: int, dtype: torch.dtype, gen) -> bool | None:
+    """One evaluation of one candidate: every case x TRIALS trials judged and pooled; whether it passed (None where
+    the candidate does not apply to ``dtype``)."""
+    judge = Judge(dtype)
+    tolerance = scenario.tolerance(world_size, dtype)
+    for trial in range(TRIALS):
+        for case, shape in enumerate(scenario.shapes):
+            inputs = scenario.make(shape, world_size, dtype, gen)
+            got = candidate(inputs, dtype, gen)
+            if got is None:
+                return None
+            reference = scenario.reference(inputs)
+            exact = scenario.exact([x.double() for x in inputs])
+            moved = [scenario.exact(list(perturbed(tuple(inputs), _precision(dtype), 1000 * trial + k)))
+                     for k in range(PERTURBATIONS)]
+            answer = Exact([exact], None, [sensitivity([exact], [[m] for m in moved]), None])
+            for rank in range(world_size if scenario is ALLREDUCE else 1):
+                found = judge.reply(Where(rank, str(case), trial), "outputs", [reference], [got],
+                                    lambda _: tolerance, lambda: answer, "out")
+                if found is not None:
+                    return False
+    return judge.pooled() is None
+
+
+def _precision(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+
+
+def measure(scenario: Scenario, world_size: int, dtype: torch.dtype, evaluations: int, seed: int) -> dict:
     gen = torch.Generator().manual_seed(seed)
-    tolerance = reduction_tolerance(torch.bfloat16, world_size)
-    passed = {name: 0 for name in CANDIDATES}
-    worst = {name: 0.0 for name in CANDIDATES}
-    count = 0
-    for trial in range(trials):
-        shape = SHAPES[trial % len(SHAPES)]
-        parts = [torch.randn(*shape, generator=gen).bfloat16() for _ in range(world_size)]
-        exact = sum(x.double() for x in parts)
-        reference = ring(parts) if reference_kind == "ring" else sum(x.float() for x in parts).bfloat16()
-        count += 1
-        for name, (_, make) in CANDIDATES.items():
-            candidate = make(parts, exact, gen)
-            failure, accuracy = judge(reference, candidate, exact, tolerance, torch.bfloat16, "out")
-            passed[name] += failure is None
-            worst[name] = max(worst[name], accuracy.rms_ratio)
-    return {name: {"honest": CANDIDATES[name][0], "passed": passed[name], "trials": count,
-                   "worst_rms_ratio": round(worst[name], 3)} for name in CANDIDATES}
+    table = {}
+    for name, (honest, make) in scenario.candidates.items():
+        outcomes = [evaluation(scenario, make, world_size, dtype, gen) for _ in range(evaluations)]
+        if None in outcomes:
+            continue
+        table[name] = {"honest": honest, "passed": sum(outcomes), "evaluations": evaluations}
+    return table
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=200, help="random inputs per world size (default 200)")
-    parser.add_argument("--reference", choices=("ring", "once"), default="ring",
-                        help="how the reference sums: a bf16 ring (NCCL, gloo) or fp32 rounded once")
-    parser.add_argument("--seed", type=int, default=47)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--evaluations", type=int, default=100, help="evaluations per candidate and setting")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list of " + ", ".join(SCENARIOS))
+    parser.add_argument("--seed", type=int, default=53)
     parser.add_argument("--out", help="write the table as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    began = time.monotonic()
-    table = {w: measure(w, args.trials, args.reference, args.seed + w) for w in (2, 4, 8)}
-    print(f"pkb's accuracy rule on the all-reduce, reference summed as a {args.reference}; {args.trials} random inputs "
-          f"per world size (shapes {', '.join('x'.join(map(str, s)) for s in SHAPES)}), {time.monotonic() - began:.0f} s")
-    print(f"{'candidate':32} {'honest':6}  " + "  ".join(f"W={w}: passed (worst RMS ratio)" for w in table))
-    for name in CANDIDATES:
-        cells = "  ".join(f"{table[w][name]['passed']:>4}/{table[w][name]['trials']:<4} ({table[w][name]['worst_rms_ratio']:>7.2f})"
-                          f"{'':8}" for w in table)
-        print(f"{name:32} {'yes' if CANDIDATES[name][0] else 'no':6}  {cells}")
+    results, began = [], time.monotonic()
+    for name in args.scenarios.split(","):
+        scenario = SCENARIOS[name]
+        settings = [(w, d) for w in ((2, 4, 8) if scenario is ALLREDUCE else (1,))
+                    for d in ((torch.bfloat16, torch.float32) if scenario is ALLREDUCE else (torch.float32,))]
+        for world_size, dtype in settings:
+            table = measure(scenario, world_size, dtype, args.evaluations, args.seed + world_size)
+            for candidate, row in table.items():
+                results.append({"scenario": name, "world_size": world_size, "dtype": str(dtype)[6:], "candidate": candidate,
+                                **row})
+                verdict = "ok" if row["honest"] == (row["passed"] == row["evaluations"]) or (
+                    not row["honest"] and row["passed"] == 0) else "WRONG"
+                print(f"{name:9} W={world_size} {str(dtype)[6:]:8} {'honest' if row['honest'] else 'wrong':6} "
+                      f"{candidate:36} passed {row['passed']:>4}/{row['evaluations']:<4} {verdict}", flush=True)
+    print(f"{time.monotonic() - began:.0f} s")
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump({"reference": args.reference, "trials": args.trials, "table": table}, handle, indent=1)
+            json.dump({"evaluations": args.evaluations, "trials": TRIALS, "rows": results}, handle, indent=1)
     return 0
 
 

@@ -251,12 +251,15 @@ class Problem:
     tolerance: ToleranceSpec = None
     upstream: tuple[Case, ...] = ()
     upstream_inputs: Callable[..., tuple] | None = None
-    # the dtype the exact answer is computed in (the reference on the same inputs raised to it: ``raised``); None
-    # where a higher precision changes the answer's meaning (quantisation, ties, sampling): the floating outputs
-    # are then compared with the reference's by the tolerance. ``exact_note`` says why it is not fp64.
+    # the exact answer: the reference on the same inputs raised to fp64, in fp64 arithmetic throughout
+    # (pkb.runtime.exact); None where a higher precision changes the answer's meaning (quantisation, ties, sampling):
+    # the floating outputs are then judged against the reference's (pkb.evaluate.accuracy). ``exact_note`` says why.
     exact_dtype: torch.dtype | None = torch.float64
     exact_note: str = ""
     deterministic: bool = False
+    # why the ranks may hold different values where the reference's hold the same (pkb.evaluate.agreement); "" (the
+    # default): values the reference replicates on several ranks must be the candidate's bit for bit on them too
+    replicas_may_differ: str = ""
     replicated_inputs: bool = False
     local_answer: str = ""
     # the run precisions upstream's reference runs in (PRECISIONS keys); another one is ``skipped``, with
@@ -307,8 +310,9 @@ class Problem:
         for fn_name in ("reference", "make_inputs", "cost"):
             if not callable(getattr(self, fn_name)):
                 raise ProblemError(f"{where}: {fn_name} must be callable")
-        if self.exact_dtype not in (torch.float64, torch.float32, None):
-            raise ProblemError(f"{where}: exact_dtype must be torch.float64, torch.float32 or None")
+        if self.exact_dtype not in (torch.float64, None):
+            raise ProblemError(f"{where}: exact_dtype must be torch.float64 (the exact answer computes in fp64 "
+                               "throughout: pkb.runtime.exact) or None (a problem whose meaning lies in its rounding)")
         if self.exact_dtype is not torch.float64 and not self.exact_note:
             raise ProblemError(f"{where}: say in exact_note why the exact answer is not computed in fp64")
         if self.upstream and self.upstream_inputs is None:

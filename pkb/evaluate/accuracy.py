@@ -1,217 +1,598 @@
-"""pkb's accuracy rule: a candidate's floating outputs judged against the exact answer, not against the reference's.
+"""pkb's rule for values: which rule judges each value of a reply, and the accuracy rule for floating values.
 
-The exact answer is the reference run again on the same inputs raised to a higher precision (``Problem.exact_dtype``,
-fp64 unless the problem says why not: ``pkb.problem.raised``). With ``e`` the candidate's error against it, ``e_ref``
-the reference's own error, ``h`` half an ulp of the exact value in the tensor's dtype (what rounding it once costs)
-and ``T`` the problem's tolerance at the exact value, a tensor passes when
+Which rule (``Judge.reply``, the only place it is decided):
 
-- element-wise, every ``|e_i| <= max(T_i, FACTOR * max|e_ref|, FACTOR * h_i)``: one element off by more than both the
-  problem's tolerance and three times the reference's largest error fails (a lost or stale element);
-- in aggregate (tensors of ``MIN_AGGREGATE`` elements or more), ``rms(e) <= max(FACTOR * max(rms(e_ref), rms(h') /
-  sqrt 3), TOLERANCE_SHARE * rms(T))`` (the RMS error of one rounding; a tenth of the tolerance) and the systematic
-  part of the error, ``beta = <e, x> / <x, x>`` (x the exact values: the relative bias), ``|beta| <= max(FACTOR *
-  |beta_ref|, u', TOLERANCE_SHARE * rtol, BIAS_SIGMAS * its noise)``: a biased, compressed or noisier answer fails
-  even where each element stays inside the tolerance. ``h'`` and ``u'`` (the unit roundoff) are those of the coarser
-  of the tensor's dtype and the run's precision: an fp32 output of a bf16 run may carry the run's rounding in
-  aggregate, while its element-wise tolerance still binds.
+- numbers that are not floats, strings, None, and integer and bool tensors (indices, counts, masks): exactly equal;
+- floating tensors the problem wants exact (``Tolerance.exact()``: data movement): bit for bit, NaN where NaN;
+- a floating value bit for bit the reference's: nothing to judge (and no exact answer is computed for it);
+- any other floating value: the accuracy rule, against the exact answer (the reference in fp64 arithmetic on the same
+  inputs, pkb.runtime.exact) where there is one, else against the reference's own output (a problem whose meaning
+  lies in its rounding, ``Problem.exact_dtype`` None: quantisation; or a case too large to raise).
 
-So an answer at least as accurate as the reference's passes (its errors are no larger anywhere), and so does one that
-rounds the exact answer once (``|e_i| <= h_i``); an answer several times worse than the reference's does not. NaN and
-infinity must sit where the reference's or the correctly rounded exact answer's do. Integer and bool values never get
-here (exact), nor do outputs the problem compares bit for bit (``Tolerance.exact()``: data movement). Where the exact
-answer is the reference's own bit for bit (a reference that computes in a fixed dtype whatever its inputs) or was not
-computed (a case too large to raise), it says nothing of the reference's error: the tolerance against the
-reference's output decides, as for a problem without an exact answer (``Problem.exact_dtype`` None).
+**The accuracy rule.** For one floating tensor, ``x`` the exact answer (or the reference's output), ``c`` the
+candidate's, ``r`` the reference's, ``e = c - x`` and ``e_r = r - x`` their errors, ``h`` half an ulp of ``x`` in the
+output's dtype and ``h'`` in the coarser of that and the run's precision, ``T = atol + rtol |x|`` the problem's
+tolerance, and ``sigma`` each element's sensitivity (the RMS of how far the exact answer moves when every input moves
+by one rounding of its dtype, over ``PERTURBATIONS`` perturbed runs: pkb.runtime.exact), the honest error scale of each
+element is ``s = sqrt(sigma^2 + max(h', h'_rms)^2 / 3)``: what rounding the inputs once and the result once costs
+there, and at least one rounding of the tensor's RMS value (``h'_rms``: an element whose exact value cancels to zero,
+as an FFT's structurally zero bins, is still computed from values of the tensor's size). An honest
+computation in any order or tree, at any precision at least the run's, errs by a sum of roundings, none larger than
+the values it rounds: its errors are spread over every element, of either sign, on each element's own scale.
+
+1. **Element-wise**, per tensor: ``|e_i| <= FACTOR max(h_i, |e_r,i|) + min(T_i, Z_ELEMENT s_i)``: three roundings of
+   the value or three times the reference's own error there, and the tolerance or 64 honest scales, whichever is
+   tighter (in bf16 the tolerance is a few honest scales wide; in fp32 thousands, and 64 scales is the bound). NaN and
+   infinity must sit where the reference's or the correctly rounded exact answer's do. An input the reference leaves
+   exactly as it was (its value is the exact answer's bit for bit) must come back bit for bit.
+2. The rest is pooled over every tensor of one output of one case (its ranks and trials; a replica once), so that an
+   error too small to show in one tensor shows in all of them together. With ``z_i = e_i / s_i``:
+   - **RMS**: ``rms(e) <= max(RMS_FACTOR max(rms(e_r), rms(h') / sqrt 3), TOLERANCE_SHARE rms(T))``. An honest order
+     may be noisier than the reference's (a sequential fp32 sum of 1,024 rows is about 5x a blocked one, of 4,096
+     about 8x), never by much; a lossy format (fp8 on the wire, bf16 or tf32 arithmetic in an fp32 run) is noisier by
+     far more. The tolerance's share lets through what a problem accepts anyway where the reference's own error is
+     tiny: in fp32, 170 unit roundoffs, a sequential sum of some 10^5 terms.
+   - **Outliers**: the share of elements with ``|z_i|`` beyond ``FAR_FACTOR`` times the median ``|z|`` must be at most
+     ``max(FAR_REFERENCE_FACTOR`` times the reference's own share, ``FAR_SHARE)``: an honest error is a sum of many
+     roundings (a bell on each element's scale, whatever its width), while dropping the entries under a threshold, a
+     stale or garbage fraction, or a corrupted lane puts large errors on a few elements and none on the rest. The
+     sensitivity is estimated from ``PERTURBATIONS`` runs, so ``z`` has tails of its own (about a Student t with as
+     many degrees of freedom): the floor leaves room for them.
+   - **Bias and offset**: the weighted least-squares fit ``e_i ~ alpha + beta x_i`` (weights ``1 / s_i^2``) gives an
+     additive offset ``alpha`` and a multiplicative bias ``beta``, each tested against its own statistical noise:
+     ``|beta| <= BIAS_SIGMAS SE(beta) + max(FACTOR |beta_r|, FACTOR u_s, BIAS_FLOOR u^2)`` (``u`` the run's unit
+     roundoff, ``u_s`` the finer of it and fp32's: a scalar kept in fp32, a scale or a reciprocal, shifts every element
+     by one rounding of itself; ``u^2`` bounds the second-order bias of honest non-linear arithmetic), and the same for
+     ``alpha`` (its floors scaled by the RMS of ``x``). The standard error is the largest of the model's (every element
+     off by its own scale, independently) and the cluster-robust ones with each index of each axis of a tensor (of at
+     least ``MIN_CLUSTER_INDICES``) a cluster, and each element and runs of ``RUN`` of a flat one: errors correlated
+     within a row (a row's norm or softmax sum rounded once) count as one observation per row. Clusters are rows, not blocks
+     of rows, so that noise a candidate adds per block of rows to widen the standard error does not: it would need a
+     different error on every row, which the RMS test bounds. Truncating instead of rounding to nearest (about half
+     an ulp), a gain of +0.28 %, a stale constant added: each is hundreds of standard errors from zero.
+   - **Quantised values** (a recipe's output, judged against the reference's: ``Problem.exact_dtype`` None): at most
+     ``OFF_SHARE`` of the fp8 codes, and of the values of any dtype coarser than fp32, may differ from the reference's
+     at all. The recipe's arithmetic (fp32) in another order moves a handful of them one step; rounding toward zero,
+     another scale or one step of noise moves far more.
+
+Where there is no exact answer (a recipe, or a case too large to raise to fp64), ``x`` is the reference's own output
+(``e_r = 0``) and there is no sensitivity: the element-wise bound is the larger of the tolerance and three roundings,
+and there is no outlier test. Every test runs on
+outputs of any size; a reply's first failure is its verdict, and the message names the test, the numbers and what is
+allowed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import torch
 
+from pkb.evaluate.compare import Leaf, Mismatch, at, real_shape, unravel, walk
 from pkb.problem import Tolerance
 
-FACTOR = 3.0  # how much worse than the reference's error (or one rounding) an error may be
-MIN_AGGREGATE = 256  # fewer elements: the RMS and the bias of the error cannot be told from noise
-BIAS_SIGMAS = 6.0  # a bias within this many standard errors of zero is noise
-# An aggregate error (RMS, bias) of up to this share of the problem's element-wise tolerance always passes: where the
-# reference's own error is tiny (fp32 runs), honest algorithms of another kind differ from it by more than FACTOR
-# (on one CPU, upstream's chunked fp32 Kimi delta attention had 11x the RMS error of pkb's sequential reference, at
-# 2e-9 on values near 3e-3), but never on average by a tenth of what the tolerance allows each element.
-TOLERANCE_SHARE = 0.1
+FACTOR = 3.0  # how many roundings of an element, or of the reference's error there, an element may be off
+Z_ELEMENT = 64.0  # element-wise: at most this many honest scales off (where tighter than the tolerance)
+RMS_FACTOR = 8.0  # how much noisier than the reference's (or one rounding's) an honest order may be, in RMS
+TOLERANCE_SHARE = 0.1  # an RMS error within this share of the tolerance's always passes (fp32: a long sequential sum)
+PERTURBATIONS = 8  # perturbed exact runs behind each sensitivity (pkb.runtime.exact)
+FAR_FACTOR, FAR_SHARE, FAR_REFERENCE_FACTOR = 8.0, 0.002, 2.0  # beyond 8 medians: 2x the reference's, or 0.2 %
+BIAS_SIGMAS = 6.0  # a bias or offset within this many standard errors of zero is noise
+BIAS_FLOOR = 4.0  # times u^2: the second-order bias honest arithmetic may carry
+MIN_CLUSTER_INDICES = 16  # an axis with fewer indices is not cut into clusters (too few to estimate a variance)
+RUN = 64  # a flat tensor's clusters: runs of this many elements
+OFF_SHARE = 0.01  # a recipe's quantised values: the share that may differ from the reference's
+CODE_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                                      "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, name))
+
+ToleranceFor = Callable[[torch.dtype], Tolerance]
 
 
 @dataclass(frozen=True)
-class Accuracy:
-    """The numbers behind one tensor's judgement (errors against the exact answer, in its units)."""
+class Exact:
+    """The exact answer to one rank's reply: its outputs and inputs after the call (plain data, fp64) and their
+    sensitivity; ``unavailable`` says why there is none (the case is too large to raise)."""
 
-    path: str
-    numel: int
-    rms: float  # the candidate's RMS error
-    rms_reference: float  # the reference's RMS error
-    rms_rounding: float  # the RMS error of rounding the exact answer once (in the coarser dtype)
-    max_abs: float  # the candidate's largest error
-    max_reference: float  # the reference's largest error
-    bias: float  # the candidate's relative systematic error (beta)
-    bias_reference: float
+    outputs: Any = None
+    inputs_after: Any = None
+    sensitivity: Any = None  # [outputs' sensitivities, inputs_after's]
+    unavailable: str | None = None
+
+    def at(self, part: str, keys: tuple) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The exact value and its sensitivity at ``keys`` of ``part`` (``outputs`` or ``inputs_after``)."""
+        index = 0 if part == "outputs" else 1
+        value = at(getattr(self, part), keys)
+        sensitivity = at(self.sensitivity[index], keys) if isinstance(self.sensitivity, list) else None
+        return (value if isinstance(value, torch.Tensor) else None,
+                sensitivity if isinstance(sensitivity, torch.Tensor) else None)
+
+
+NO_EXACT = Exact(unavailable="the problem has no exact answer")
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a reply came from: for messages (``rank 1, case odd, trial 2``) and for pooling (``case``)."""
+
+    rank: int
+    case: str
+    trial: Any
+
+    def __str__(self) -> str:
+        return f"rank {self.rank}, case {self.case}, trial {self.trial}"
+
+
+class Judge:
+    """One evaluation's judge of values (the module's docstring): ``reply`` judges one rank's reply to one case and
+    trial and pools what the aggregate tests need; ``pooled`` runs those once every reply is in; ``summary`` gives the
+    numbers behind the verdict."""
+
+    def __init__(self, run_dtype: torch.dtype, recipe: bool = False):
+        self.run_dtype = run_dtype
+        self.recipe = recipe  # the problem's answer is a recipe's rounding (Problem.exact_dtype None)
+        self.pools: dict[tuple[str, str], Pool] = {}
+        self.counts = {"bit_equal": 0, "exact": 0, "against_exact_answer": 0, "against_reference": 0}
+
+    def reply(self, where: Where, part: str, expected: Any, got: Any, tolerance_for: ToleranceFor,
+              exact: Callable[[], Exact] | None, path: str) -> Mismatch | None:
+        """The first value of ``got`` (one rank's ``part``: outputs or inputs after the call) that fails its rule
+        against ``expected`` (the reference's), or None. ``exact`` fetches the exact answer to the whole reply (run
+        only when a floating value is not the reference's bit for bit); None: there is none."""
+        fetched: list[Exact] = []
+
+        def exact_answer() -> Exact:
+            if not fetched:
+                fetched.append(exact() if exact is not None else NO_EXACT)
+            return fetched[0]
+
+        for leaf in walk(expected, got, path):
+            if isinstance(leaf, Mismatch):
+                return leaf
+            found = self._leaf(leaf, where, part, tolerance_for, exact_answer)
+            if found is not None:
+                return found
+        return None
+
+    def _leaf(self, leaf: Leaf, where: Where, part: str, tolerance_for: ToleranceFor,
+              exact_answer: Callable[[], Exact]) -> Mismatch | None:
+        expected, got = leaf.expected, leaf.got
+        if not isinstance(expected, torch.Tensor):
+            if isinstance(expected, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+                expected = torch.tensor([expected], dtype=torch.float64)
+                got = torch.tensor([float(got)], dtype=torch.float64)
+            else:
+                same = type(got) is type(expected) and _equal_objects(expected, got)
+                return None if same else Mismatch(leaf.path, f"expected {expected!r:.80}, got {got!r:.80}")
+        if not (expected.is_floating_point() or expected.is_complex()):
+            self.counts["exact"] += 1
+            return _exactly(expected, got, leaf.path, "integer and bool values are compared exactly")
+        if bit_equal(expected, got):
+            self.counts["bit_equal"] += 1
+            return None
+        tolerance = tolerance_for(expected.dtype)
+        if tolerance.is_exact:
+            self.counts["exact"] += 1
+            return _exactly(expected, got, leaf.path, "this output moves data: it must be the reference's bit for bit")
+        answer = exact_answer()
+        value, sensitivity = answer.at(part, leaf.keys) if answer.unavailable is None else (None, None)
+        if value is not None and (value.numel() * (2 if expected.is_complex() else 1)
+                                  != expected.numel() * (2 if expected.is_complex() else 1) or value.numel() == 0):
+            value = None
+        self.counts["against_exact_answer" if value is not None else "against_reference"] += 1
+        pool = self.pools.setdefault((where.case, leaf.path), Pool(where.case, leaf.path, self.run_dtype, self.recipe))
+        return pool.add(expected, got, value, sensitivity, tolerance, where, unchanged_must_stay=part == "inputs_after")
+
+    def pooled(self) -> Mismatch | None:
+        """The first output (of one case, over every rank and trial judged) that fails an aggregate test, or None."""
+        for pool in self.pools.values():
+            found = pool.verdict()
+            if found is not None:
+                return found
+        return None
+
+    def summary(self) -> dict:
+        """``details.accuracy``: how every value was judged, and the numbers of the least accurate output."""
+        judged = [pool.numbers() for pool in self.pools.values()]
+        worst = max(judged, key=lambda numbers: numbers["rms_ratio"], default=None)
+        return {"values": dict(self.counts), "outputs_judged": len(judged), "least_accurate": worst}
+
+    def text(self) -> str:
+        """What the values came to, in a few words that are true: e.g. ``every output the reference's bit for bit``,
+        or ``12 tensors against the exact answer (RMS error at most 1.3x the reference's, at out[0] of case odd)``."""
+        counts = self.counts
+        if not self.pools:
+            what = "every floating output the reference's bit for bit" if counts["bit_equal"] else "no floating output"
+            return what + (" and every other value exactly equal" if counts["exact"] else "")
+        worst = max((pool.numbers() for pool in self.pools.values()), key=lambda numbers: numbers["rms_ratio"])
+        judged = counts["against_exact_answer"] + counts["against_reference"]
+        against = ("against the exact answer" if not counts["against_reference"] else "against the reference's output"
+                   if not counts["against_exact_answer"] else "against the exact answer or the reference's output")
+        return (f"{judged} floating tensor{'s' * (judged != 1)} within pkb's accuracy rule {against} (RMS error at most "
+                f"{worst['rms_ratio']:.3g}x the larger of the reference's and one rounding's, at {worst['path']} of "
+                f"case {worst['case']}); {counts['bit_equal']} bit for bit the reference's")
+
+
+def judge_one(expected: torch.Tensor, got: torch.Tensor, exact: torch.Tensor | None, sensitivity: torch.Tensor | None,
+              tolerance: Tolerance, run_dtype: torch.dtype, path: str = "out") -> Mismatch | None:
+    """One tensor alone through the accuracy rule (element-wise, then the aggregate tests on it alone): for tests and
+    benchmarks of the rule; an evaluation pools every tensor of an output (``Judge``)."""
+    pool = Pool("one", path, run_dtype)
+    return pool.add(expected, got, exact, sensitivity, tolerance, Where(0, "one", 0)) or pool.verdict()
+
+
+def same_answer(first: Any, again: Any, tolerance_for: ToleranceFor, deterministic: bool, path: str = "out"
+                ) -> Mismatch | None:
+    """Whether a second run on the same inputs gave the same answer: bit for bit where the problem is deterministic,
+    within its tolerance element-wise otherwise (two runs of one candidate, no exact answer involved)."""
+    for leaf in walk(first, again, path):
+        if isinstance(leaf, Mismatch):
+            return leaf
+        a, b = leaf.expected, leaf.got
+        if not isinstance(a, torch.Tensor):
+            if type(a) is not type(b) or not _equal_objects(a, b):
+                return Mismatch(leaf.path, f"first {a!r:.80}, then {b!r:.80}")
+            continue
+        if bit_equal(a, b):
+            continue
+        tolerance = tolerance_for(a.dtype)
+        if deterministic or tolerance.is_exact or not (a.is_floating_point() or a.is_complex()):
+            return _exactly(a, b, leaf.path, "the problem is deterministic: a second run must give the same bits")
+        found = within_tolerance(a, b, tolerance, leaf.path)
+        if found is not None:
+            return found
+    return None
+
+
+def within_tolerance(expected: torch.Tensor, got: torch.Tensor, tolerance: Tolerance, path: str) -> Mismatch | None:
+    """The element-wise tolerance alone (``|got - expected| <= atol + rtol |expected|``, NaN where NaN): the timed
+    outputs against the reference's timed outputs, and a second run against the first."""
+    if not (expected.is_floating_point() or expected.is_complex()):
+        return _exactly(expected, got, path, "integer and bool values are compared exactly")
+    e, g = _flat64(expected), _flat64(got)
+    both_nan, same_inf = torch.isnan(e) & torch.isnan(g), torch.isinf(e) & (e == g)
+    diff = torch.where(both_nan | same_inf, 0.0, (g - e).abs()).nan_to_num(nan=math.inf)
+    bad = diff > tolerance.atol + tolerance.rtol * e.abs().nan_to_num(posinf=0.0)
+    num_bad = int(bad.sum())
+    if not num_bad:
+        return None
+    worst = int(diff.argmax())
+    return Mismatch(path, f"{num_bad} of {e.numel()} elements off by more than the tolerance (atol={tolerance.atol:g}, "
+                          f"rtol={tolerance.rtol:g}); largest error {float(diff[worst]):.4g}", num_bad, e.numel(),
+                    float(diff[worst]), unravel(worst, real_shape(expected)), 0.0, (), float(e[worst]), float(g[worst]),
+                    tolerance.atol, tolerance.rtol)
+
+
+# -- one output, pooled over its tensors -------------------------------------------------------------------------
+
+
+class Pool:
+    """One output of one case, judged element-wise tensor by tensor (``add``) and in aggregate over all of them
+    (``verdict``): the module's docstring, tests 1 and 2."""
+
+    def __init__(self, case: str, path: str, run_dtype: torch.dtype, recipe: bool = False):
+        self.case, self.path, self.run_dtype, self.recipe = case, path, run_dtype, recipe
+        self.num_tensors = self.numel = 0
+        self.seen: set[bytes] = set()  # the tensors pooled so far, by digest: a replica counts once
+        self.against_exact = True  # False once a tensor of it was judged against the reference's output
+        self.squares = {"error": 0.0, "reference": 0.0, "rounding": 0.0, "tolerance": 0.0, "exact": 0.0}
+        self.far = {"judged": 0, "found": 0, "reference": 0}
+        self.codes = {"judged": 0, "off": 0}
+        self.fit, self.fit_reference = Regression(), Regression()
+
+    def add(self, expected: torch.Tensor, got: torch.Tensor, exact: torch.Tensor | None,
+            sensitivity: torch.Tensor | None, tolerance: Tolerance, where: Where,
+            unchanged_must_stay: bool = False) -> Mismatch | None:
+        """Judge one tensor element-wise (a Mismatch naming ``where``) and pool its numbers for ``verdict``.
+        ``unchanged_must_stay``: an input after the call, which must come back bit for bit where the reference left
+        it exactly as the exact answer has it (unchanged)."""
+        dtype = _component_dtype(expected.dtype)
+        ref, cand = _flat64(expected), _flat64(got)
+        ex = _flat64(exact) if exact is not None else ref
+        self.against_exact &= exact is not None
+        if unchanged_must_stay and exact is not None and ref.numel() >= MIN_CLUSTER_INDICES and bool((ref == ex).all()):
+            return _exactly(expected, got, f"{self.path} ({where})", "an input the reference leaves as it was must come "
+                                                                    "back bit for bit")
+        sized = exact is not None and sensitivity is not None and sensitivity.numel() == ex.numel()
+        sens = _flat64(sensitivity) if sized else None
+        finite = torch.isfinite(cand) & torch.isfinite(ref) & torch.isfinite(ex)
+        misplaced = None
+        if not bool(finite.all()):
+            rounded = torch.where(torch.isfinite(ex), ex.to(dtype).double(), ex)
+            special_ok = _same_special(cand, ref) | _same_special(cand, rounded)
+            misplaced = (~torch.isfinite(cand) & ~special_ok) | (torch.isfinite(cand) & ~torch.isfinite(ref)
+                                                                   & ~torch.isfinite(rounded))
+            ex = torch.where(finite, ex, 0.0)
+            sens = None if sens is None else torch.where(finite, sens, 0.0)
+        err = torch.where(finite, cand - ex, 0.0)
+        ref_err = torch.where(finite, ref - ex, 0.0)
+        magnitude = ex.abs()
+        half_ulp = _half_ulp(magnitude, dtype)
+        coarse = _coarser(dtype, self.run_dtype)
+        rounding = half_ulp if coarse == dtype else _half_ulp(magnitude, coarse)
+        # an element whose exact value cancels to (near) zero is still computed from values of the tensor's size: one
+        # rounding of the tensor's RMS value is the least its honest scale can be (an FFT's structurally zero bins)
+        typical = _half_ulp(magnitude.square().mean().sqrt().reshape(1), coarse) if magnitude.numel() else rounding
+        scale = (torch.maximum(rounding, typical).square() / 3 + (sens.square() if sens is not None else 0.0)).sqrt()
+        allowed_tolerance = tolerance.atol + tolerance.rtol * magnitude
+        if exact is not None:
+            allowance = (FACTOR * torch.maximum(half_ulp, ref_err.abs())
+                         + torch.minimum(allowed_tolerance, Z_ELEMENT * scale))
+        else:
+            allowance = torch.maximum(allowed_tolerance, FACTOR * half_ulp)
+        off = (err.abs() > allowance) & finite
+        if misplaced is not None:
+            off |= misplaced
+        if bool(off.any()):
+            return self._element_failure(off, misplaced, err, ex, cand, allowance, expected, where)
+        digest = hashlib.blake2b(_bytes(got) + _bytes(ex), digest_size=16).digest()
+        if digest in self.seen:  # another rank's replica of a tensor pooled already: the same observation
+            return None
+        self.seen.add(digest)
+        self._pool(err[finite], ref_err[finite], ex[finite], rounding[finite], allowed_tolerance[finite],
+                   scale[finite], sens is not None, _clusterings(real_shape(expected), finite))
+        if exact is None and self.recipe and (dtype in CODE_DTYPES or _coarser(dtype, torch.float32) == dtype
+                                              and dtype != torch.float32):
+            self.codes["judged"] += int(finite.sum())
+            self.codes["off"] += int((err != 0).sum())
+        return None
+
+    def _element_failure(self, off, misplaced, err, ex, cand, allowance, expected, where) -> Mismatch:
+        ratio = torch.where(off, (err.abs() / allowance).nan_to_num(posinf=math.inf), 0.0)
+        if misplaced is not None:
+            ratio = torch.where(misplaced, math.inf, ratio)
+        worst = int(ratio.argmax())
+        against = "the exact answer" if self.against_exact else "the reference's output"
+        if misplaced is not None and bool(misplaced[worst]):
+            what = "NaN or inf where neither the reference nor the exact answer has one"
+        elif self.against_exact:
+            what = (f"off {against} by more than {FACTOR:g} roundings of the value or {FACTOR:g}x the reference's error "
+                    f"there, plus the problem's tolerance or {Z_ELEMENT:g} honest scales, whichever is tighter (allowed "
+                    f"here {float(allowance[worst]):.3g}, off by {float(err[worst].abs()):.3g})")
+        else:
+            what = (f"off {against} by more than the problem's tolerance and {FACTOR:g} roundings of the value (allowed "
+                    f"here {float(allowance[worst]):.3g}, off by {float(err[worst].abs()):.3g})")
+        value = float(ex[worst])
+        return Mismatch(f"{self.path} ({where})", f"{int(off.sum())} of {ex.numel()} elements {what}", int(off.sum()),
+                        ex.numel(), float(err[worst].abs()), unravel(worst, real_shape(expected)),
+                        float(err[worst].abs()) / max(abs(value), 1e-300), unravel(worst, real_shape(expected)), value,
+                        float(cand[worst]), against="exact" if self.against_exact else "reference")
+
+    def _pool(self, err, ref_err, ex, rounding, allowed, scale, sensitive, clusterings) -> None:
+        self.num_tensors += 1
+        self.numel += err.numel()
+        for name, values in (("error", err), ("reference", ref_err), ("rounding", rounding / math.sqrt(3)),
+                             ("tolerance", allowed), ("exact", ex)):
+            self.squares[name] += float(values.square().sum())
+        weights = 1.0 / scale.clamp_min(1e-300).square()
+        self.fit.add(ex, err, weights, clusterings)
+        if self.against_exact:
+            self.fit_reference.add(ex, ref_err, weights, clusterings)
+        if sensitive and err.numel():
+            z, z_ref = (err / scale.clamp_min(1e-300)).abs(), (ref_err / scale.clamp_min(1e-300)).abs()
+            self.far["judged"] += err.numel()
+            self.far["found"] += _beyond_median(z)
+            self.far["reference"] += _beyond_median(z_ref)
+
+    def rms(self, name: str) -> float:
+        return math.sqrt(self.squares[name] / self.numel) if self.numel else 0.0
 
     @property
     def rms_ratio(self) -> float:
-        """The candidate's RMS error over the larger of the reference's and one rounding's (1.0: as accurate)."""
-        scale = max(self.rms_reference, self.rms_rounding)
-        return self.rms / scale if scale > 0 else (0.0 if self.rms == 0 else math.inf)
+        scale = max(self.rms("reference"), self.rms("rounding"))
+        return self.rms("error") / scale if scale > 0 else (0.0 if self.rms("error") == 0 else math.inf)
 
-    def to_dict(self) -> dict:
-        return {**asdict(self), "rms_ratio": self.rms_ratio}
+    def numbers(self) -> dict:
+        """The pooled numbers, for ``details.accuracy``."""
+        beta, alpha = self.fit.estimate()
+        return {"case": self.case, "path": self.path, "tensors": self.num_tensors, "numel": self.numel,
+                "against": "exact answer" if self.against_exact else "reference's output",
+                "rms": self.rms("error"), "rms_reference": self.rms("reference"), "rms_rounding": self.rms("rounding"),
+                "rms_ratio": self.rms_ratio, "bias": beta.value, "bias_se": beta.se, "offset": alpha.value,
+                "offset_se": alpha.se, **{f"far_{key}": value for key, value in self.far.items()},
+                **({"codes_off": self.codes["off"], "codes_judged": self.codes["judged"]} if self.codes["judged"] else {})}
 
-
-UNAVAILABLE = object()  # the exact answer of a case too large to raise (pkb.runtime.worker.EXACT_MAX_BYTES)
-
-
-class ExactAnswer:
-    """The exact answer at one place of a rank's reply (outputs or inputs after the call), fetched only when a value
-    there is not the reference's bit for bit: ``fetch`` runs the reference again in the higher precision (for every
-    rank at once, kept for the session), or gives ``UNAVAILABLE`` where the case is too large to raise (the tolerance
-    against the reference then decides). ``record`` collects the numbers of every tensor judged (``Accuracy``)."""
-
-    def __init__(self, fetch: Callable[[], Any], run_dtype: torch.dtype, record: list[Accuracy], where: str = ""):
-        self._fetch = fetch
-        self._fetched = False
-        self._value = None
-        self.run_dtype = run_dtype
-        self.record = record
-        self.where = where  # e.g. "rank 0, case odd, trial 1": what the record's paths are prefixed with
-
-    def value(self) -> Any:
-        if not self._fetched:
-            self._value, self._fetched = self._fetch(), True
-        return self._value
-
-    def child(self, key: int | str) -> "ExactAnswer":
-        """The exact answer at ``[key]`` below this place."""
-        return ExactAnswer(lambda: _item(self.value(), key), self.run_dtype, self.record, self.where)
-
-    def judge(self, expected: torch.Tensor, got: torch.Tensor, tolerance: Tolerance, path: str):
-        """A Mismatch where ``got`` (the reference's shape and dtype, checked) fails the accuracy rule, or None."""
-        from pkb.evaluate.compare import Mismatch, compare_tensors
-
-        exact = self.value()
-        if exact is not UNAVAILABLE:
-            if isinstance(exact, (int, float)):
-                exact = torch.tensor([float(exact)], dtype=torch.float64)
-            if not isinstance(exact, torch.Tensor) or exact.numel() != expected.numel():
-                raise RuntimeError(f"{path}: the exact answer has another structure than the reference's "
-                                   f"({type(exact).__name__}); a problem whose reference cannot run in its "
-                                   "exact_dtype must say so (Problem.exact_dtype)")
-        # too large to raise, or no more precise than the reference's own answer (its reference computes in a fixed
-        # dtype, e.g. fp32 outputs of fp32 arithmetic, and says nothing of its error): the tolerance decides
-        if exact is UNAVAILABLE or torch.equal(_flat64(exact), _flat64(expected)):
-            return compare_tensors(expected, got, tolerance, path)
-        verdict, accuracy = judge(expected, got, exact, tolerance, self.run_dtype,
-                                  f"{self.where}: {path}" if self.where else path)
-        self.record.append(accuracy)
-        if verdict is None:
+    def verdict(self) -> Mismatch | None:
+        """The first aggregate test (the module's docstring, test 2) this output fails, or None."""
+        if not self.numel:
             return None
-        return Mismatch(path, verdict.reason, verdict.num_bad, expected.numel(), verdict.max_abs, verdict.at,
-                        verdict.max_rel, verdict.at, verdict.expected, verdict.got, tolerance.atol, tolerance.rtol,
-                        against="exact")
+        for test in (self._rms_test, self._far_test, self._bias_test, self._codes_test):
+            reason = test()
+            if reason is not None:
+                where = f"{self.path} (case {self.case}, {self.num_tensors} tensors of all ranks and trials pooled)"
+                return Mismatch(where, reason, numel=self.numel, against="exact" if self.against_exact else "reference")
+        return None
+
+    def _rms_test(self) -> str | None:
+        scale = max(self.rms("reference"), self.rms("rounding"))
+        share = TOLERANCE_SHARE * self.rms("tolerance")
+        allowed = max(RMS_FACTOR * scale, share)
+        if self.rms("error") <= allowed:
+            return None
+        return (f"RMS error {self.rms('error'):.3g} is {self.rms_ratio:.3g}x the larger of the reference's "
+                f"({self.rms('reference'):.3g}) and one rounding's ({self.rms('rounding'):.3g}) over {self.numel} "
+                f"elements; at most {RMS_FACTOR:g}x passes (or a tenth of the tolerance's RMS, {share:.3g}): a noisier "
+                "answer than any honest order gives")
+
+    def _far_test(self) -> str | None:
+        judged, found, reference = self.far["judged"], self.far["found"], self.far["reference"]
+        allowed = max(FAR_REFERENCE_FACTOR * reference, FAR_SHARE * judged)
+        if not judged or found <= _upper(allowed):
+            return None
+        return (f"{found} of {judged} elements ({found / judged:.3g}) are off by more than {FAR_FACTOR:g} times the "
+                f"median error (in units of each element's own honest scale), where the reference has {reference} "
+                f"({reference / judged:.3g}); at most {allowed / judged:.3g} passes: large errors on a few elements "
+                "and small ones on the rest is lost, stale or corrupted data, not rounding, which is spread over every "
+                "element")
+
+    def _bias_test(self) -> str | None:
+        beta, alpha = self.fit.estimate()
+        beta_ref, alpha_ref = self.fit_reference.estimate() if self.against_exact else (_Estimate(), _Estimate())
+        u = float(torch.finfo(self.run_dtype).eps) / 2
+        u_scalar = min(u, float(torch.finfo(torch.float32).eps) / 2)
+        rms_x = self.rms("exact")
+        for name, estimate, reference, floor, unit in (
+                ("a multiplicative bias", beta, beta_ref, max(FACTOR * u_scalar, BIAS_FLOOR * u * u), "relative"),
+                ("an additive offset", alpha, alpha_ref, max(FACTOR * u_scalar, BIAS_FLOOR * u * u) * rms_x,
+                 "absolute")):
+            allowed = BIAS_SIGMAS * estimate.se + max(FACTOR * abs(reference.value), floor)
+            if abs(estimate.value) > allowed:
+                return (f"{name}: {estimate.value:+.3g} ({unit}; the reference's {reference.value:+.3g}) over "
+                        f"{self.numel} elements, {abs(estimate.value) / max(estimate.se, 1e-300):.3g} standard errors "
+                        f"from zero (standard error {estimate.se:.3g}: the largest of the model's and the "
+                        f"cluster-robust ones); at most {allowed:.3g} passes ({BIAS_SIGMAS:g} standard errors, and "
+                        f"{FACTOR:g}x the reference's or {floor:.3g}): an honest rounding is as often above as below")
+        return None
+
+    def _codes_test(self) -> str | None:
+        judged, off = self.codes["judged"], self.codes["off"]
+        if not judged or off <= _upper(OFF_SHARE * judged):
+            return None
+        return (f"{off} of {judged} quantised values ({off / judged:.3g}) differ from the reference's; at most "
+                f"{OFF_SHARE:.3g} of them may: the recipe in another order moves a handful, a rounding or scale other "
+                "than the recipe's (or noise) moves far more")
 
 
-def _item(value: Any, key: int | str) -> Any:
-    if value is UNAVAILABLE:
-        return value
-    if isinstance(value, dict) and value.get("__sampled__"):
-        return value["values"] if key == "values" else value[key]
-    return value[key]
+def _upper(expected: float) -> float:
+    """An upper bound on a count whose honest expectation is at most ``expected`` (Poisson, about 4 sigma, and a few)."""
+    return expected + 4.0 * math.sqrt(expected) + 3.0
+
+
+def _beyond_median(z: torch.Tensor) -> int:
+    """How many of ``z`` (absolute scaled errors) exceed FAR_FACTOR times their median (none where it is 0)."""
+    median = float(z.median()) if z.numel() else 0.0
+    return int((z > FAR_FACTOR * median).sum()) if median > 0 else 0
+
+
+# -- the bias and offset fit ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Failure:
-    reason: str
-    num_bad: int
-    max_abs: float
-    max_rel: float
-    at: tuple[int, ...]
-    expected: float
-    got: float
+class _Estimate:
+    value: float = 0.0
+    se: float = 0.0
 
 
-def judge(expected: torch.Tensor, got: torch.Tensor, exact: torch.Tensor, tolerance: Tolerance,
-          run_dtype: torch.dtype, path: str) -> tuple[Failure | None, Accuracy]:
-    """pkb's rule (the module's docstring) for one tensor: the reference's output ``expected``, the candidate's ``got``
-    (same shape and dtype) and the exact answer ``exact`` (same number of elements, any floating dtype)."""
-    dtype = _component_dtype(expected.dtype)
-    ref, cand, ex = (_flat64(t) for t in (expected, got, exact))
-    if bool(torch.isfinite(cand).all()) and bool(torch.isfinite(ref).all()) and bool(torch.isfinite(ex).all()):
-        judged = reference_judged = misplaced = None  # the common case: no NaN or inf anywhere, no masks
-        err, ref_err = cand - ex, ref - ex
-    else:
-        rounded = ex.to(dtype).double()
-        cand_fin, ref_fin, ex_fin = torch.isfinite(cand), torch.isfinite(ref), torch.isfinite(ex)
-        special_ok = _same_special(cand, ref) | _same_special(cand, rounded)
-        misplaced = (~cand_fin & ~special_ok) | (cand_fin & ~ref_fin & ~torch.isfinite(rounded))
-        judged, reference_judged = cand_fin & ex_fin, ref_fin & ex_fin
-        ex = torch.where(ex_fin, ex, torch.zeros_like(ex))
-        err = torch.where(judged, cand - ex, torch.zeros_like(ex))
-        ref_err = torch.where(reference_judged, ref - ex, torch.zeros_like(ex))
-    magnitude = ex.abs()
-    half_ulp = _half_ulp(magnitude, dtype)
-    max_reference = float(ref_err.abs().max()) if ref_err.numel() else 0.0
-    allowance = torch.maximum(tolerance.atol + tolerance.rtol * magnitude, FACTOR * half_ulp.clamp_min(max_reference))
-    off = err.abs() > allowance
-    coarse = _coarser(dtype, run_dtype)
-    rounding = half_ulp if coarse == dtype else _half_ulp(magnitude, coarse)
-    chosen = (lambda values: values) if judged is None else (lambda values: values[judged])  # noqa: E731
-    accuracy = Accuracy(path, int(ex.numel() if judged is None else judged.sum()), _rms(chosen(err)),
-                        _rms(ref_err if reference_judged is None else ref_err[reference_judged]),
-                        _rms(chosen(rounding)) / math.sqrt(3), float(err.abs().max()) if err.numel() else 0.0,
-                        max_reference, _bias(chosen(err), chosen(ex)),
-                        _bias(ref_err, ex) if reference_judged is None else _bias(ref_err[reference_judged],
-                                                                                    ex[reference_judged]))
-    num_bad = int(off.sum()) + (int(misplaced.sum()) if misplaced is not None else 0)
-    if num_bad:
-        ratio = (err.abs() / allowance).nan_to_num()
-        if misplaced is not None:
-            ratio = torch.where(misplaced, torch.full_like(ratio, math.inf), ratio)
-        worst = int(ratio.argmax())
-        what = ("NaN or inf where neither the reference nor the exact answer has one"
-                if misplaced is not None and bool(misplaced[worst])
-                else f"off by more than the problem's tolerance and {FACTOR:g}x the reference's largest error "
-                     f"({max_reference:.3g}; allowed here {float(allowance[worst]):.3g})")
-        return _failure(f"{num_bad} of {expected.numel()} elements {what}", num_bad, err, ex, cand, worst,
-                        _real_shape(expected)), accuracy
-    if accuracy.numel < MIN_AGGREGATE:
-        return None, accuracy
-    worst = int(err.abs().argmax())
-    noise = _rms(chosen(err) - accuracy.bias * chosen(ex)) / max(_rms(chosen(ex)), 1e-300) / math.sqrt(accuracy.numel)
-    unit = float(torch.finfo(coarse).eps) / 2
-    allowed = max(FACTOR * abs(accuracy.bias_reference), unit, TOLERANCE_SHARE * tolerance.rtol, BIAS_SIGMAS * noise)
-    if abs(accuracy.bias) > allowed:
-        return _failure(f"a systematic error: the answer is {accuracy.bias:+.3%} off the exact one on average over "
-                        f"{accuracy.numel} elements (the reference {accuracy.bias_reference:+.3%}; at most {allowed:.3%} "
-                        f"passes: {FACTOR:g}x the reference's, one unit roundoff of {str(coarse)[6:]}, a tenth of the "
-                        f"tolerance's rtol, or {BIAS_SIGMAS:g} standard errors)", 0, err, ex, cand, worst,
-                        _real_shape(expected)), accuracy
-    scale = max(accuracy.rms_reference, accuracy.rms_rounding)
-    share = TOLERANCE_SHARE * _rms(chosen(tolerance.atol + tolerance.rtol * magnitude))
-    if accuracy.rms > max(FACTOR * scale, share):
-        return _failure(f"RMS error {accuracy.rms:.3g} is {accuracy.rms_ratio:.2f}x the reference's "
-                        f"({accuracy.rms_reference:.3g}; one rounding {accuracy.rms_rounding:.3g}) over {accuracy.numel} "
-                        f"elements; at most {FACTOR:g}x passes (or a tenth of the tolerance, {share:.3g})", 0, err, ex,
-                        cand, worst, _real_shape(expected)), accuracy
-    return None, accuracy
+@dataclass
+class Regression:
+    """The weighted least-squares fit ``e ~ alpha + beta x`` over many tensors, with the model's and cluster-robust
+    standard errors (``add`` one tensor and its clusterings; ``estimate`` the pooled fit).
+
+    With ``X = [1, x]``, per cluster ``b`` of a clustering ``S_b = sum w X X^T`` and ``g_b = sum w X e``; the fit is
+    ``theta = S^-1 g`` (sums over everything), and a clustering's meat is ``sum_b (g_b - S_b theta)(g_b - S_b
+    theta)^T``, a quadratic in ``theta``: per tensor and clustering, ``sum g_b g_b^T``, ``sum g_b (x) S_b`` and ``sum
+    S_b (x) S_b`` are all it keeps (28 numbers, however many clusters), so that a row of a million clusters costs no
+    memory once added."""
+
+    S: torch.Tensor = field(default_factory=lambda: torch.zeros(2, 2, dtype=torch.float64))
+    g: torch.Tensor = field(default_factory=lambda: torch.zeros(2, dtype=torch.float64))
+    tensors: list = field(default_factory=list)  # per tensor: [(count, GG [2,2], GS [2,2,2], SS [2,2,2,2]) per clustering]
+
+    def add(self, x: torch.Tensor, e: torch.Tensor, w: torch.Tensor, clusterings: list[torch.Tensor]) -> None:
+        if not x.numel():
+            return
+        X = torch.stack([torch.ones_like(x), x], dim=1)
+        wXX = w[:, None, None] * X[:, :, None] * X[:, None, :]
+        wXe = (w * e)[:, None] * X
+        self.S += wXX.sum(0)
+        self.g += wXe.sum(0)
+        per_clustering = []
+        for cluster in clusterings:
+            count = int(cluster.max()) + 1
+            S_b = torch.zeros(count, 2, 2, dtype=torch.float64).index_add_(0, cluster, wXX)
+            g_b = torch.zeros(count, 2, dtype=torch.float64).index_add_(0, cluster, wXe)
+            per_clustering.append((count, torch.einsum("bi,bj->ij", g_b, g_b), torch.einsum("bi,bjk->ijk", g_b, S_b),
+                                   torch.einsum("bij,bkl->ijkl", S_b, S_b)))
+        self.tensors.append(per_clustering)
+
+    def estimate(self) -> tuple[_Estimate, _Estimate]:
+        """(beta, alpha): the pooled fit and each one's standard error, the largest of the model's (``S^-1``: every
+        element off by its own scale, independently) and, per tensor, its clustering's that gives the largest."""
+        if not self.tensors:
+            return _Estimate(), _Estimate()
+        bread = torch.linalg.pinv(self.S)
+        theta = bread @ self.g
+        meat = torch.zeros(2, 2, dtype=torch.float64)
+        for clusterings in self.tensors:
+            found = []
+            for count, GG, GS, SS in clusterings:
+                St = torch.einsum("ijk,k->ij", GS, theta)  # sum_b g_b (S_b theta)^T
+                scores = GG - St - St.T + torch.einsum("ijkl,j,l->ik", SS, theta, theta)
+                found.append(scores * (count / (count - 1) if count > 1 else 1.0))
+            meat += max(found, key=lambda m: float(torch.diagonal(bread @ m @ bread).sum()))
+        robust = torch.diagonal(bread @ meat @ bread)
+        model = torch.diagonal(bread)
+        variance = torch.maximum(robust, model).clamp_min(0.0)
+        return (_Estimate(float(theta[1]), math.sqrt(float(variance[1]))),
+                _Estimate(float(theta[0]), math.sqrt(float(variance[0]))))
 
 
-def _failure(reason: str, num_bad: int, err: torch.Tensor, ex: torch.Tensor, cand: torch.Tensor, worst: int,
-             shape: tuple[int, ...]) -> Failure:
-    from pkb.evaluate.compare import _unravel
+def _clusterings(shape: tuple[int, ...], kept: torch.Tensor) -> list[torch.Tensor]:
+    """For the kept elements of a tensor of ``shape`` (flat mask ``kept``): their cluster index under each clustering,
+    one per axis of at least MIN_CLUSTER_INDICES indices (each index of it a cluster: the hyperplane of a row), and
+    where no axis but one has that many, each element (and, from MIN_CLUSTER_INDICES runs on, runs of RUN elements) of
+    it flat; a tensor of fewer elements is one cluster."""
+    numel = math.prod(shape) if shape else 1
+    flat = torch.arange(numel)[kept] if kept.numel() == numel else torch.arange(int(kept.sum()))
+    found = []
+    stride = numel
+    for size in shape:
+        stride //= max(size, 1)
+        if size >= MIN_CLUSTER_INDICES and size < numel:
+            found.append((flat // max(stride, 1)) % size)
+    if not found and numel >= MIN_CLUSTER_INDICES:
+        found.append(flat)
+        if numel >= MIN_CLUSTER_INDICES * RUN:
+            found.append(flat // RUN)
+    return found or [torch.zeros_like(flat)]
 
-    value = float(ex[worst])
-    return Failure(reason, num_bad, float(err[worst].abs()), float(err[worst].abs()) / max(abs(value), 1e-300),
-                   _unravel(worst, shape), value, float(cand[worst]))
+
+# -- helpers -----------------------------------------------------------------------------------------------------
+
+
+def bit_equal(expected: torch.Tensor, got: torch.Tensor) -> bool:
+    """Whether two tensors of one shape and dtype hold the same values, NaN where NaN (a dtype without arithmetic:
+    the same bytes)."""
+    try:
+        if torch.equal(expected, got):
+            return True
+        if not (expected.is_floating_point() or expected.is_complex()):
+            return False
+        e, g = _flat64(expected), _flat64(got)
+        return bool(((e == g) | (torch.isnan(e) & torch.isnan(g))).all())
+    except (RuntimeError, TypeError):
+        return _bytes(expected) == _bytes(got)
+
+
+def _exactly(expected: torch.Tensor, got: torch.Tensor, path: str, why: str) -> Mismatch | None:
+    """Exact equality of every element (NaN where NaN); a dtype without arithmetic compared by its bytes."""
+    if bit_equal(expected, got):
+        return None
+    try:
+        e, g = expected.reshape(-1), got.reshape(-1)
+        differ = (e != g) & ~(torch.isnan(e) & torch.isnan(g)) if e.is_floating_point() or e.is_complex() else e != g
+        num_bad = int(differ.sum())
+        first = int(differ.nonzero()[0]) if num_bad else 0
+        at_first = unravel(first, expected.shape)
+        shown = float(e[first].real if e.is_complex() else e[first]), float(g[first].real if g.is_complex() else g[first])
+    except (RuntimeError, TypeError):
+        return Mismatch(path, f"values differ ({why}; a {expected.dtype} tensor compared by its bytes)", 1,
+                        expected.numel())
+    return Mismatch(path, f"{num_bad} of {expected.numel()} elements off ({why})", num_bad, expected.numel(),
+                    abs(shown[1] - shown[0]), at_first, 0.0, at_first, *shown)
+
+
+def _equal_objects(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b) or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
+    except Exception:  # noqa: BLE001 - a value whose comparison raises is not equal
+        return False
+
+
+def _bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
 
 
 def _flat64(tensor: torch.Tensor) -> torch.Tensor:
@@ -221,11 +602,7 @@ def _flat64(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _component_dtype(dtype: torch.dtype) -> torch.dtype:
-    return {torch.complex64: torch.float32, torch.complex128: torch.float64}.get(dtype, dtype)
-
-
-def _real_shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    return (*tensor.shape, 2) if tensor.is_complex() else tuple(tensor.shape)
+    return {torch.complex64: torch.float32, torch.complex128: torch.float64, torch.complex32: torch.float16}.get(dtype, dtype)
 
 
 def _coarser(a: torch.dtype, b: torch.dtype) -> torch.dtype:
@@ -247,13 +624,3 @@ def _half_ulp(magnitude: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _same_special(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Where ``a`` is NaN or infinite and ``b`` is the same (NaN and NaN, or the same infinity)."""
     return (torch.isnan(a) & torch.isnan(b)) | (torch.isinf(a) & (a == b))
-
-
-def _rms(values: torch.Tensor) -> float:
-    return float(values.pow(2).mean().sqrt()) if values.numel() else 0.0
-
-
-def _bias(err: torch.Tensor, exact: torch.Tensor) -> float:
-    """The relative systematic part of ``err``: the beta of ``err ~ beta * exact`` (least squares)."""
-    norm = float(exact.pow(2).sum())
-    return float((err * exact).sum()) / norm if norm > 0 else 0.0

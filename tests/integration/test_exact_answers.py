@@ -1,6 +1,7 @@
-"""Every problem's exact answer keeps the function's meaning (issue 47): the reference, run again on the same inputs
-raised to its ``exact_dtype`` (fp64 unless the problem says why not), runs, makes the same integer and boolean
-choices as in the run's precision (top-k, sorts, routing, masks: the cases keep their values apart, so a more
+"""Every problem's exact answer keeps the function's meaning (issues 47 and 53): the reference, run again on the same
+inputs raised to fp64 in fp64 arithmetic throughout (pkb.runtime.exact: no cast down anywhere in its path, so every
+floating value of it is fp64), runs, and so do its perturbed runs (the sensitivity); it makes the same integer and
+boolean choices as in the run's precision (top-k, sorts, routing, masks: the cases keep their values apart, so a more
 precise computation cannot flip them), and the reference's own error against it stays within the problem's
 tolerance (so the tolerance, the element-wise allowance of pkb's accuracy rule, holds the reference itself).
 
@@ -14,8 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pkb.evaluate.accuracy import PERTURBATIONS
 from pkb.evaluate.session import Session
 from pkb.registry import all_problems
+from pkb.runtime.messages import ExactReply, RankFailure, RunReply, run_job
 from pkb.runtime.modes import Mode
 
 WORLD_SIZES = (2, 4)
@@ -48,8 +51,6 @@ def _leaves(value, path="out"):
         yield path, value
     elif isinstance(value, float):
         yield path, torch.tensor([value], dtype=torch.float64)
-    elif isinstance(value, dict) and value.get("__sampled__"):
-        yield path, value["values"]
     elif isinstance(value, dict):
         for key, item in value.items():
             yield from _leaves(item, f"{path}[{key!r}]")
@@ -58,15 +59,18 @@ def _leaves(value, path="out"):
             yield from _leaves(item, f"{path}[{index}]")
 
 
-def _disagreements(problem, case, world_size, rank, expected: dict, exact: dict) -> list[str]:
+def _disagreements(problem, case, world_size, rank, expected: RunReply, exact: ExactReply) -> list[str]:
     found = []
     for part in ("outputs", "inputs_after"):
-        exact_leaves = dict(_leaves(exact[part], part))
-        for path, reference in _leaves(expected[part], part):
+        exact_leaves = dict(_leaves(getattr(exact, part), part))
+        for path, reference in _leaves(getattr(expected, part), part):
             answer = exact_leaves.get(path)
             where = f"rank {rank}, case {case.name}, {path}"
             if answer is None or answer.shape != reference.shape:
                 found.append(f"{where}: the exact answer has another structure")
+            elif (reference.is_floating_point() or reference.is_complex()) and answer.dtype not in (torch.float64,
+                                                                                                 torch.complex128):
+                found.append(f"{where}: the exact answer is {answer.dtype}: a cast down pkb's fp64 arithmetic missed")
             elif not (reference.is_floating_point() or reference.is_complex()):
                 if not torch.equal(answer, reference):
                     found.append(f"{where}: {int((answer != reference).sum())} of {reference.numel()} integer values "
@@ -96,12 +100,13 @@ def test_the_exact_answer_keeps_the_references_choices_and_its_tolerance_holds_t
     for case in cases:
         if case.slow_on_cpu:
             continue
-        jobs = [{"op": "run", "case": case.name, "precision": "bf16", "seeds": (7919 * rank + 1, 104729),
-                 "sample_seed": 3} for rank in range(world_size)]
-        expected = group.request(jobs, 600.0)
-        exact = group.request([{**job, "exact": True} for job in jobs], 600.0)
+        jobs = [run_job(case.name, "bf16", None, (7919 * rank + 1, 104729)) for rank in range(world_size)]
+        expected = group.request(jobs, 600.0, RunReply)
+        exact = group.request([run_job(case.name, "bf16", None, (7919 * rank + 1, 104729), exact=True,
+                                       perturbations=PERTURBATIONS, perturbation_seed=5) for rank in range(world_size)],
+                              600.0, ExactReply)
         for rank in range(world_size):
-            assert not expected[rank].get("error"), expected[rank]["error"]
-            assert not exact[rank].get("error"), f"case {case.name}: the exact answer failed: {exact[rank]['error']}"
+            assert not isinstance(expected[rank], RankFailure), expected[rank]
+            assert not isinstance(exact[rank], RankFailure), f"case {case.name}: the exact answer failed: {exact[rank]}"
             found += _disagreements(problem, case, world_size, rank, expected[rank], exact[rank])
     assert not found, f"{name} at W={world_size}:\n  " + "\n  ".join(found[:20])

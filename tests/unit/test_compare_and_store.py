@@ -1,6 +1,7 @@
-"""The harness around the problems, in this process: output comparison, the results database, and the sandbox
-level (the flag, the check before any work, its place in the store's key). The command line as a user runs it:
-tests/integration/test_cli.py."""
+"""The harness around the problems, in this process: output comparison (a reply walked and judged leaf by leaf,
+against the reference's output where there is no exact answer), the results database, and the sandbox level (the
+flag, the check before any work, its place in the store's key). The command line as a user runs it:
+tests/integration/test_cli.py. pkb's accuracy rule against the exact answer: tests/unit/test_accuracy_rule.py."""
 
 from __future__ import annotations
 
@@ -9,13 +10,18 @@ import sqlite3
 import pytest
 import torch
 
-from pkb.evaluate.compare import compare
-from pkb.evaluate.result import SCHEMA_VERSION, EvalResult
+from pkb.evaluate.accuracy import Judge, Where
+from pkb.evaluate.result import SCHEMA_VERSION, Details, EvalResult
 from pkb.options import Status
 from pkb.problem import Tolerance
 from pkb.store.db import ResultStore, StoreError
 
 CLOSE = lambda dtype: Tolerance(1e-3, 1e-3)  # noqa: E731
+
+
+def compare(expected, got, tolerance_for):
+    """One rank's reply judged as an evaluation judges it, with no exact answer (against the reference's output)."""
+    return Judge(torch.float32).reply(Where(0, "c", 0), "outputs", expected, got, tolerance_for, None, "out")
 
 
 # -- comparison -------------------------------------------------------------------------------------
@@ -27,12 +33,12 @@ def test_mismatch_report_names_the_output_the_count_and_the_worst_elements():
     got[1][1, 2] += 0.5
     got[1][0, 1] += 0.01
     mismatch = compare(expected, got, CLOSE)
-    assert mismatch.path == "out[1]"
+    assert mismatch.path == "out[1] (rank 0, case c, trial 0)"
     assert mismatch.num_bad == 2 and mismatch.numel == 6
     assert mismatch.max_abs_err == pytest.approx(0.5) and mismatch.max_abs_at == (1, 2)
-    assert mismatch.max_rel_at == (1, 2) and mismatch.max_rel_err == pytest.approx(0.1)
+    assert mismatch.max_rel_err == pytest.approx(0.1)
     assert (mismatch.expected, mismatch.got) == (5.0, 5.5)
-    assert "2 of 6 elements off" in mismatch.describe()
+    assert "2 of 6 elements off the reference's output" in mismatch.describe()
 
 
 def test_values_within_tolerance_match_and_nan_placement_must_agree():
@@ -48,6 +54,8 @@ def test_integers_are_exact_and_exact_floats_are_bit_equal():
     assert compare(torch.tensor([1, 2, 3]), torch.tensor([1, 2, 4]), CLOSE).num_bad == 1
     exact = lambda dtype: Tolerance.exact()  # noqa: E731
     assert compare(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0 + 2**-20]), exact).num_bad == 1
+    nans = torch.tensor([1.0, float("nan")])
+    assert compare(nans, nans.clone(), exact) is None  # bit for bit, NaN where NaN
     assert compare(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0]), exact) is None
 
 
@@ -72,7 +80,7 @@ def test_structure_shape_and_dtype_differences_are_mismatches(got, reason):
 
 def _result(**overrides) -> EvalResult:
     fields = dict(problem="allreduce", problem_version=1, solution="x", solution_sha256="abc", status=Status.OK,
-                  message="fine", details={"rank": 1}, mode="cpu", world_size=2, num_trials=3, speedup=float("inf"))
+                  message="fine", details=Details(rank=1), mode="cpu", world_size=2, num_trials=3, speedup=float("inf"))
     fields.update(overrides)
     return EvalResult(**fields)
 
@@ -85,7 +93,7 @@ def test_results_round_trip_with_schema_version(tmp_path):
         assert store.has("key1") and not store.has("key3")
         rows = list(store.results())
     assert [r.status for r in rows] == [Status.OK, Status.MISMATCH]
-    assert rows[0].details == {"rank": 1} and rows[0].schema_version == SCHEMA_VERSION
+    assert rows[0].details == Details(rank=1) and rows[0].schema_version == SCHEMA_VERSION
     raw = sqlite3.connect(tmp_path / "r.sqlite").execute("SELECT speedup, status, pkb_version FROM results").fetchall()
     assert raw[0][0] is None and raw[1][1] == "mismatch" and raw[0][2]
 

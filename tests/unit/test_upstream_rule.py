@@ -1,4 +1,4 @@
-"""Upstream's rule (``outputs_match_rank_outputs``, pkb.evaluate.compare.upstream_compare), leaf by leaf:
+"""Upstream's rule (``outputs_match_rank_outputs``, pkb.evaluate.paper.upstream_compare), leaf by leaf:
 allclose on ``.float()`` copies with atol = rtol = 1e-2, shapes exact, dtypes not compared, any NaN fails,
 tuples and lists alike (issue 28). The verdicts it gives whole candidates: tests/integration/test_paper_verdict.py.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from pkb.evaluate.compare import upstream_compare
+from pkb.evaluate.paper import upstream_compare
 
 
 def test_upstream_rule_leaves():

@@ -1,0 +1,68 @@
+"""Replicas agree: where the reference gives several ranks the same value, the candidate's ranks must give each other
+the same bits.
+
+An all-reduce's output, an all-gather's, a broadcast's, parameters replicated across data-parallel ranks after an
+optimizer step: NCCL gives every rank the same bits, and replicas that drift apart are a training bug even where each
+rank's copy is accurate. Which values are replicated is read off the reference's own replies to pkb's random inputs
+(values equal on several ranks cannot be so by chance), value by value; a problem whose ranks may legitimately
+differ there says so and why (``Problem.replicas_may_differ``). Equal means equal values, NaN where NaN (+0 and -0
+alike).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pkb.evaluate.accuracy import bit_equal
+from pkb.evaluate.compare import Leaf, Mismatch, at, walk
+
+
+def disagreement(expected: list[Any], got: list[Any], path: str) -> Mismatch | None:
+    """The first value that the reference's ranks share (``expected``: one reply part per rank) and the candidate's
+    ranks (``got``, already judged one by one against the reference) do not, or None."""
+    first = expected[0]
+    for leaf in walk(first, first, path):
+        if not isinstance(leaf, Leaf) or not isinstance(leaf.expected, torch.Tensor):
+            continue
+        for ranks in _replicated(expected, leaf.keys):
+            values = [at(got[rank], leaf.keys) for rank in ranks]
+            for rank, value in zip(ranks[1:], values[1:]):
+                if not _same(values[0], value):
+                    return Mismatch(leaf.path, f"ranks {ranks[0]} and {rank} disagree in {_count(values[0], value)} of "
+                                               f"{value.numel()} elements, where the reference's ranks {list(ranks)} "
+                                               "all hold the same value: replicas must agree bit for bit (a rank that "
+                                               "sums in its own order gives each rank another answer)")
+    return None
+
+
+def _replicated(replies: list[Any], keys: tuple) -> list[tuple[int, ...]]:
+    """The groups of two or more ranks whose reference replies hold equal tensors at ``keys`` (an empty tensor is
+    no evidence of replication)."""
+    values = [at(reply, keys) for reply in replies]
+    groups: list[list[int]] = []
+    for rank, value in enumerate(values):
+        if not isinstance(value, torch.Tensor) or value.numel() == 0:
+            continue
+        for group in groups:
+            if _same(values[group[0]], value):
+                group.append(rank)
+                break
+        else:
+            groups.append([rank])
+    return [tuple(group) for group in groups if len(group) > 1]
+
+
+def _same(a: Any, b: Any) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+            and bit_equal(a, b))
+
+
+def _count(a: torch.Tensor, b: torch.Tensor) -> int:
+    try:
+        if a.is_floating_point() or a.is_complex():
+            return int(((a != b) & ~(torch.isnan(a) & torch.isnan(b))).sum())
+        return int((a != b).sum())
+    except (RuntimeError, TypeError):
+        return a.numel()
