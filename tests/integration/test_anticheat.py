@@ -80,7 +80,7 @@ def solution(tensor):
     if not hit.item():
         _cache[key] = honest(tensor)
     return _cache[key]
-""", perf=True, timeout_s=20.0)
+""", perf=True, timeout=20.0)
     assert result.status is Status.MISMATCH, result.message  # in a later trial (reused address) or while timed
 
 
@@ -104,7 +104,7 @@ def solution(tensor):
     out = honest(tensor)
     return out if dist.get_rank() == 0 else torch.zeros_like(out)
 """)
-    assert result.status is Status.MISMATCH and result.details["rank"] == 1, result.message
+    assert result.status is Status.MISMATCH and result.details.rank == 1, result.message
 
 
 def test_an_answer_right_only_on_the_diagonal_block(session, tmp_path):
@@ -162,7 +162,7 @@ def test_the_harness_is_not_in_sys_modules_to_be_patched(session, tmp_path):
     result = run(session, tmp_path, HONEST_ALLREDUCE + "import sys\n"
                  "sys.modules['pkb.runtime.worker'].Worker.run = None\nsolution = honest\n")
     assert result.status is Status.IMPORT_ERROR, result.message
-    assert "KeyError: 'pkb.runtime.worker'" in result.details["error"]
+    assert "KeyError: 'pkb.runtime.worker'" in result.details.error
 
 
 def test_patching_the_worker_found_through_the_garbage_collector_is_tampering(session, tmp_path):
@@ -256,7 +256,7 @@ def test_fp32_accumulation_at_eight_ranks_is_ok_on_both_verdicts(sessions):
     problem, candidate = get_problem("allreduce"), Candidate.from_file(path)
     both = evaluate(problem, candidate, EvalConfig(world_size=8, mode=Mode.CPU, trials=2), sessions(8))
     assert (both.status, both.upstream_ok) == (Status.OK, True), both.message
-    assert both.details["accuracy"]["worst"]["rms_ratio"] <= 1.0, both.details["accuracy"]
+    assert both.details.accuracy["least_accurate"]["rms_ratio"] <= 1.0, both.details.accuracy
 
 
 # -- the stock stack and the policy ---------------------------------------------------------------------
@@ -283,7 +283,7 @@ def solution(tensor):
 """, trials=1)
     assert result.status is Status.OK, result.message
     assert "reference" in result.collectives_used
-    assert any("pkb internals" in label for label in result.details["tripwire"])
+    assert any("pkb internals" in label for label in result.details.tripwire)
 
 
 # -- seeds -----------------------------------------------------------------------------------------------
