@@ -1,4 +1,4 @@
-"""``ast.parse`` that is safe when threads parse at once.
+"""``ast.parse`` that is safe when threads parse at once, and ``dotted``, the name an expression spells.
 
 CPython before 3.13 keeps the depth counter of the C-to-Python AST conversion in interpreter-wide state, so
 two threads in ``ast.parse`` at once can fail with ``SystemError: AST constructor recursion depth mismatch``
@@ -20,3 +20,14 @@ def parse(source: str, filename: str = "<unknown>") -> ast.Module:
     """``ast.parse(source, filename)``, never beside another parse of this process."""
     with _ONE_AT_A_TIME:
         return ast.parse(source, filename)
+
+
+def dotted(node: ast.AST) -> str:
+    """The dotted name an attribute chain spells (``torch.cuda.synchronize``), or "" where it starts with no name."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))

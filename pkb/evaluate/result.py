@@ -7,9 +7,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pkb import __version__
+from pkb.details import Details
 from pkb.options import Status
 
-SCHEMA_VERSION = 6  # bump with a migration in pkb.store.db when the row's fields change
+SCHEMA_VERSION = 7  # bump with a migration in pkb.store.db when the row's fields change
 
 
 @dataclass
@@ -28,6 +29,7 @@ class CaseTiming:
     roofline_fraction_calibrated: float | None = None  # the same against this machine's calibrated profile
     bound_by: str | None = None  # link, compute, memory or latency
     candidate_rank_clock_s: float | None = None  # the candidate ranks' own clock (a cross-check of candidate_s)
+    calls_per_repeat: int | None = None  # the parent's count, each call on an input copy of its own
 
 
 @dataclass
@@ -40,8 +42,11 @@ class EvalResult:
     # the solution set the result belongs to (pkb.store.db: a --solutions folder's name, a generation run,
     # "pkb shipped" or "reference"); "" until the caller names it
     solution_set: str = ""
+    # the experiment the result belongs to (pkb.options: a user's `--experiment`, "default", "served", "rl"); "" until
+    # the caller names it, and the store files an unnamed result under pkb.options.DEFAULT_EXPERIMENT
+    experiment: str = ""
     message: str = ""
-    details: dict[str, Any] = field(default_factory=dict)
+    details: Details = field(default_factory=Details)
     mode: str = "cpu"
     world_size: int = 0
     precision: str = "bf16"  # the run's precision (pkb.problem.PRECISIONS): the dtype of upstream's inputs
@@ -70,6 +75,7 @@ class EvalResult:
     def to_dict(self) -> dict[str, Any]:
         row = asdict(self)
         row["status"] = self.status.value
+        row["details"] = self.details.to_dict()
         return row
 
     @classmethod
@@ -77,5 +83,6 @@ class EvalResult:
         row = dict(row)
         row["status"] = Status(row["status"])
         row["timings"] = [CaseTiming(**t) for t in row.get("timings") or []]
+        row["details"] = row["details"] if isinstance(row.get("details"), Details) else Details.from_dict(row.get("details"))
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in row.items() if k in known})

@@ -52,16 +52,6 @@ class Label:
         return f"line {self.line}: {self.kind}: {self.detail}"
 
 
-def _dotted(node: ast.AST) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    return ".".join(reversed(parts))
-
-
 def scan(source: str) -> list[Label]:
     """Labels for the suspicious constructs in ``source`` (empty for unparsable source)."""
     try:
@@ -82,22 +72,22 @@ def scan(source: str) -> list[Label]:
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
-                name = _dotted(target) if isinstance(target, ast.Attribute) else ""
+                name = syntax.dotted(target) if isinstance(target, ast.Attribute) else ""
                 if name.split(".")[0] in _PATCHABLE and "." in name:
                     labels.append(Label(line, "monkeypatch", f"assigns {name}"))
         elif isinstance(node, ast.Call):
-            name = _dotted(node.func)
+            name = syntax.dotted(node.func)
             last = name.rsplit(".", 1)[-1]
             for pattern, why in _SUSPICIOUS_CALLS.items():
                 if name == pattern or ("." not in pattern and last == pattern):
                     labels.append(Label(line, "call", f"{name}(): {why}"))
-        elif isinstance(node, ast.Attribute) and _dotted(node) == "sys.modules":
+        elif isinstance(node, ast.Attribute) and syntax.dotted(node) == "sys.modules":
             labels.append(Label(line, "access", "sys.modules: reaches every loaded module"))
         elif isinstance(node, ast.Attribute) and node.attr == "_version":
             labels.append(Label(line, "access", "reads a tensor's _version counter (a cache keyed on it?)"))
         elif isinstance(node, ast.FunctionDef):
             for decorator in node.decorator_list:
-                name = _dotted(decorator.func if isinstance(decorator, ast.Call) else decorator)
+                name = syntax.dotted(decorator.func if isinstance(decorator, ast.Call) else decorator)
                 if name.rsplit(".", 1)[-1] in ("cache", "lru_cache", "cached_property"):
                     labels.append(Label(line, "cache", f"{node.name} is memoised with {name}"))
     return sorted(set(labels), key=lambda label: (label.line, label.kind, label.detail))

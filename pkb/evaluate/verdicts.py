@@ -22,13 +22,15 @@ class Verdict(Exception):
         self.details = details
 
 
-def raise_reference_errors(replies: list[dict], problem: Problem, what: str) -> None:
+def raise_reference_errors(replies: list, problem: Problem, what: str) -> None:
+    """HarnessError where a reply of the trusted reference's ranks (typed, pkb.runtime.messages) is a failure: pkb's
+    own, never the candidate's."""
     for rank, reply in enumerate(replies):
-        if reply.get("error") or reply.get("status") not in (None, "ok"):
+        if hasattr(reply, "said"):  # a RankFailure
             raise HarnessError(f"the reference of {problem.name} failed on rank {rank} ({what}): "
-                               f"{reply.get('error')}\n{reply.get('traceback', '')}")
+                               f"{reply.error}\n{reply.traceback}")
 
 
-def used(replies: list[dict]) -> list[str]:
-    """The union over ranks of the stock calls each reply says its rank's solution made."""
-    return sorted({label for reply in replies for label in reply.get("collectives_used", [])})
+def used(replies: list) -> list[str]:
+    """The union over ranks of the stock calls each reply says its rank's code made (a candidate's word: labels)."""
+    return sorted({label for reply in replies for label in getattr(reply, "collectives_used", ())})

@@ -13,17 +13,17 @@ from typing import Any, Sequence
 from pkb.client import Client, result_view
 from pkb.generate.extract import extract_solution
 from pkb.generate.prompt import feedback
+from pkb.options import rl_experiment
 from pkb.serve.cli import TOKEN_ENV
 
 SERVER_URL_ENV = "PKB_SERVE_URL"
 REWARDS = ("correctness", "upstream_ok", "fast_1", "log_speedup", "roofline_fraction")
 NO_CODE = "no_code"  # the answer held no file: nothing was sent to the service
-NO_VERDICT = ("harness_error", "infra_error")  # pkb or the machine failed, not the candidate
-
-
-class NoVerdict(RuntimeError):
-    """The service gave no verdict on the file (pkb or its machine failed): the rollout or sample fails,
-    rather than scoring 0, so that a trainer's retry takes it again."""
+NO_VERDICT = ("harness_error", "infra_error")  # pkb or its executor saw itself fail: the only statuses evaluated again
+NO_VERDICT_RETRIES = 2  # evaluations again of a file that got no verdict, before it scores 0
+# The paper's verdict was not reached because of the answer (no file, a file that declares what the run lacks) or
+# pkb never gave one: counted as failed, as every reward counts them.
+UNJUDGED = (NO_CODE, "skipped", *NO_VERDICT)
 
 
 def client(server_url: str | None) -> Client:
@@ -70,17 +70,37 @@ def choose_problems(summaries: list[dict], problems: list[str] | None, categorie
     return chosen
 
 
-def judge(service: Client, problem: str, answer: str, **options: Any) -> dict:
+def judge(service: Client, problem: str, answer: str, no_verdict_retries: int = NO_VERDICT_RETRIES,
+          **options: Any) -> dict:
     """The verdict (the JSON of ``pkb eval --json``) on the file in a model's ``answer``: ``status`` no_code,
-    without asking the service, when the answer holds none; NoVerdict when pkb or its machine failed."""
+    without asking the service, when the answer holds none; a file that gets no verdict is evaluated again, up to
+    ``no_verdict_retries`` times (``evaluate``). The service stores it in an RL experiment (``rl``, or ``rl:NAME``
+    for an ``experiment`` in ``options``: RL traffic, which no report shows unless asked for, and whose turns are
+    never samples of a set; docs/reports.md, "Experiments")."""
     extraction = extract_solution(answer)
     if extraction is None:
         return {"status": NO_CODE, "message": "the answer had no ```python block defining `solution`",
                 "upstream_ok": None, "speedup": None, "roofline_fraction": None}
-    verdict = service.evaluate(problem, extraction.code, **options)
-    if verdict["status"] in NO_VERDICT:
-        raise NoVerdict(f"{problem}: no verdict on the file ({verdict['status']}): {verdict.get('message', '')}")
+    options = {**options, "experiment": rl_experiment(options.get("experiment"))}
+    verdict = evaluate(service, problem, extraction.code, no_verdict_retries, **options)
     return {**verdict, "code": extraction.code}
+
+
+def evaluate(service: Client, problem: str, code: str, no_verdict_retries: int, **options: Any) -> dict:
+    """The service's verdict on ``code``, with ``attempts``: how many evaluations it took. Only a verdict that is none
+    on the file, ``harness_error`` or ``infra_error`` (pkb's own code or its executor saw itself fail), is asked for
+    again, up to ``no_verdict_retries`` times, each stored as ``<name>/retry<n>``; still none after that, it stays
+    that status, which scores 0 like any failure (a candidate may be what makes pkb fail, and a retry without end
+    would be an escape from every penalty), its message saying so. Every other status is the file's verdict."""
+    name = options.pop("name", "candidate")
+    verdict, attempts = service.evaluate(problem, code, name=name, **options), 1
+    while verdict["status"] in NO_VERDICT and attempts <= no_verdict_retries:
+        verdict = service.evaluate(problem, code, name=f"{name}/retry{attempts}", **options)
+        attempts += 1
+    if verdict["status"] in NO_VERDICT:
+        verdict = {**verdict, "message": f"no verdict on the file after {attempts} evaluations (pkb or its machine "
+                                         f"failed each time), so it scores 0; the last: {verdict.get('message', '')}"}
+    return {**verdict, "attempts": attempts}
 
 
 def next_message(arguments: Sequence[str], step: int, verdict: dict) -> str:
@@ -91,24 +111,33 @@ def next_message(arguments: Sequence[str], step: int, verdict: dict) -> str:
 
 def rewards(verdict: dict | None, log_speedup_cap: float = 3.0) -> dict[str, float]:
     """Each in [0, 1]; all 0 when the file is not ok by pkb's strict verdict, except ``upstream_ok``.
+    ``verdict`` None: the answer held no file. No status a candidate can cause scores more than failing.
 
     - ``correctness``: ``status == "ok"`` (every case pkb checks, on every rank);
-    - ``upstream_ok``: the paper's verdict (upstream's trials on its cases; docs/paper-protocol.md), 0 when
-      no upstream case was checked (``cases="tests"``);
-    - ``fast_1``: correct and faster than the reference (needs ``perf``);
-    - ``log_speedup``: clip(log2(speedup), 0, log_speedup_cap) / log_speedup_cap (needs ``perf``);
-    - ``roofline_fraction``: the fraction of the hardware roofline reached, clipped to [0, 1] (needs ``perf``).
+    - ``upstream_ok``: the paper's verdict (upstream's trials on its cases; docs/paper-protocol.md); left out
+      where it was not checked on a file pkb judged (a run without upstream cases, ``cases="tests"``, or a
+      problem without one), and 0 where pkb judged no file (``UNJUDGED``: no file, ``skipped``, no verdict);
+    - ``fast_1``: correct and faster than the reference (needs ``perf``, and GPUs in cuda mode: a time measured in
+      cpu or shared-gpu mode is not GPU performance and rewards nothing);
+    - ``log_speedup``: clip(log2(speedup), 0, log_speedup_cap) / log_speedup_cap (the same);
+    - ``roofline_fraction``: the fraction of the hardware roofline reached, clipped to [0, 1] (the same).
 
-        >>> rewards({"status": "ok", "upstream_ok": True, "speedup": 2.0, "roofline_fraction": 0.4}, 2.0)
+        >>> rewards({"status": "ok", "upstream_ok": True, "speedup": 2.0, "roofline_fraction": 0.4,
+        ...          "times_are_gpu_performance": True}, 2.0)
         {'correctness': 1.0, 'upstream_ok': 1.0, 'fast_1': 1.0, 'log_speedup': 0.5, 'roofline_fraction': 0.4}
+        >>> rewards({"status": "ok", "upstream_ok": None})  # cases="tests": the paper's verdict not checked
+        {'correctness': 1.0, 'fast_1': 0.0, 'log_speedup': 0.0, 'roofline_fraction': 0.0}
     """
-    verdict = verdict or {}
+    verdict = verdict or {"status": NO_CODE}
     correct = verdict.get("status") == "ok"
-    speedup = verdict.get("speedup") if correct else None
+    on_gpus = correct and verdict.get("times_are_gpu_performance") is True  # cpu and shared-gpu times are no speed
+    speedup = verdict.get("speedup") if on_gpus else None
     timed = speedup is not None and math.isfinite(speedup) and speedup > 0
-    roofline = verdict.get("roofline_fraction") if correct else None
+    roofline = verdict.get("roofline_fraction") if on_gpus else None
+    paper = verdict.get("upstream_ok")
+    checked = paper is not None or verdict.get("status") in UNJUDGED
     return {"correctness": float(correct),
-            "upstream_ok": float(verdict.get("upstream_ok") is True),
+            **({"upstream_ok": float(paper is True)} if checked else {}),
             "fast_1": float(timed and speedup > 1.0),
             "log_speedup": min(max(math.log2(speedup), 0.0), log_speedup_cap) / log_speedup_cap if timed else 0.0,
             "roofline_fraction": min(max(float(roofline), 0.0), 1.0) if roofline is not None else 0.0}

@@ -17,10 +17,13 @@ For verifiers 0.4 (``import verifiers.v1 as vf``; ``pip install 'pkb[rl]'``); do
   (clip(log2(speedup), 0, cap) / cap) and ``roofline_fraction`` (of the hardware roofline); the last
   three need timings (``perf=True``). Weights: correctness 1, the others 0, or 1 with ``perf=True``.
 
-Each answer is evaluated once: the verdict is kept on the rollout's state (``trace.state.verdict``, the
-JSON of ``pkb eval --json``) and every reward reads it there. A verdict that is no verdict on the
-candidate (``harness_error``, ``infra_error``: pkb or the machine failed) fails the rollout instead of
-scoring it 0, so a trainer's retry takes it again.
+Each answer is evaluated once (again only after no verdict): the verdict is kept on the rollout's state
+(``trace.state.verdict``, the JSON of ``pkb eval --json``) and every reward reads it there. Only a verdict
+that is no verdict on the file (``harness_error``, ``infra_error``: pkb or its executor saw itself fail) is
+asked for again, up to ``no_verdict_retries`` times; after that the answer scores 0, the reason in its
+verdict's message. Every status a candidate can cause (``skipped`` too) scores as a failure. The metric
+``upstream_ok`` (the paper's verdict) is left out of a trace's metrics where it was not checked, rather than
+read as a 0.
 
 verifiers loads a taskset by the id of an installed module: this one's is ``pkb-verifiers`` (the package
 ``pkb_verifiers``, which re-exports this module), so ``vf-eval pkb-verifiers`` and an env server that
@@ -46,7 +49,7 @@ from pkb.generate.prompt import BACKENDS
 from pkb.options import request_options
 from pkb.protocol import DEFAULT_PRECISION
 from pkb.rl import common
-from pkb.rl.common import rewards
+from pkb.rl.common import NO_VERDICT_RETRIES, rewards
 
 TASKSET_ID = "pkb-verifiers"
 REWARDS = tuple(name for name in common.REWARDS if name != "upstream_ok")  # the paper's verdict: a metric
@@ -70,6 +73,8 @@ class PkbTaskConfig(vf.TaskConfig):
     """The solution set the service stores each verdict under."""
     log_speedup_cap: float = Field(3.0, gt=0)
     """``log_speedup`` reaches 1 at 2**cap times the reference's speed (3: 8x)."""
+    no_verdict_retries: int = Field(NO_VERDICT_RETRIES, ge=0)
+    """Evaluations again of a file that got no verdict (``harness_error``, ``infra_error``) before it scores 0."""
 
     def eval_options(self) -> dict[str, Any]:
         return request_options(mode=self.mode, cases=self.cases, trials=self.trials, perf=self.perf,
@@ -132,7 +137,7 @@ class PkbTask(vf.Task[PkbData, PkbState, PkbTaskConfig]):
             state.num_evaluations += 1
             trace.info.setdefault("pkb_verdicts", []).append(
                 {key: state.verdict.get(key) for key in ("status", "upstream_ok", "speedup", "roofline_fraction",
-                                                         "message")})
+                                                         "message", "attempts")})
         return state.verdict
 
     def feedback(self, step: int, verdict: dict[str, Any]) -> str:
@@ -168,7 +173,8 @@ class PkbTask(vf.Task[PkbData, PkbState, PkbTaskConfig]):
         return rewards(await self.verdict(trace), self.config.log_speedup_cap)["roofline_fraction"]
 
     async def _evaluate(self, reply: str, name: str) -> dict[str, Any]:
-        verdict = await asyncio.to_thread(common.judge, self.config.client(), self.data.problem, reply, name=name,
+        verdict = await asyncio.to_thread(common.judge, self.config.client(), self.data.problem, reply,
+                                          self.config.no_verdict_retries, name=name,
                                           world_size=self.data.world_size, dtype=self.data.dtype,
                                           **self.config.eval_options())
         verdict.pop("code", None)
@@ -259,11 +265,13 @@ def load_environment(server_url: str | None = None, problems: str | int | list |
                      trials: int | None = None, upstream_trials: int | None = None, perf: bool = False,
                      policy: str | None = None, timeout: float | None = None, hardware: str | None = None,
                      weights: dict[str, float] | None = None, log_speedup_cap: float = 3.0,
-                     solution_set: str = "rl", env_config: dict | None = None) -> PkbEnv:
+                     solution_set: str = "rl", no_verdict_retries: int = NO_VERDICT_RETRIES,
+                     env_config: dict | None = None) -> PkbEnv:
     """The environment over ``pkb serve`` at ``server_url`` (default $PKB_SERVE_URL): prompts of ``problems``
     (slugs or numbers) and ``categories`` (None: all) that run at ``world_size`` in ``dtype``, for ``backend``;
     answers judged with the options of ``pkb eval`` (``mode`` ... ``timeout``; None: the service's default);
-    ``weights`` by reward name (see the module's docstring); ``env_config``: more fields of the env's config
+    ``weights`` by reward name (see the module's docstring); ``no_verdict_retries``: evaluations again of a file
+    that got no verdict before it scores 0; ``env_config``: more fields of the env's config
     (e.g. ``{"agent": {"max_output_tokens": 8192}}``)."""
     unknown = set(weights or {}) - set(REWARDS)
     if unknown:
@@ -272,6 +280,7 @@ def load_environment(server_url: str | None = None, problems: str | int | list |
     task = PkbTaskConfig(server_url=server_url, mode=mode, cases=cases,
                          trials=trials, upstream_trials=upstream_trials, perf=perf, policy=policy, timeout=timeout,
                          solution_set=solution_set, log_speedup_cap=log_speedup_cap,
+                         no_verdict_retries=no_verdict_retries,
                          rewards={name: vf.RewardFunctionConfig(weight=weight) for name, weight in weights.items()})
     task.client()  # no URL: say how to start a server now, not at the first rollout
     taskset = PkbTasksetConfig(problems=common.names(problems), categories=common.names(categories), world_size=world_size,

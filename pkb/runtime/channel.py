@@ -29,6 +29,7 @@ import select
 import socket
 import stat
 import struct
+import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -57,20 +58,22 @@ MAX_MESSAGE_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 
 MESSAGE_STALL_S = 60.0  # a sender silent this long in the middle of a message has stopped
 
 
-def recv_reply(conn: Connection, stall_s: float = MESSAGE_STALL_S) -> dict:
+def recv_reply(conn: Connection, stall_s: float = MESSAGE_STALL_S, max_bytes: int = MAX_MESSAGE_BYTES) -> dict:
     """The next reply on ``conn`` (framed as ``Connection.send_bytes`` frames it, or a sealed memory file:
     ``send_reply``), decoded. EOFError at end of file before it starts, OSError at end of file within it;
-    ChannelError for a size past MAX_MESSAGE_BYTES, a sender silent for ``stall_s`` within a message, a
-    memory file that is not sealed, or a reply that does not decode."""
+    ChannelError for a size past ``max_bytes`` (at most MAX_MESSAGE_BYTES: the caller's bound, e.g. a few times
+    the reference's reply), a sender silent for ``stall_s`` within a message, a memory file that is not sealed,
+    or a reply that does not decode."""
+    max_bytes = min(max_bytes, MAX_MESSAGE_BYTES)
     fd = conn.fileno()
     header, memory_file = _read_header(fd, stall_s)
     size, = _SIZE.unpack(header)
     if size == _IN_MEMORY_FILE:  # a passed file comes with no other size (``_read_header``)
-        return _decode_sealed(memory_file)
+        return _decode_sealed(memory_file, max_bytes)
     if size == -1:
         size, = _LONG_SIZE.unpack(_read_into(fd, bytearray(_LONG_SIZE.size), stall_s))
-    if not 0 <= size <= MAX_MESSAGE_BYTES:
-        raise ChannelError(f"a rank announced a reply of {size} bytes (at most {MAX_MESSAGE_BYTES} are read)")
+    if not 0 <= size <= max_bytes:
+        raise ChannelError(f"a rank announced a reply of {size} bytes (at most {max_bytes} are read)")
     if size and _MEMORY_FILES:
         return _recv_into_memory_file(fd, size, stall_s)
     body = io.BytesIO()  # elsewhere: read into the stream torch.load reads from
@@ -118,7 +121,7 @@ def _read_header(fd: int, stall_s: float) -> tuple[bytes, int | None]:
     return bytes(header), (fds[0] if fds else None)
 
 
-def _decode_sealed(memory_file: int | None) -> dict:
+def _decode_sealed(memory_file: int | None, max_bytes: int) -> dict:
     """The reply in a memory file a rank passed, decoded with its tensors mapped: only a memory file
     sealed against writing, shrinking and growing, and of an allowed size, is read (closed in any case)."""
     if memory_file is None:
@@ -131,8 +134,8 @@ def _decode_sealed(memory_file: int | None) -> dict:
         if seals & _SEALS != _SEALS:
             raise ChannelError("a rank passed a memory file it had not sealed against writing, shrinking and growing")
         info = os.fstat(memory_file)
-        if not stat.S_ISREG(info.st_mode) or not 0 < info.st_size <= MAX_MESSAGE_BYTES:
-            raise ChannelError(f"a rank passed a reply of {info.st_size} bytes (at most {MAX_MESSAGE_BYTES} are read)")
+        if not stat.S_ISREG(info.st_mode) or not 0 < info.st_size <= max_bytes:
+            raise ChannelError(f"a rank passed a reply of {info.st_size} bytes (at most {max_bytes} are read)")
         return decode_reply(f"/proc/self/fd/{memory_file}", mapped=True)
     finally:
         os.close(memory_file)  # the mapped tensors keep their pages
@@ -178,34 +181,34 @@ def _wait_readable(fd: int, stall_s: float) -> None:
         raise ChannelError(f"a rank stopped for {stall_s:.0f} s in the middle of a reply")
 
 
-MAX_FULL_ELEMENTS = 1 << 22  # larger tensors travel as a sample of elements at parent-chosen places
-SAMPLE_ELEMENTS = 1 << 16
+def to_plain(value: Any) -> Any:
+    """A copy of ``value`` made of plain CPU tensors, lists, dicts, numbers and strings: every element of every
+    tensor (the parent compares all of them; nothing the candidate could learn decides what is compared).
 
-
-def to_plain(value: Any, sample_seed: int | None = None) -> Any:
-    """A copy of ``value`` made of plain CPU tensors, lists, dicts, numbers and strings.
-
-    Tensors are copied to the CPU into storage of their own size (a view does not drag its whole
-    base along). Tuples become lists; the parent compares structure, not container type. With a
-    ``sample_seed``, a tensor of more than MAX_FULL_ELEMENTS elements is sent as the values at
-    SAMPLE_ELEMENTS places drawn from the seed (the parent picks the seed after the call, and the
-    reference sends the same places): a cheap check of GiB-sized outputs.
+    Tensors are copied to the CPU into storage of their own size (a view does not drag its whole base along), a
+    sparse one as its dense values. Only a plain ``torch.Tensor`` is copied (its type checked with ``type``, which no
+    object can fake), an ``nn.Parameter`` as its ``.data`` and torch's ``AsyncCollectiveTensor`` (what functional
+    collectives and DTensor's ``to_local`` return before the wait) as its plain tensor, waited on with torch's own
+    op (``_waited``): torch's classes, exactly. Any other tensor subclass is never asked for its values here
+    (its ``detach``, ``to`` or ``clone`` is the candidate's code, which could hand back anything, a meta tensor among
+    them, or run work outside the window pkb watches), nor is a meta tensor (no values): each is sent as
+    ``{"__unsupported__": "return a plain torch.Tensor (got <type>)"}``, a mismatch that says so. Tuples become
+    lists; the parent compares structure, not container type. An object that is none of these is sent as its
+    type's name (``{"__unsupported__": ...}``), which matches nothing the reference returns. The parent checks
+    again what it receives (pkb.runtime.messages.decode: plain, strided cpu tensors only).
     """
-    counter = [0]
-
     def plain(value):
         if isinstance(value, torch.Tensor):
+            if type(value) is torch.nn.Parameter:  # a model's parameters: torch's own class, its values in .data
+                value = value.data
+            value = _waited(value)
+            if type(value) is not torch.Tensor:
+                return {"__unsupported__": f"return a plain torch.Tensor (got {type(value).__name__[:60]})"}
+            if value.device.type == "meta":
+                return {"__unsupported__": "return a tensor with values (got a meta tensor)"}
             tensor = value.detach()
             if tensor.layout != torch.strided:  # sparse outputs are compared as their dense values
                 tensor = tensor.to_dense()
-            if type(tensor) is not torch.Tensor:
-                tensor = tensor.as_subclass(torch.Tensor)
-            counter[0] += 1
-            if sample_seed is not None and tensor.numel() > MAX_FULL_ELEMENTS:
-                gen = torch.Generator().manual_seed(sample_seed + counter[0])
-                places = torch.randint(tensor.numel(), (SAMPLE_ELEMENTS,), generator=gen)
-                values = tensor.reshape(-1)[places.to(tensor.device)].to("cpu")
-                return {"__sampled__": True, "shape": list(tensor.shape), "places": places, "values": values}
             return tensor.to("cpu").clone(memory_format=torch.contiguous_format)
         if isinstance(value, (list, tuple)):
             return [plain(v) for v in value]
@@ -225,6 +228,20 @@ def to_plain(value: Any, sample_seed: int | None = None) -> Any:
         return {"__unsupported__": type(value).__qualname__}
 
     return plain(value)
+
+
+_FUNCTIONAL_COLLECTIVES = "torch.distributed._functional_collectives"
+
+
+def _waited(value: torch.Tensor) -> torch.Tensor:
+    """An ``AsyncCollectiveTensor`` (exactly torch's class, holding a plain tensor) as that tensor once its collective
+    has finished (``_c10d_functional.wait_tensor``, a no-op where it has); anything else as it is. Its slot is read
+    and torch's op called: no method of the object runs."""
+    module = sys.modules.get(_FUNCTIONAL_COLLECTIVES)  # not imported: no such tensor can exist
+    if module is None or type(value) is not getattr(module, "AsyncCollectiveTensor", None):
+        return value
+    elem = value.elem
+    return torch.ops._c10d_functional.wait_tensor(elem) if type(elem) is torch.Tensor else value
 
 
 def send_reply(conn: Connection, reply: dict) -> None:

@@ -1,17 +1,35 @@
 """The timing protocol (docs/timing.md): the rank side, driven by the parent one phase at a time.
 
-``TimedLoop`` lives in each rank process. The parent sends ``prepare`` (fresh input copies, warm-up,
-the number of calls per repeat), then ``repeat`` several times (an aligned start and ``num_iters``
-calls back to back between device-wide synchronizes), then ``finish`` (synchronize and join any
-thread the candidate left running), then ``outputs`` (the last output computed on each input copy).
+``TimedLoop`` lives in each rank process. The parent sends ``prepare`` (the first input slots, warm-up, an estimate of
+one call's time and of one slot's bytes), then ``copies`` (as many input slots as the parent decided there are calls
+per repeat), then for each repeat ``refresh`` (new values in every slot, from entropy sent with the refresh),
+``repeat`` (an aligned start, then one call on each slot in turn, back to back, between device-wide synchronizes) and
+``check`` (summaries of every slot's last output under projections the parent chose after the repeat, and the full
+outputs of the slots it names), then ``finish`` (synchronize, join any thread the candidate left running) and
+``outputs`` (the last output of every slot).
 
-The parent times every ``repeat`` and ``finish`` with its own clock, from sending the job until the
-last rank replies: that clock is the one the verdict uses, since no code in a rank process can
-change it. The rank's own wall clock and CUDA events are reported beside it as a cross-check.
+Every call's inputs get their last values just before the call: the loop copies a block of rows (an eighth of the
+largest floating tensor, along its first dimension of at least 8 rows) from a second valid instance of the slot's
+inputs made with the slot (its *donor*), at rows that entropy sent with the repeat job chooses (``change_block``). An
+answer worked out ahead, from the values the slots held when an earlier call ran, is wrong in that block, which the
+parent's checks find; to compute ahead, a candidate would have to redo this harness's change itself (docs/timing.md,
+"Open").
+
+The parent times every phase with its own clock, from sending the job until the last rank replies: that clock is the
+one the verdict uses, since no code in a rank process can change it; the rank's own wall clock and CUDA events are
+reported beside it as a cross-check. The number of calls per repeat is the parent's, sent with each ``repeat``.
+
+Every output of a call the loop makes must be plain data right when the call returns (``refusal``): a plain
+``torch.Tensor`` (or ``nn.Parameter``), numbers, strings, and lists, tuples and dicts of them, with no torch function or
+dispatch mode left active. A tensor subclass can defer its work to whenever the harness first touches it (the check,
+after the parent's clock has stopped), and so can a mode left on torch's stack: either is refused (``OutputRefused``,
+``tampered``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
 import threading
 import time
@@ -20,26 +38,30 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-CPU_CACHE_BYTES = 32 << 20  # what to outgrow on a CPU, where no L2 size is reported per device
+from pkb.runtime.channel import tensor_bytes
 
-# The harness's own clocks and synchronisation, bound before any candidate code is imported, so a
+CPU_CACHE_BYTES = 32 << 20  # what to outgrow on a CPU, where no L2 size is reported per device
+CHANGE_SHARE = 8  # a call's inputs take 1/CHANGE_SHARE of their largest floating tensor from the donor
+MAX_DEPTH = 16  # nesting of lists, tuples and dicts an output may have
+
+# The harness's own clocks, synchronisation and torch entry points, bound before any candidate code is imported, so a
 # candidate that patches the modules' attributes does not change what the harness calls.
 _perf_counter = time.perf_counter
 _cuda_synchronize = torch.cuda.synchronize
 _barrier = dist.barrier
 _all_reduce = dist.all_reduce
 _Event = torch.cuda.Event
+_Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
+_function_modes = torch._C._len_torch_function_stack
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_no_torch_function = torch._C.DisableTorchFunction
+_PLAIN_LEAVES = (type(None), bool, int, float, complex, str, torch.dtype, torch.device)
+_CONTAINER_METHODS = {list: ("__iter__", "__len__", "__getitem__"), tuple: ("__iter__", "__len__", "__getitem__"),
+                      dict: ("__iter__", "__len__", "__getitem__", "items", "keys", "values")}
 
 
-def input_bytes(inputs) -> int:
-    """Bytes of every tensor in ``inputs``, however deeply nested in lists, tuples and dicts."""
-    if isinstance(inputs, torch.Tensor):
-        return inputs.numel() * inputs.element_size()
-    if isinstance(inputs, (list, tuple)):
-        return sum(input_bytes(x) for x in inputs)
-    if isinstance(inputs, dict):
-        return sum(input_bytes(x) for x in inputs.values())
-    return 0
+class OutputRefused(Exception):
+    """An output that is not plain data when its call returns (the module's docstring): the candidate's failure."""
 
 
 def cache_bytes(device: torch.device) -> int:
@@ -48,15 +70,83 @@ def cache_bytes(device: torch.device) -> int:
     return CPU_CACHE_BYTES
 
 
-def num_copies_for(one_copy_bytes: int, device: torch.device, max_copies: int) -> int:
-    """Enough input copies to exceed 3x the cache together, at least 2 and at most ``max_copies``."""
-    needed = -(-3 * cache_bytes(device) // max(one_copy_bytes, 1))
-    return max(2, min(max_copies, needed))
+def _mixed(part: int, *salt) -> int:
+    digest = hashlib.blake2b(repr((int(part), *salt)).encode(), digest_size=8, person=b"pkb-timing").digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
-def _round_seed(seed: tuple, round_index: int) -> tuple:
-    """The seeds of a copy's values in refresh round ``round_index`` (round 0: the copy's own seeds)."""
-    return tuple(part ^ (0x9E3779B97F4A7C15 * round_index & (2**63 - 1)) for part in seed)
+def instance_seeds(seed: tuple, round_index: int, entropy: int, instance: int) -> tuple:
+    """The seeds of a slot's inputs (``instance`` 0) in refresh round ``round_index``, or of its donor (1; round -1,
+    entropy 0: the donor is made once, with the slot): each of the slot's own seeds (this rank's, the one all ranks
+    share) mixed with the round, the entropy the parent sent with that round's refresh, and the instance. Each part is
+    mixed alone, so the shared seed stays the same on every rank. The parent's exact answer to a timed call rebuilds
+    its inputs from the same numbers (pkb.runtime.worker, ``time_exact``)."""
+    return tuple(_mixed(part, round_index, entropy, instance) for part in seed)
+
+
+def change_block(shape: tuple, entropy: int, call: int) -> tuple[int, int, int] | None:
+    """The block of a tensor of ``shape`` that call ``call`` of a repeat takes from the donor, as (dim, start, length):
+    along its first dimension of at least CHANGE_SHARE (else its first; a 0-d tensor whole), length 1/CHANGE_SHARE
+    of it (at least 1), starting at a row drawn from the repeat's ``entropy`` and the call (the same on every rank:
+    a tensor replicated across ranks stays replicated). None for an empty tensor."""
+    if not shape:
+        return (-1, 0, 1)
+    if 0 in shape:
+        return None
+    dim = next((d for d, size in enumerate(shape) if size >= CHANGE_SHARE), 0)
+    length = max(1, shape[dim] // CHANGE_SHARE)
+    return dim, _mixed(entropy, "block", call) % (shape[dim] - length + 1), length
+
+
+def donor_pair(inputs: tuple, donor_inputs: tuple):
+    """(the tensor of ``inputs`` the change writes, its counterpart in ``donor_inputs``): the largest floating tensor
+    (the first of them), matched by position among the tensors of each; None where there is none or the donor's
+    differs in shape or dtype."""
+    mine, theirs = _tensors(inputs), _tensors(donor_inputs)
+    floating = [index for index, tensor in enumerate(mine) if tensor.is_floating_point() and tensor.numel()]
+    if not floating or len(mine) != len(theirs):
+        return None
+    index = max(floating, key=lambda i: (mine[i].numel(), -i))
+    target, donor = mine[index], theirs[index]
+    if donor.shape != target.shape or donor.dtype != target.dtype or donor.device != target.device:
+        return None
+    return target.data, donor.data  # .data: a parameter's values, written outside autograd
+
+
+def change_views(pair, entropy: int, call: int):
+    """(where call ``call``'s change writes, what it copies there): views of ``pair`` (``donor_pair``'s) at the
+    call's block (``change_block``), or None where the call's inputs do not change."""
+    if pair is None:
+        return None
+    target, donor = pair
+    block = change_block(tuple(target.shape), entropy, call)
+    if block is None:
+        return None
+    dim, start, length = block
+    if dim < 0:
+        return target, donor
+    return target.narrow(dim, start, length), donor.narrow(dim, start, length)
+
+
+def apply_change(pair, entropy: int, call: int) -> None:
+    """Copy call ``call``'s block (``change_block``) of the donor into its target (``pair``: ``donor_pair``'s)."""
+    views = change_views(pair, entropy, call)
+    if views is not None:
+        views[0].copy_(views[1])
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor of ``value`` (an input set), in order: lists, tuples, dicts by key, a module's parameters and
+    buffers."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [tensor for item in value for tensor in _tensors(item)]
+    if isinstance(value, dict):
+        return [tensor for key in sorted(value, key=str) for tensor in _tensors(value[key])]
+    if isinstance(value, torch.nn.Module):
+        return [*value.parameters(), *value.buffers()]
+    return []
 
 
 def _same_layout(a, b) -> bool:
@@ -64,7 +154,12 @@ def _same_layout(a, b) -> bool:
         return a.shape == b.shape and a.dtype == b.dtype and a.is_contiguous() == b.is_contiguous()
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same_layout(x, y) for x, y in zip(a, b))
-    return a == b if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) else False
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or isinstance(a, dict) or isinstance(b, dict):
+        return False
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001 - an object without a plain equality: not the same layout (the slot is replaced)
+        return False
 
 
 def _copy_into(old, fresh) -> None:
@@ -75,21 +170,44 @@ def _copy_into(old, fresh) -> None:
             _copy_into(x, y)
 
 
-def _equal_values(a, b) -> bool:
-    """Whether two input sets hold the same values (NaNs count as different: the caller then only redoes work)."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-                and a.dtype == b.dtype and torch.equal(a, b))
-    if isinstance(a, torch.nn.Module) and isinstance(b, torch.nn.Module):
-        return _equal_values(list(a.state_dict().values()), list(b.state_dict().values()))
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_equal_values(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_equal_values(a[k], b[k]) for k in a)
-    try:
-        return bool(a == b)
-    except Exception:  # objects without a value comparison: assume changed, redo
-        return False
+def refusal(value: Any, modes: tuple[int, int], path: str = "out", depth: int = 0) -> str | None:
+    """Why ``value`` (a call's output, as the call returned it) is not plain data, or None. ``modes``: the torch
+    function and dispatch mode stack depths before the call (a mode the call left active is refused too)."""
+    if depth == 0 and (_function_modes(), _dispatch_modes()) != modes:
+        return ("the call left a torch function or dispatch mode active (torch's mode stacks were "
+                f"{modes[0]} and {modes[1]} deep before it, {_function_modes()} and {_dispatch_modes()} after)")
+    kind = type(value)
+    if kind is _Tensor or kind is _Parameter:
+        if value.device.type == "meta":
+            return f"{path} is a meta tensor (no values)"
+        return None
+    if kind in _PLAIN_LEAVES:
+        return None
+    if depth >= MAX_DEPTH:
+        return f"{path} is nested more than {MAX_DEPTH} deep"
+    if kind in _CONTAINER_METHODS or _plain_tuple(kind):
+        if kind is dict:
+            for key, item in value.items():
+                if type(key) not in (str, int):
+                    return f"{path} has a key of type {type(key).__qualname__} (str and int keys only)"
+                found = refusal(item, modes, f"{path}[{key!r}]", depth + 1)
+                if found:
+                    return found
+            return None
+        for index, item in enumerate(value):
+            found = refusal(item, modes, f"{path}[{index}]", depth + 1)
+            if found:
+                return found
+        return None
+    what = "a subclass of torch.Tensor" if isinstance(value, torch.Tensor) else "not a plain value"
+    return f"{path} is a {kind.__module__}.{kind.__qualname__} ({what})"
+
+
+def _plain_tuple(kind: type) -> bool:
+    """Whether ``kind`` is a tuple that iterates as a tuple does (a named tuple, torch.return_types, torch.Size): its
+    items are read without running code of the candidate's."""
+    return issubclass(kind, tuple) and (kind is torch.Size or all(getattr(kind, name) is getattr(tuple, name)
+                                                                   for name in _CONTAINER_METHODS[tuple]))
 
 
 def sync(device: torch.device) -> None:
@@ -113,97 +231,153 @@ def largest_over_ranks(device: torch.device, value: float) -> float:
 
 
 class TimedLoop:
-    """One case's timing in one rank process: ``fn`` called over rotating fresh input copies."""
+    """One case's timing in one rank process: ``fn`` called once on each of its input slots per repeat, each slot's
+    inputs changed from its donor just before the call."""
 
-    def __init__(self, fn: Callable, make_inputs: Callable[[tuple], tuple], seeds: list[tuple], device: torch.device):
-        first = make_inputs(seeds[0])
-        # Every rank keeps the same number of copies: warm-up makes one call per copy, and the calls
-        # are collective. Ranks' inputs can differ in size (a scatter's root holds W buffers), and
-        # differing counts left the ranks waiting on each other (seen on two H200s: scatter, 16 MiB).
-        count = int(largest_over_ranks(device, num_copies_for(input_bytes(first), device, len(seeds))))
-        self.seeds = seeds[:count]
-        self.make_inputs = make_inputs
-        self.copies = [first] + [make_inputs(seed) for seed in self.seeds[1:]]
+    def __init__(self, fn: Callable, make_inputs: Callable[[tuple], tuple], seeds: list[tuple], device: torch.device,
+                 window: Callable = contextlib.nullcontext):
         self.fn = fn
+        self.window = window  # opened around each repeat's calls (what records the stock calls they make)
+        self.make_inputs = make_inputs
+        self.seeds = [tuple(seed) for seed in seeds]
         self.device = device
-        self.calls = 0
-        self.num_iters = 0
-        self.last_outputs: dict[int, Any] = {}
-        self.round = 0  # how many times the copies have been refreshed
-        self.output_round: dict[int, int] = {}  # the round whose values each last output was computed on
+        self.copies: list[tuple] = []  # per slot, its inputs
+        self.donors: list = []  # per slot, (the tensor its calls' changes write, the donor's counterpart) or None
+        self.last_outputs: list[Any] = []  # per slot, the output of the last call on it
+        self.round = -1  # the refresh round the slots hold (-1: the values they were made with)
         self.graph = None
+        self.modes = (_function_modes(), _dispatch_modes())
+        self.refused: str | None = None  # the first output refused outside a repeat (warm-up, first touches)
         self.threads_before = set(threading.enumerate())
+        self._add_copies(1)
 
-    def call_next(self, count: int) -> None:
-        for _ in range(count):
-            index = self.calls % len(self.copies)
-            self.last_outputs[index] = self.fn(*self.copies[index])
-            self.output_round[index] = self.round
-            self.calls += 1
+    def _call(self, slot: int) -> None:
+        output = self.fn(*self.copies[slot])
+        self.last_outputs[slot] = output
+        if type(output) is not _Tensor or (_function_modes(), _dispatch_modes()) != self.modes:
+            self.refused = self.refused or _described(refusal(output, self.modes), "an untimed call")
 
-    def prepare(self, num_warmup: int, warmup_s: float, min_repeat_s: float, min_iters: int, max_iters: int,
-                cuda_graph: bool = False, **_) -> dict:
-        """Warm up (at least ``num_warmup`` calls, one per input copy, and ``warmup_s`` seconds) and pick
-        calls per repeat from the slowest rank's estimate, so every rank makes the same number of
-        (collective) calls. Every copy gets an output here, which the parent checks after timing.
+    def _raise_refused(self) -> None:
+        if self.refused:
+            raise OutputRefused(self.refused)
 
-        The estimate comes from a second batch of calls: the first pays one-off costs (lazy CUDA
-        module loading, cuBLAS heuristics, allocator growth), and an estimate that counted them was
-        up to 10x too slow, which cut the warm-up short (seen on an H200: the first GEMM measurement
-        of a fresh rank 5 % slower, before its clocks had risen) and made repeats too short."""
+    def prepare(self, num_warmup: int, warmup_s: float, **_) -> dict:
+        """Warm up on the first two slots (at least ``num_warmup`` calls, and ``warmup_s`` seconds) and estimate one
+        call's time from a second batch of calls (the first pays one-off costs: lazy module loading, cuBLAS
+        heuristics, allocator growth; an estimate that counted them was up to 10x too slow on an H200). Every rank
+        makes the same calls (they are collective); the slowest rank's estimate and the largest slot (its inputs,
+        its donor and its output) are sent."""
+        self._add_copies(2)
         aligned_start(self.device)
         num_warmup = max(num_warmup, len(self.copies))
-        self.call_next(num_warmup)
+        self._cycle(num_warmup)
         sync(self.device)
         began = _perf_counter()
-        self.call_next(num_warmup)
+        self._cycle(num_warmup)
         sync(self.device)
         per_call = largest_over_ranks(self.device, (_perf_counter() - began) / num_warmup)
-        self.call_next(max(0, math.ceil(warmup_s / per_call) - 2 * num_warmup))
-        self.num_iters = int(min(max_iters, max(min_iters, math.ceil(min_repeat_s / per_call))))
+        self._cycle(max(0, math.ceil(warmup_s / per_call) - 2 * num_warmup))
+        sync(self.device)
+        self._raise_refused()
+        donor = tensor_bytes(self.donors[0][1]) if self.donors[0] is not None else 0
+        one_slot = tensor_bytes(self.copies[0]) + tensor_bytes(self.last_outputs[0]) + donor
+        return {"per_call_s": per_call, "copy_bytes": int(largest_over_ranks(self.device, one_slot))}
+
+    def _cycle(self, count: int) -> None:
+        for call in range(count):
+            self._call(call % len(self.copies))
+
+    def _add_copies(self, count: int) -> None:
+        while len(self.copies) < min(count, len(self.seeds)):
+            seed = self.seeds[len(self.copies)]
+            inputs = self.make_inputs(instance_seeds(seed, -1, 0, 0))
+            self.copies.append(inputs)
+            self.donors.append(donor_pair(inputs, self.make_inputs(instance_seeds(seed, -1, 0, 1))))
+            self.last_outputs.append(None)
+
+    def make_copies(self, num_copies: int, cuda_graph: bool = False) -> None:
+        """``num_copies`` input slots in all (at most as many as there are seeds), each called once (untimed: its
+        first touch is not in a timed repeat); with ``cuda_graph`` (a GPU), one call on each slot captured as a graph
+        that every repeat replays (with no change of the inputs between calls: docs/timing.md)."""
+        self._add_copies(num_copies)
+        del self.copies[num_copies:], self.donors[num_copies:], self.last_outputs[num_copies:]
+        aligned_start(self.device)
+        self._cycle(len(self.copies))
         if cuda_graph and self.device.type == "cuda":
             self.graph = torch.cuda.CUDAGraph()
             sync(self.device)
             with torch.cuda.graph(self.graph):
-                self.call_next(self.num_iters)
-        # Finish the warm-up here: otherwise its queued work (warmup_s of it) lands in the first repeat,
-        # whose parent-clock time then counts it (seen on an H200: +40-70 % on the mean of the repeats).
+                self._cycle(len(self.copies))
         sync(self.device)
-        return {"num_iters": self.num_iters, "num_copies": len(self.copies), "per_call_s": per_call,
-                "cuda_graph": self.graph is not None}
+        self._raise_refused()
 
-    def refresh(self, round_index: int) -> None:
-        """New values in every input copy, in place where the shapes allow: same objects, addresses
-        and version counters, new contents. A cache keyed on any of those now returns stale results,
-        which the parent's check of the timed outputs catches. Untimed; reference and candidate
-        refresh alike."""
+    def refresh(self, round_index: int, entropy: int) -> None:
+        """New values in every slot, from ``entropy`` (the parent's, sent with this refresh alone: nothing in the
+        rank's memory before it determines them), in place where the shapes allow: same objects, addresses and
+        version counters, new contents. A cache keyed on any of those now returns stale results, which the parent's
+        checks find. The donors keep the values they were made with (what a call's change copies is new to the
+        slot's values either way; where the repeat's calls copy it from is the repeat's entropy's). Untimed;
+        reference and candidate refresh alike."""
         self.round = round_index
-        for index, seed in enumerate(self.seeds):
-            fresh = self.make_inputs(_round_seed(seed, round_index))
-            old = self.copies[index]
-            if _same_layout(old, fresh):
-                _copy_into(old, fresh)
+        for slot, seed in enumerate(self.seeds[:len(self.copies)]):
+            fresh = self.make_inputs(instance_seeds(seed, round_index, entropy, 0))
+            if _same_layout(self.copies[slot], fresh):
+                _copy_into(self.copies[slot], fresh)  # the donor's target is the same storage, with new values
             else:
-                self.copies[index] = fresh
+                self.copies[slot] = fresh
+                self.donors[slot] = donor_pair(fresh, self.make_inputs(instance_seeds(seed, -1, 0, 1)))
         sync(self.device)
 
-    def repeat(self) -> dict:
-        """One timed repeat: aligned start, ``num_iters`` calls back to back, device-wide synchronize."""
+    def repeat(self, num_calls: int, entropy: int) -> dict:
+        """One timed repeat: aligned start, ``num_calls`` calls back to back (the parent's count; call k on slot k,
+        its inputs changed from the slot's donor just before it: ``apply_change`` with the repeat's ``entropy``),
+        device-wide synchronize. Every output is checked as it returns (``refusal``: a few type checks per call, paid
+        alike by both groups); one that is not plain data raises OutputRefused once every rank has made all its
+        calls."""
+        slots, modes, refused = len(self.copies), self.modes, None
+        # each call's change, as views ready to copy (worked out before the clock starts: one copy per call is timed)
+        changes = [change_views(self.donors[call % slots], entropy, call) if self.graph is None else None
+                   for call in range(num_calls)]
         aligned_start(self.device)
         if self.device.type == "cuda":
             start, end = _Event(enable_timing=True), _Event(enable_timing=True)
             start.record()
-        began = _perf_counter()
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            self.call_next(self.num_iters)
-        if self.device.type == "cuda":
-            end.record()
-        sync(self.device)
-        wall = (_perf_counter() - began) / self.num_iters
-        event = start.elapsed_time(end) / 1e3 / self.num_iters if self.device.type == "cuda" else None
+        with self.window():
+            began = _perf_counter()
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                for call in range(num_calls):
+                    change = changes[call]
+                    if change is not None:
+                        change[0].copy_(change[1])
+                    output = self.fn(*self.copies[call % slots])
+                    self.last_outputs[call % slots] = output
+                    if type(output) is not _Tensor or (_function_modes(), _dispatch_modes()) != modes:
+                        refused = refused or _described(refusal(output, modes), f"timed call {call}")
+            if self.device.type == "cuda":
+                end.record()
+            sync(self.device)
+        wall = (_perf_counter() - began) / max(num_calls, 1)
+        if refused:
+            raise OutputRefused(refused)
+        event = start.elapsed_time(end) / 1e3 / max(num_calls, 1) if self.device.type == "cuda" else None
         return {"wall_s": wall, "event_s": event}
+
+    def check(self, seed: int, num_projections: int) -> list:
+        """Per slot, the summaries of its last output (``summarise``) under projections drawn from ``seed``, with
+        torch functions' overrides off (no candidate code runs in them)."""
+        sync(self.device)
+        if _dispatch_modes() != self.modes[1]:
+            raise OutputRefused("a torch dispatch mode was active when the outputs were checked")
+        with _no_torch_function():
+            return [summarise(output, seed + 7919 * slot, num_projections)
+                    for slot, output in enumerate(self.last_outputs)]
+
+    def outputs_of(self, slots: list[int]) -> list:
+        """The last outputs of ``slots`` (the parent's choice, after the repeat), for the parent to judge in full."""
+        sync(self.device)
+        return [self.last_outputs[slot] for slot in slots]
 
     def finish(self, timeout_s: float = 60.0) -> dict:
         """Synchronize, and wait for threads the candidate started: their work counts too."""
@@ -216,24 +390,75 @@ class TimedLoop:
         return {"threads_left_running": len(leftover)}
 
     def outputs(self) -> list:
-        """The last output on each copy's current values. Copies the last repeat did not reach are
-        called once more here (untimed; every rank makes the same calls), so reference and candidate
-        outputs line up whatever their number of calls per repeat.
-
-        A function that changes its inputs in place (an optimizer step, an in-place all-reduce) made
-        each copy's last output depend on how often that copy was called, which differs between
-        groups: such copies get back the values this round started from and are called once more."""
-        for index, seed in enumerate(self.seeds):
-            start = self.make_inputs(_round_seed(seed, self.round))
-            if not _equal_values(self.copies[index], start):
-                if _same_layout(self.copies[index], start):
-                    _copy_into(self.copies[index], start)
-                else:
-                    self.copies[index] = start
-                self.output_round.pop(index, None)
-        for index in range(len(self.copies)):
-            if self.output_round.get(index) != self.round:
-                self.last_outputs[index] = self.fn(*self.copies[index])
-                self.output_round[index] = self.round
+        """The last output of every slot: the last repeat's calls, each on its slot's values of that round."""
         sync(self.device)
-        return [self.last_outputs[index] for index in range(len(self.copies))]
+        return list(self.last_outputs)
+
+
+def _described(found: str | None, call: str) -> str | None:
+    if found is None:
+        return None
+    return (f"{call} returned an output that is not plain data: {found}. Outputs must be plain torch.Tensor (or "
+            "nn.Parameter), numbers, strings, and lists, tuples and dicts of them when the call returns: a tensor "
+            "subclass or a mode left active can do the call's work after the parent's clock has stopped")
+
+
+def summarise(value: Any, seed: int, num_projections: int) -> list:
+    """A short summary of every value in ``value`` (an output), flattened in order, from which the parent tells
+    whether two outputs are the same computation on the same inputs without moving them: for a floating tensor
+    ``[norm, nonfinite, p_1 .. p_P]`` (the norm of its finite values, how many are not finite, and ``p_j = sum_i
+    v_ji x_i`` with each ``v_ji`` a random sign drawn from ``seed``, in fp64); for an integer or bool tensor the
+    projections in exact int64 arithmetic; anything else as itself (or its type's name)."""
+    leaves: list = []
+    _summaries(value, seed, num_projections, leaves)
+    return leaves
+
+
+def _summaries(value: Any, seed: int, num_projections: int, leaves: list) -> None:
+    if type(value) is _Tensor or type(value) is _Parameter:
+        leaves.append(_tensor_summary(value.detach(), seed + 104729 * len(leaves), num_projections))
+    elif isinstance(value, torch.Tensor):  # a subclass: never asked for its values (refused where it was returned)
+        leaves.append(f"<{type(value).__qualname__}>")
+    elif type(value) is list or _plain_tuple(type(value)):
+        for item in value:
+            _summaries(item, seed, num_projections, leaves)
+    elif type(value) is dict:
+        for key in sorted(value, key=str):
+            _summaries(value[key], seed, num_projections, leaves)
+    elif type(value) in (type(None), bool, int, float, str):
+        leaves.append(value)
+    elif type(value) in (complex, torch.dtype, torch.device):
+        leaves.append(str(value))
+    else:
+        leaves.append(f"<{type(value).__qualname__}>")
+
+
+def _tensor_summary(tensor: torch.Tensor, seed: int, num_projections: int) -> list:
+    if tensor.device.type == "meta":
+        return ["meta", list(tensor.shape)]
+    if tensor.layout != torch.strided:
+        tensor = tensor.to_dense()
+    if tensor.is_complex():
+        tensor = torch.view_as_real(tensor.resolve_conj())
+    flat = tensor.reshape(-1)
+    generator = torch.Generator(device=flat.device)
+    if flat.is_floating_point():
+        values = flat.to(torch.float64)
+        finite = torch.isfinite(values)
+        values = torch.where(finite, values, 0.0)
+        summary = [float(values.square().sum().sqrt()), int((~finite).sum())]
+        for j in range(num_projections):
+            generator.manual_seed(seed + j)
+            signs = torch.randint(0, 2, flat.shape, generator=generator, device=flat.device).to(torch.float64) * 2 - 1
+            summary.append(float((signs * values).sum()))
+        return summary
+    try:
+        values = flat.to(torch.int64)
+    except (RuntimeError, TypeError):  # a dtype without arithmetic (bits, quantized): its bytes
+        values = flat.contiguous().view(torch.uint8).to(torch.int64)
+    summary = ["int", int(values.numel())]
+    for j in range(num_projections):
+        generator.manual_seed(seed + j)
+        signs = torch.randint(0, 2, flat.shape, generator=generator, device=flat.device) * 2 - 1
+        summary.append(int((signs * values).sum()))
+    return summary

@@ -1,39 +1,49 @@
 """The rank process: joins the process group once, then runs jobs from the parent until told to exit.
 
 The jobs and replies are declared in pkb.runtime.messages: ``load`` (the problem and the candidate), ``run`` (a
-case's inputs, the call, the outputs: pkb's values, upstream's, or on a reference rank the exact answer), the
-timing steps (pkb.runtime.timed_loop.TimedLoop) and ``exit``. Replies carry plain data only (pkb.runtime.channel).
-The worker never decides a verdict: it reports what happened, and the parent compares and judges.
+case's inputs, the call, the outputs: pkb's values, upstream's, or on a reference rank the exact answer and its
+sensitivity, pkb.runtime.exact), the timing steps (pkb.runtime.timed_loop.TimedLoop) and ``exit``. Replies carry
+plain data only (pkb.runtime.channel). The worker never decides a verdict: it reports what happened, and the parent
+compares and judges. A rank that runs candidate code says what that code did, and nothing it says is taken on trust.
+
+A rank's Python stack goes to its log when it gets SIGUSR1 (``faulthandler``): what the parent shows of a rank that
+hung, before it kills it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import importlib
 import importlib.util
 import inspect
 import os
+import signal
 import sys
+import threading
 import traceback
 import warnings
 from datetime import timedelta
 from multiprocessing.connection import Connection
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from pkb.runtime.messages import (LoadJob, Ready, Reply, RunJob, TimeOutputsJob, TimePrepareJob, TimeRefreshJob,
-                                  TimeStepJob)
-from pkb.runtime.timed_loop import TimedLoop, input_bytes
+from pkb.runtime.messages import (LoadJob, Ready, RunJob, StockCallNote, TimeCheckJob, TimeCopiesJob, TimeExactJob,
+                                  TimePrepareJob, TimeRefreshJob, TimeRepeatJob, TimeStepJob)
+from pkb.runtime.timed_loop import OutputRefused, TimedLoop, apply_change, donor_pair, instance_seeds
 from pkb.problem import make_generator, raised
 from pkb.runtime import gloo_bridge
-from pkb.runtime.channel import recv_job, send_reply, to_plain
+from pkb.runtime.channel import recv_job, send_reply, tensor_bytes, to_plain
+from pkb.runtime.exact import exact_arithmetic, perturbed, sensitivity
 from pkb.runtime.guards import HarnessImportBlocker, PeerMemoryFence, StockCallRecorder, snapshot_harness, tampered
 from pkb.runtime.modes import Mode
 from pkb.topology import Topology
 
 
-# The most a rank's inputs may take raised to the exact answer's dtype; larger cases (upstream's 57 GB table of problem
-# 68, model-sized benchmarks) get no exact answer, and the parent judges them against the reference by the tolerance.
+# The most a rank's inputs may take raised to fp64; larger cases (upstream's 57 GB table of problem 68, model-sized
+# benchmarks) get no exact answer, and the parent judges them against the reference's output (pkb.evaluate.accuracy).
 EXACT_MAX_BYTES = 2 << 30
 
 
@@ -47,6 +57,7 @@ class Worker:
         self.problem = None
         self.solution = None
         self.timed = None  # the TimedLoop of the case being timed
+        self.protocol: dict = {}  # its timing protocol (pkb.evaluate.config.TimingProtocol's fields)
         self.recorder = StockCallRecorder()
         self.boundary = _fence(role, mode, Topology.from_env() or Topology(world_size))
         self.import_blocker = HarnessImportBlocker()
@@ -72,131 +83,207 @@ class Worker:
 
     # -- jobs ---------------------------------------------------------------------------------------
 
-    def load(self, job: LoadJob) -> Reply:
+    def load(self, job: LoadJob) -> dict:
         """Import the problem (``module`` or ``module:ATTR``, default attribute PROBLEM) and the candidate.
 
-        In a candidate group, the stock collectives are wrapped first (to record which ones the
-        solution calls), the harness's objects are snapshotted, and the harness's modules are made
-        unimportable; then the candidate file is imported.
+        The stock collectives are wrapped first, in every group (to record which ones a candidate calls; the
+        reference's group pays the wrappers' cost too, so that timings compare like with like). In a candidate group
+        the harness's objects are then snapshotted and the harness's modules made unimportable; then the candidate
+        file is imported.
         """
         self.problem = load_problem(job["problem"])
         self.solution = None
-        if self.role != "candidate":
-            return Reply(status="ok")
         problem_module = sys.modules[self.problem.reference.__module__]
         self.recorder.install(problem_module if job.get("candidate") else None)
+        if self.role != "candidate":
+            return {"status": "ok"}
         if self.boundary is not None and self.snapshot is None:
             self.boundary.install(self.recorder)
-        self.snapshot = snapshot_harness(sys.modules[__name__], fence=self.boundary is not None)
+        self.snapshot = snapshot_harness(sys.modules[__name__], self.recorder, fence=self.boundary is not None)
         self.import_blocker.install()
         if job.get("candidate") is None:  # the reference, run as a candidate (self-check)
-            return Reply(status="ok")
+            self.recorder.go_live()
+            return {"status": "ok"}
         try:
             self.solution = _import_candidate(_candidate_copy(job), self.problem.argument_names)
         except CandidateError as exc:
-            return self.guarded(Reply(status=exc.status, error=str(exc)))
-        return self.guarded(Reply(status="ok"))
+            return self.guarded({"status": exc.status, "error": str(exc)})
+        self.recorder.go_live()  # its own threads are recorded from now on, whenever they call
+        return self.guarded({"status": "ok"})
 
-    def guarded(self, reply: Reply) -> Reply:
+    def guarded(self, reply: dict) -> dict:
         """``reply``, unless the candidate has tampered with the harness since it was loaded."""
         if self.snapshot is None:
             return reply
         changed = tampered(self.snapshot) + [f"import {name}" for name in self.import_blocker.attempts]
         if changed:
-            return Reply(status="tampered", error="the candidate changed or reached into the harness: " + ", ".join(changed))
+            return {"status": "tampered", "error": "the candidate changed or reached into the harness: " + ", ".join(changed)}
         if self.boundary is not None and (self.boundary.refusals or self.boundary.unavailable):
             return self.fenced()
-        return Reply(reply, collectives_used=sorted(self.recorder.used))
+        return {**reply, "collectives_used": sorted(self.recorder.used)}
 
-    def fenced(self) -> Reply:
+    def fenced(self) -> dict:
         """The reply of a rank whose candidate asked for peer memory across nodes (``forbidden``), or for
-        NVSHMEM where this mode cannot give it (``skipped``) (pkb.runtime.guards.PeerMemoryFence)."""
+        NVSHMEM where this mode cannot give it (``unavailable``: the parent decides what that earns from its own
+        reading of the candidate's source) (pkb.runtime.guards.PeerMemoryFence)."""
         if self.boundary.refusals:
-            return Reply(status="forbidden", error=self.boundary.refusals[0])
-        return Reply(status="skipped", error=self.boundary.unavailable[0])
+            return {"status": "forbidden", "error": self.boundary.refusals[0]}
+        return {"status": "unavailable", "error": self.boundary.unavailable[0]}
 
-    def failed(self, exc: Exception) -> Reply:
+    def failed(self, exc: Exception) -> dict:
         """The reply of a job that raised ``exc``."""
         if self.boundary is not None and (self.boundary.refusals or self.boundary.unavailable):
             return self.fenced()
-        return Reply(status="runtime_error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=-12))
+        return {"status": "runtime_error", "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(limit=-12)}
 
-    def call(self, inputs: tuple) -> tuple:
-        """(outputs, the inputs as called): the candidate's (recorded), or the reference's. The reference
-        runs where the candidate does: on the GPU in shared-gpu mode too, its collectives staged through
-        host memory by the gloo bridge, so both round as upstream's GPU reference does."""
-        if self.solution is not None:
-            return self.recorder.run(self.solution, *inputs), inputs
+    def call(self, inputs: tuple, window: bool = True) -> tuple:
+        """(outputs, the inputs as called): the candidate's, or the reference's. In a candidate group each call opens
+        the recorder's window (``window``; a timed repeat opens one for all its calls instead). The reference runs
+        where the candidate does: on the GPU in shared-gpu mode too, its collectives staged through host memory by
+        the gloo bridge, so both round as upstream's GPU reference does."""
+        function = self.solution if self.solution is not None else self.problem.reference
+        if self.role == "candidate" and window:
+            return self.recorder.run(function, *inputs), inputs
         if self.role == "candidate":
-            return self.recorder.run(self.problem.reference, *inputs), inputs
-        return self.problem.reference(*inputs), inputs
+            self.recorder.begin_call()
+        return function(*inputs), inputs
+
+    def recorded(self):
+        """A window of the recorder around harness code that may run candidate code unseen (a lazy output's methods
+        while it is read into plain tensors, a patched torch function while inputs are made): the stock calls made
+        there are recorded as the candidate's (pkb.runtime.guards). Nothing of the harness's own runs inside."""
+        return self.recorder.window() if self.role == "candidate" else contextlib.nullcontext()
 
     def make_inputs(self, case_name: str, seeds: tuple[int, int], precision: str, nodes: int | None = None) -> tuple:
         """The case's inputs in the run's precision, on its nodes, for this rank from (this rank's seed, the
         seed shared by all ranks)."""
         case = self.problem.find_case(case_name, precision, nodes)
-        inputs = self.problem.make_inputs(case, self.rank, self.world_size, make_generator(*seeds, self.device))
+        with self.recorded():
+            inputs = self.problem.make_inputs(case, self.rank, self.world_size, make_generator(*seeds, self.device))
         return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
     def upstream_inputs(self, case_name: str, trial: int, precision: str) -> tuple:
         """Upstream's own values of an upstream case for this rank in ``trial`` (the paper's verdict)."""
         case = self.problem.find_case(case_name, precision)
-        return self.problem.upstream_values(case, self.rank, self.world_size, trial, self.device)
+        with self.recorded():
+            return self.problem.upstream_values(case, self.rank, self.world_size, trial, self.device)
 
-    def run(self, job: RunJob) -> Reply:
+    def run(self, job: RunJob) -> dict:
+        if job.get("exact"):
+            return self.exact(job)
         if job.get("trial") is not None:
             inputs = self.upstream_inputs(job["case"], job["trial"], job["precision"])
         else:
             inputs = self.make_inputs(job["case"], job["seeds"], job["precision"], job.get("nodes"))
-        if job.get("exact"):
-            if self.role != "reference" or self.problem.exact_dtype is None:
-                raise ValueError(f"the exact answer is the trusted reference's, of a problem that has one ({self.role})")
-            too_large = self._too_large_to_raise(inputs)
-            if too_large:
-                return Reply(status="ok", exact_unavailable=too_large)
-            inputs = raised(inputs, self.problem.exact_dtype)
+        outputs, inputs = self._called(inputs)
+        with self.recorded():  # a lazy output does its work here
+            plain = {"outputs": to_plain(outputs), "inputs_after": to_plain(list(inputs))}
+        return self.guarded({"status": "ok", **plain})
+
+    def _called(self, inputs: tuple) -> tuple:
         outputs, inputs = self.call(inputs)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dist.barrier()
-        sample_seed = job.get("sample_seed")
-        return self.guarded(Reply(status="ok", outputs=to_plain(outputs, sample_seed=sample_seed),
-                                  inputs_after=to_plain(list(inputs), sample_seed=sample_seed)))
+        return outputs, inputs
+
+    def exact(self, job: RunJob, make: Callable[[], tuple] | None = None) -> dict:
+        """The exact answer (a trusted reference rank only): the reference in fp64 arithmetic on the case's inputs
+        raised to fp64, and its sensitivity over ``perturbations`` perturbed copies of them (pkb.runtime.exact).
+        ``make``: what builds the inputs, where not the job's seeds (a timed call's: ``time_exact``)."""
+        if self.role != "reference" or self.problem.exact_dtype is None:
+            raise ValueError(f"the exact answer is the trusted reference's, of a problem that has one ({self.role})")
+        make = make or (lambda: self.make_inputs(job["case"], job["seeds"], job["precision"], job.get("nodes")))
+        too_large = self._too_large_to_raise(make())
+        if too_large:
+            return {"status": "ok", "unavailable": too_large}
+        def exactly(inputs: tuple) -> list:  # the inputs are made outside: their draws are the run's
+            with exact_arithmetic():
+                return to_plain(list(self._called(inputs)))
+
+        answer = exactly(raised(make(), torch.float64))
+        moved = [exactly(perturbed(make(), job["precision"], job["perturbation_seed"] + k))
+                 for k in range(job.get("perturbations", 0))]
+        return {"status": "ok", "outputs": answer[0], "inputs_after": answer[1],
+                "sensitivity": sensitivity(answer, moved) if moved else None}
 
     def _too_large_to_raise(self, inputs: tuple) -> str | None:
         """Why no rank computes the exact answer (every rank agrees: the largest rank's inputs decide), or None."""
-        scale = self.problem.exact_dtype.itemsize / 2  # at most: bf16 raised to it
-        size = int(input_bytes(inputs) * scale)
+        size = int(tensor_bytes(inputs) * 4)  # at most: bf16 raised to fp64
         largest = torch.tensor([size], dtype=torch.int64, device=self.device if self.mode.backend == "nccl" else "cpu")
         dist.all_reduce(largest, op=dist.ReduceOp.MAX)
         if int(largest) <= EXACT_MAX_BYTES:
             return None
-        return (f"the inputs raised to {str(self.problem.exact_dtype).removeprefix('torch.')} would take up to "
-                f"{int(largest) / (1 << 30):.1f} GiB on a rank (more than {EXACT_MAX_BYTES >> 30} GiB)")
+        return (f"the inputs raised to fp64 would take up to {int(largest) / (1 << 30):.1f} GiB on a rank (more than "
+                f"{EXACT_MAX_BYTES >> 30} GiB)")
 
-    def time_prepare(self, job: TimePrepareJob) -> Reply:
+    def time_prepare(self, job: TimePrepareJob) -> dict:
         case, precision, nodes = self.problem.find_case(job["case"]), job["precision"], job.get("nodes")
-        fn = (lambda *inputs: self.call(inputs)[0])
-        self.timed = TimedLoop(fn, lambda seeds: self.make_inputs(case.name, seeds, precision, nodes), job["seeds"],
-                               self.device)
-        return Reply(status="ok", **self.timed.prepare(**job["protocol"]))
+        window = self.recorder.window if self.role == "candidate" else contextlib.nullcontext
+        self.timed = TimedLoop(lambda *inputs: self.call(inputs, window=False)[0],
+                               lambda seeds: self.make_inputs(case.name, seeds, precision, nodes), job["seeds"],
+                               self.device, window=window)
+        self.protocol = job["protocol"]
+        return _refused_or(lambda: {"status": "ok", **self.timed.prepare(**job["protocol"])})
 
-    def time_refresh(self, job: TimeRefreshJob) -> Reply:
-        if self.timed.graph is None:  # a captured graph keeps its inputs
-            self.timed.refresh(job["round"])
-        return Reply(status="ok")
+    def time_copies(self, job: TimeCopiesJob) -> dict:
+        cuda_graph = bool(self.protocol.get("cuda_graph"))
+        return _refused_or(lambda: self.timed.make_copies(job["num_copies"], cuda_graph=cuda_graph) or {"status": "ok"})
 
-    def time_repeat(self, job: TimeStepJob) -> Reply:
-        return Reply(status="ok", **self.timed.repeat())
+    def time_refresh(self, job: TimeRefreshJob) -> dict:
+        self.timed.refresh(job["round"], job["entropy"])
+        return {"status": "ok"}
 
-    def time_finish(self, job: TimeStepJob) -> Reply:
-        return self.guarded(Reply(status="ok", **self.timed.finish()))
+    def time_repeat(self, job: TimeRepeatJob) -> dict:
+        return _refused_or(lambda: {"status": "ok", **self.timed.repeat(job["num_calls"], job["entropy"])})
 
-    def time_outputs(self, job: TimeOutputsJob) -> Reply:
-        """The last output computed on each input copy, for the parent to check against the reference."""
+    def time_check(self, job: TimeCheckJob) -> dict:
+        """Every slot's output summaries, and the full outputs of the slots the parent names (taken first: nothing
+        runs between the repeat's end and their copy but the harness)."""
+        def checked() -> dict:
+            with self.recorded():  # a lazy output does its work here
+                outputs = [to_plain(output) for output in self.timed.outputs_of(job.get("full", []))]
+            return {"status": "ok", "summaries": self.timed.check(job["seed"], job["num_projections"]),
+                    "outputs": outputs}
+        return _refused_or(checked)
+
+    def time_finish(self, job: TimeStepJob) -> dict:
+        return self.guarded({"status": "ok", **self.timed.finish()})
+
+    def time_outputs(self, job: TimeStepJob) -> dict:
+        """The last output computed on each input slot, for the parent to check against the reference."""
         timed, self.timed = self.timed, None
-        outputs = timed.outputs()
-        return self.guarded(Reply(status="ok", outputs=to_plain(outputs, sample_seed=job["sample_seed"])))
+        with self.recorded():  # a lazy output does its work here
+            outputs = to_plain(timed.outputs())
+        del timed
+        if self.device.type == "cuda":  # the copies' memory back to the device, for the other group's timing
+            torch.cuda.empty_cache()
+        return self.guarded({"status": "ok", "outputs": outputs})
+
+    def time_exact(self, job: TimeExactJob) -> dict:
+        """The exact answer (a trusted reference rank only) to one timed call: its slot's inputs in one refresh round,
+        changed from the slot's donor as the loop changed them just before the call (pkb.runtime.timed_loop:
+        ``instance_seeds``, ``donor_pair``, ``apply_change``, from the same numbers)."""
+        seed, case, precision, nodes = tuple(job["seeds"]), job["case"], job["precision"], job.get("nodes")
+
+        def make() -> tuple:
+            inputs = self.make_inputs(case, instance_seeds(seed, job["round"], job["entropy"], 0), precision, nodes)
+            donor = self.make_inputs(case, instance_seeds(seed, -1, 0, 1), precision, nodes)
+            apply_change(donor_pair(inputs, donor), job["repeat_entropy"], job["call"])
+            return inputs
+
+        return self.exact({"op": "run", "case": case, "precision": precision, "nodes": nodes, "seeds": seed,
+                           "exact": True, "perturbations": job["perturbations"],
+                           "perturbation_seed": job["perturbation_seed"]}, make)
+
+
+def _refused_or(step: Callable[[], dict]) -> dict:
+    """``step``'s reply, or ``tampered`` where a call's output was not plain data (pkb.runtime.timed_loop.refusal)."""
+    try:
+        return step()
+    except OutputRefused as exc:
+        return {"status": "tampered", "error": str(exc)}
 
 
 def _fence(role: str, mode: Mode, topology: Topology) -> PeerMemoryFence | None:
@@ -294,6 +381,7 @@ def worker_main(conn: Connection, rank: int, world_size: int, mode: str, store_p
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung rank's stack, to its log (the module's docstring)
     os.environ.update(env_updates)
     if sandbox is not None:  # CUDA extensions come from the parent's build broker, read-only
         from pkb.kernels import build
@@ -308,9 +396,18 @@ def worker_main(conn: Connection, rank: int, world_size: int, mode: str, store_p
         send_reply(conn, Ready(ready=False, error=traceback.format_exc(limit=-4)))
         return
     send_reply(conn, Ready(ready=True, device=str(worker.device), pid=os.getpid(), sandbox=sandbox))
+    sending = threading.Lock()  # a candidate's thread may note a stock call while this one sends a reply
+
+    def reply_with(message: dict) -> None:
+        with sending:
+            send_reply(conn, message)
+
+    if role == "candidate":  # each stock route goes to the parent the moment it is taken (pkb.runtime.guards)
+        worker.recorder.sink = lambda labels: reply_with(StockCallNote(stock_calls=labels))
     handlers = {"load": worker.load, "run": worker.run, "time_prepare": worker.time_prepare,
-                "time_refresh": worker.time_refresh, "time_repeat": worker.time_repeat, "time_finish": worker.time_finish,
-                "time_outputs": worker.time_outputs}
+                "time_copies": worker.time_copies, "time_refresh": worker.time_refresh, "time_repeat": worker.time_repeat,
+                "time_check": worker.time_check, "time_finish": worker.time_finish, "time_outputs": worker.time_outputs,
+                "time_exact": worker.time_exact}
     while True:
         try:
             job = recv_job(conn)
@@ -322,7 +419,7 @@ def worker_main(conn: Connection, rank: int, world_size: int, mode: str, store_p
             reply = handlers[job["op"]](job)
         except Exception as exc:
             reply = worker.failed(exc)
-        send_reply(conn, reply)
+        reply_with(reply)
     if dist.is_initialized():
         try:
             dist.destroy_process_group()

@@ -21,6 +21,7 @@ from pkb.runtime.builds import BuildBroker
 from pkb.runtime.channel import send_reply
 from pkb.runtime.group import RankGroup, RankTimeout, _Rank
 from pkb.runtime.modes import Mode
+from pkb.runtime.messages import Ack
 
 
 class WaitingFor:
@@ -59,13 +60,13 @@ def _group_answering_after(seconds: float, queued_s: float):
 
 def test_time_waiting_for_the_build_broker_is_not_the_candidates():
     group, _rank_end = _group_answering_after(2.0, queued_s=1.8)
-    assert group.collect(timeout=1.0) == [{"status": "ok"}]  # 2 s in all, 1.8 s of them waiting for builds
+    assert group.collect(timeout=1.0, kind=Ack) == [Ack()]  # 2 s in all, 1.8 s of them waiting for builds
 
 
 def test_time_outside_the_build_broker_still_counts():
     group, _rank_end = _group_answering_after(2.0, queued_s=0.0)
     with pytest.raises(RankTimeout):
-        group.collect(timeout=1.0)
+        group.collect(timeout=1.0, kind=Ack)
 
 
 COMPILES_ON_FIRST_CALL = """
