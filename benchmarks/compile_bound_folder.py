@@ -29,7 +29,7 @@ def variant(source: str, copy: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--copies", type=int, default=6)
     parser.add_argument("--part", default="1/1")

@@ -110,7 +110,7 @@ def compare(verdicts: dict[str, dict[str, dict]], expected: dict[str, str]) -> t
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, default=CORPUS)
     parser.add_argument("--files", default="*.py", help="a glob of the corpus's files (default: all)")
     parser.add_argument("--mode", default="cpu", choices=[m.value for m in Mode])

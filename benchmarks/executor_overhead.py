@@ -52,7 +52,7 @@ def rounds(make_executor, evaluations: list[Evaluation], config: EvalConfig, cou
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", default="cpu", choices=["cpu", "shared-gpu", "cuda"])
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--problems", default="1-8")

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -114,8 +115,19 @@ def whole_evaluation() -> None:
         print("    " + out.stdout.strip().replace("\n", "\n    "))
 
 
+PARTS = ("fidelity", "overhead", "build", "whole")
+
+
 def main() -> None:
-    parts = sys.argv[1:] or ["fidelity", "overhead", "build", "whole"]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("parts", nargs="*", metavar="PART", help=f"any of {', '.join(PARTS)} (default: all four)")
+    args = parser.parse_args()
+    unknown = [part for part in args.parts if part not in PARTS]
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(unknown)}: use any of {', '.join(PARTS)}")
+    parts = args.parts or PARTS
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_timing.py times cuda mode and needs a GPU; this machine has none")
     print(f"GPU: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, torch {torch.__version__}, "
           f"CUDA {torch.version.cuda}")
     config = EvalConfig(world_size=1, mode=Mode.CUDA, trials=1)

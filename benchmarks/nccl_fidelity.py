@@ -31,7 +31,7 @@ from pkb.runtime.modes import Mode
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--measurements", type=int, default=5)
     args = parser.parse_args()

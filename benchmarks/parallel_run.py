@@ -62,7 +62,7 @@ def summary(arm: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--mode", default="cpu", choices=["cpu", "shared-gpu", "cuda"])
     parser.add_argument("--world-size", type=int, default=2)

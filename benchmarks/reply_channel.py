@@ -59,7 +59,7 @@ def measure(mib: int, repeats: int, sealed: bool, parent_file: bool) -> tuple[fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, nargs="+", default=[1, 64, 256], help="reply sizes in MiB")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()

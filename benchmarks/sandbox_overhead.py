@@ -129,7 +129,7 @@ def build_times(mode: Mode, world_size: int, cuda: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", default="cpu", choices=["cpu", "shared-gpu", "cuda"])
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--problems", default="1-8")

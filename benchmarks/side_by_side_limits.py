@@ -40,7 +40,7 @@ def at_once(commands: list[list[str]], env: dict) -> tuple[float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--contexts", default="1,8,16")
     parser.add_argument("--builds", default="1,7")
     args = parser.parse_args()

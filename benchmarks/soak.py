@@ -69,7 +69,7 @@ def run_evaluations(evaluations: list[tuple[str, str, int]], trials: int) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--evaluations", type=int, default=1000)
     parser.add_argument("--parallel", type=int, default=4, help="evaluation processes side by side in phase 2")
     parser.add_argument("--parallel-share", type=float, default=0.4, help="share of the evaluations run side by side")

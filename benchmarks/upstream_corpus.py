@@ -45,7 +45,7 @@ def corpus_files(folder: Path) -> dict[int, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--mode", default="cpu", choices=[m.value for m in Mode])
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         wanted = {p.upstream_id for p in select(args.problems)}
         files = {n: path for n, path in files.items() if n in wanted}
     config = EvalConfig(world_size=args.world_size, mode=Mode(args.mode), trials=args.trials,
-                        timeout_s=args.timeout, cases=args.cases)
+                        timeout=args.timeout, cases=args.cases)
     evaluations = [Evaluation(get_problem(number), Candidate.from_file(path), "upstream-corpus")
                    for number, path in files.items()]
     rows = []

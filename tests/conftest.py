@@ -12,7 +12,7 @@ from pkb.evaluate.session import Session
 from pkb.runtime.modes import Mode
 
 TESTS = Path(__file__).parent
-RAY_MODULES = ("test_ray", "test_placement")  # they start local Ray clusters
+RAY_MODULES = ("test_ray",)  # it starts local Ray clusters
 TIERS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration}
 
 

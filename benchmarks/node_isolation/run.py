@@ -87,7 +87,7 @@ def run(mode: Mode, world_size: int, nodes: int, out: Path, budget_s: float, ins
             else:
                 path, policy = node_attack(name, "world" if how == "across-nodes" else "node", Path(folder)), "report"
             config = EvalConfig(world_size=world_size, nodes=nodes, mode=mode, trials=1, upstream_trials=1,
-                                timeout_s=timeout_s, policy=policy)
+                                timeout=timeout_s, policy=policy)
             started = time.monotonic()
             result = evaluate(get_problem(problem), Candidate.from_file(path), config, session)
             status = result.status.value
@@ -107,7 +107,7 @@ def run(mode: Mode, world_size: int, nodes: int, out: Path, budget_s: float, ins
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", default="shared-gpu", choices=[m.value for m in Mode])
     parser.add_argument("--topology", default="4x2", help="W x nodes, e.g. 4x2, 8x2, 8x4")
     parser.add_argument("--out", default=".", type=Path)

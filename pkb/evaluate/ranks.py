@@ -3,92 +3,49 @@
 ``Ranks`` holds what one evaluation runs on: the session's trusted reference group (which also computes the exact
 answers and the reference's timings), the candidate's group (a new one, loaded again, where a trial needs fresh
 processes or the last one died: ``renew``), and the seeds, drawn from the session's secret salt. Each operation
-returns what the ranks sent (plain data: pkb.runtime.channel) or raises what the candidate's processes earned
-(``Verdict``) or pkb's own failure (``HarnessError``); the rest of pkb.evaluate judges, and never reaches the runtime.
+returns what the ranks sent, typed (pkb.runtime.messages), or raises what the candidate's processes earned
+(``Verdict``, pkb.evaluate.failures) or pkb's own failure (``HarnessError``); the rest of pkb.evaluate judges, and never
+reaches the runtime.
 
     ranks = Ranks(session, problem, candidate, config).start()   # the reference loaded, the candidate loaded
     replies = ranks.run(case, trial=0)                            # pkb's secret values: .expected, .got per rank
-    exact = ranks.exact(case, trial=0)                            # the reference again in its exact_dtype
+    exact = ranks.exact(case, trial=0)                            # the exact answer and its sensitivity, per rank
     ranks.close()
 """
 
 from __future__ import annotations
 
-import contextlib
-import re
-import statistics
 import time
 from dataclasses import dataclass
+from typing import Callable
 
-from pkb.evaluate.candidate import Candidate, gpu_needed_by
+from pkb.evaluate.accuracy import PERTURBATIONS, Exact
+from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
+from pkb.evaluate.failures import SKIPPED_BY_CANDIDATE, Facts, candidate_failures, raise_failure
 from pkb.evaluate.session import Session
 from pkb.evaluate.verdicts import HarnessError, Verdict, raise_reference_errors, used
 from pkb.options import Status
 from pkb.problem import Case, Problem
-from pkb.runtime.group import GroupFailure, RankCrashed, RankGroup, RankTimeout, StartFailure
+from pkb.runtime.channel import MAX_MESSAGE_BYTES, tensor_bytes
+from pkb.runtime.group import RankGroup
 from pkb.runtime.guards import moved_inside_a_node
-from pkb.runtime.messages import (Reply, RunJob, load_job, run_job, time_outputs_job, time_prepare_job,
-                                  time_refresh_job, time_step_job)
-from pkb.runtime.modes import Mode
+from pkb.runtime.messages import (Ack, CheckReply, ExactReply, FinishReply, OutputsReply, PrepareReply, RepeatReply,
+                                  RunJob, RunReply, load_job, run_job, time_check_job, time_copies_job, time_exact_job,
+                                  time_prepare_job, time_refresh_job, time_repeat_job, time_step_job)
 from pkb.runtime.sandbox import SandboxStatus
+
+# A candidate's reply may take this many times the reference's bytes (and a little more): an honest one matches the
+# reference's structure; a reply far larger is an attempt on the parent's memory, the candidate's failure.
+REPLY_FACTOR, REPLY_SLACK = 4, 16 << 20
 
 
 @dataclass
 class Replies:
-    """The reference's and the candidate's replies to one case and trial, one per rank (``outputs``,
-    ``inputs_after``, ``collectives_used``)."""
+    """The reference's and the candidate's replies to one case and trial, one per rank."""
 
-    expected: list[Reply]
-    got: list[Reply]
-
-
-@dataclass
-class GroupTiming:
-    """One group's timing of one case, from the parent's own clock unless said otherwise."""
-
-    repeat_s: list[float]  # seconds per call in each repeat
-    refresh_s: list[float]  # seconds each untimed refresh of the input values took
-    finish_s: float  # seconds the final synchronize (and joining leftover threads) took
-    num_iters: int  # calls per repeat
-    rank_clock_s: float  # median of the slowest rank's own wall clock, per call (a cross-check)
-    event_s: float | None  # median of the slowest rank's CUDA-event time, per call
-    outputs: list  # per rank: the last output computed on each input copy
-    threads_left_running: int
-    collectives_used: list[str]  # stock calls the group's code made (candidate groups only)
-
-    @property
-    def median_s(self) -> float:
-        return statistics.median(self.repeat_s)
-
-    @property
-    def spread(self) -> float:
-        return spread(self.repeat_s)
-
-    def per_call_s(self, refresh_allowance_s: float | None = None) -> float:
-        """The median repeat, or, if larger, all the time the group took divided by its timed calls.
-
-        Everything from the first repeat to the end of ``finish`` counts, refreshes included beyond
-        ``refresh_allowance_s`` each (what the same refresh took the reference): work a rank defers
-        past a repeat's reply (threads, unsynchronised streams) lands in a later phase and still counts.
-        """
-        allowance = self.refresh_allowance() if refresh_allowance_s is None else refresh_allowance_s
-        deferred = sum(max(0.0, r - allowance) for r in self.refresh_s) + self.finish_s
-        total = (sum(self.repeat_s) * self.num_iters + deferred) / (self.num_iters * len(self.repeat_s))
-        return max(self.median_s, total)
-
-    def refresh_allowance(self) -> float:
-        """Time an honest refresh may take: 1.5x this group's median refresh plus 5 ms (for the reference)."""
-        return 1.5 * statistics.median(self.refresh_s) + 0.005 if self.refresh_s else 0.0
-
-    @property
-    def timer_disagreement(self) -> bool:
-        return self.event_s is not None and abs(self.rank_clock_s - self.event_s) > 0.1 * self.rank_clock_s
-
-
-def spread(values: list[float]) -> float:
-    """(max - min) / median: how far repeated measurements of one thing fall apart."""
-    return (max(values) - min(values)) / statistics.median(values)
+    expected: list[RunReply]
+    got: list[RunReply]
 
 
 class Ranks:
@@ -103,7 +60,8 @@ class Ranks:
         self.config = config
         self.group: RankGroup | None = None  # the candidate's current group
         self.num_groups = 0  # candidate groups started so far (a trial in new processes starts one)
-        self.used: list[str] = []  # the stock calls the candidate's ranks said they made, in their last reply
+        self.used: list[str] = []  # the stock calls the candidate's ranks said they made, in any group so far (``_said``)
+        self.facts = Facts(config.mode, candidate, config.nodes or problem.nodes[0]) if candidate is not None else None
 
     @property
     def reference(self) -> RankGroup:
@@ -138,7 +96,13 @@ class Ranks:
     def close(self) -> None:
         """End the candidate's processes (never reused: no need to let them wind down)."""
         if self.group is not None:
+            self._said([])  # what its ranks noted stays this evaluation's when the next group starts
             self.group.kill()
+
+    def _said(self, replies: list) -> None:
+        """Add to ``used`` the stock calls ``replies`` list and every one the group's ranks noted mid-job (each
+        label went to the parent before its call ran: pkb.runtime.guards.StockCallRecorder)."""
+        self.used = sorted(set(self.used) | set(used(replies)) | set(self.group.stock_calls))
 
     @property
     def limits_hit(self) -> list[str]:
@@ -156,7 +120,8 @@ class Ranks:
         return moved_inside_a_node(labels)
 
     def sandbox(self) -> dict:
-        """What the candidate's processes ran under; for ``required``, HarnessError unless the full set."""
+        """What the candidate's processes ran under (their keeper's report, before any candidate code ran); for
+        ``required``, HarnessError unless the full set."""
         if self.session.sandbox == "off":
             return SandboxStatus.off().to_dict()
         status = (self.group.sandbox_status if self.group is not None else None) or {
@@ -170,18 +135,11 @@ class Ranks:
         candidate = self.candidate
         job = load_job(self.problem.module, None if candidate.is_reference else str(candidate.path),
                        None if candidate.is_reference else candidate.source)
-        with candidate_failures("loading the candidate"):
+        with candidate_failures("loading the candidate", self.facts):
             self.group.submit([job] * self.config.world_size)
-            replies = self.group.collect(self.config.timeout, self.config.compile_limit_s)
-        failed = [rank for rank, reply in enumerate(replies) if reply.get("status") != "ok"]
-        if failed:
-            rank = first_real_failure(replies, failed[0])
-            reply = replies[rank]
-            skip_if_not_the_candidates(reply, self.config.mode, rank)
-            status = Status(reply["status"]) if reply.get("status") in Status._value2member_map_ else Status.RUNTIME_ERROR
-            first_line = (reply.get("error") or "").strip().splitlines()[-1:] or [""]
-            raise Verdict(status, f"rank {rank}: {first_line[0]}", rank=rank, error=reply.get("error", ""),
-                          traceback=reply.get("traceback", ""))
+            replies = self.group.collect(self.config.timeout, Ack, self.config.compile_limit_s, REPLY_SLACK)
+        raise_failure(replies, self.facts, {})
+        self._said(replies)
 
     # -- correctness ------------------------------------------------------------------------------------------
 
@@ -193,30 +151,57 @@ class Ranks:
     def run_upstream(self, case: Case, trial: int) -> Replies:
         """Both groups' replies to an upstream case on upstream's own values of ``trial`` (the paper's verdict)."""
         jobs = self._jobs(case, ("upstream", trial), trial=trial)
-        return self._run(case, jobs, ("upstream", trial), f"upstream's inputs of case {case.name}, trial {trial}", trial)
+        return self._run(case, jobs, ("upstream", trial), f"upstream's inputs, trial {trial}", trial)
 
-    def exact(self, case: Case, trial) -> list[Reply]:
-        """The exact answer to ``case`` on pkb's values of ``trial``: the reference on the inputs raised to the
-        problem's ``exact_dtype``, per rank (kept for the session like the reference's own answers)."""
+    def exact(self, case: Case, trial) -> list[Exact]:
+        """The exact answer to ``case`` on pkb's values of ``trial`` and its sensitivity, per rank: the reference in
+        fp64 arithmetic, and again on PERTURBATIONS perturbed copies of its inputs (pkb.runtime.exact); kept for the
+        session like the reference's own answers."""
         key = self._key(case, ("exact", trial))
-        replies = self.session.reference_outputs.get(key)
-        if replies is None:
-            jobs = self._jobs(case, trial, exact=True)
-            replies = self.reference.request(jobs, self.config.compile_limit_s)
-            raise_reference_errors(replies, self.problem, f"the exact answer ({self.problem.exact_dtype}) to case "
-                                                          f"{case.name}: a reference that cannot run in its "
-                                                          "exact_dtype must say so (Problem.exact_dtype)")
-            self.session.reference_outputs.put(key, replies)
-        return replies
+        found = self.session.reference_outputs.get(key)
+        if found is None:
+            seed = self.session.seed(self.problem.name, case.name, trial, "perturbation")
+            jobs = self._jobs(case, trial, exact=True, perturbations=PERTURBATIONS, perturbation_seed=seed)
+            what = (f"the exact answer (fp64) to case {case.name}: a reference that cannot run in fp64 must say so "
+                    "(Problem.exact_dtype)")
+            replies = self._beside_the_candidate(
+                lambda: self.reference.request(jobs, self.config.compile_limit_s, ExactReply), jobs, ExactReply, what)
+            found = [Exact(reply.outputs, reply.inputs_after, reply.sensitivity, reply.unavailable) for reply in replies]
+            self.session.reference_outputs.put(key, found)
+        return found
+
+    def _beside_the_candidate(self, replies_of: Callable[[], list], jobs: list, kind: type, what: str) -> list:
+        """The reference's replies (``replies_of``: its answer to ``jobs``, sent while the candidate's processes are
+        alive). The candidate's processes share the machine with it (in GPU modes the devices and their memory, which
+        they may fill): where the reference fails beside them, it runs ``jobs`` again alone, in new processes. A
+        failure alone too is pkb's (HarnessError); a pass alone makes the first failure the candidate's doing."""
+        try:
+            replies = replies_of()
+            raise_reference_errors(replies, self.problem, what)
+            return replies
+        except Exception as beside:  # noqa: BLE001 - decided below: pkb's own failure or the candidate's doing
+            if not self.alive:
+                raise
+            self.close()
+            self.session.renew_reference()
+            replies = self.reference.request(jobs, max(self.config.timeout, self.config.compile_limit_s), kind)
+            raise_reference_errors(replies, self.problem, f"{what}, run alone")
+            first = str(beside).strip().splitlines()[0][:300] if str(beside).strip() else type(beside).__name__
+            skipped = self.facts.skipped_by(Status.RUNTIME_ERROR, 0)
+            if skipped:
+                raise Verdict(Status.SKIPPED, skipped, skipped_by=SKIPPED_BY_CANDIDATE, error=str(beside)) from None
+            raise Verdict(Status.RUNTIME_ERROR, f"{what}: the reference failed while the candidate's processes ran beside "
+                                                f"it ({first}) and passed alone, in new processes: the candidate's "
+                                                "processes took what it needed (memory, the devices)",
+                          error=str(beside)) from None
 
     def _jobs(self, case: Case, seeded_by, **upstream_or_exact) -> list[RunJob]:
         """Each rank's ``run`` job of ``case`` with the seeds of ``seeded_by`` (a trial): pkb's values (``trial=t``:
-        upstream's values instead; ``exact=True``: the exact answer), and the places of a large output's sample."""
+        upstream's values instead; ``exact=True``: the exact answer)."""
         seed, name = self.session.seed, self.problem.name
-        shared, sample = seed(name, case.name, seeded_by, "shared"), seed(name, case.name, seeded_by, "sample")
-        return [run_job(case.name, self.config.dtype, self.config.nodes,
-                        (seed(name, case.name, seeded_by, rank), shared), sample, **upstream_or_exact)
-                for rank in range(self.config.world_size)]
+        shared = seed(name, case.name, seeded_by, "shared")
+        return [run_job(case.name, self.config.dtype, self.config.nodes, (seed(name, case.name, seeded_by, rank), shared),
+                        **upstream_or_exact) for rank in range(self.config.world_size)]
 
     def _key(self, case: Case, which) -> tuple:
         return (self.problem.module, self.problem.version, case.name, self.config.dtype, self.config.nodes, which)
@@ -233,166 +218,87 @@ class Ranks:
         expected = self.session.reference_outputs.get(key)
         if expected is None:
             self.reference.submit(jobs)
-        with candidate_failures(what, case=case.name, trial=trial):
+        with candidate_failures(what, self.facts, case=case.name, trial=trial):
             self.group.submit(jobs)
         if expected is None:
-            expected = self.reference.collect(self.config.timeout)
-            raise_reference_errors(expected, self.problem, what)
+            expected = self._beside_the_candidate(lambda: self.reference.collect(self.config.timeout, RunReply),
+                                                  jobs, RunReply, what)
             self.session.reference_outputs.put(key, expected)
-        with candidate_failures(what, case=case.name, trial=trial):
-            got = self.group.collect(self.config.timeout, compile_limit)
-        for rank in range(self.config.world_size):
-            if got[rank].get("error"):
-                raise_candidate_error(got, rank, {"case": case.name, "trial": trial}, self.config.mode)
-        self.used = used(got)
+        limit = min(MAX_MESSAGE_BYTES, REPLY_FACTOR * max(tensor_bytes([r.outputs, r.inputs_after]) for r in expected)
+                    + REPLY_SLACK)
+        with candidate_failures(what, self.facts, case=case.name, trial=trial):
+            got = self.group.collect(self.config.timeout, RunReply, compile_limit, limit)
+        raise_failure(got, self.facts, {"case": case.name, "trial": trial})
+        self._said(got)
         return Replies(expected, got)
 
-    # -- timing ----------------------------------------------------------------------------------------------
+    # -- timing: one phase at a time (the protocol and its rules: pkb.evaluate.timing) ------------------------------
 
-    def time(self, case: Case) -> tuple[GroupTiming, GroupTiming]:
-        """The reference's timing of ``case``, then the candidate's (one group at a time: they never share the
-        devices while timed)."""
-        expected = self.time_reference(case)
-        with candidate_failures(f"timing case {case.name}"):
-            try:
-                got = self._time_group(self.group, case)
-            except RankError as exc:
-                raise_candidate_error(exc.replies, exc.rank, {"case": case.name, "trial": "timing"}, self.config.mode)
-        self.used = got.collectives_used
-        return expected, got
+    def prepare(self, reference: bool, case: Case, max_copies: int) -> tuple[list[PrepareReply], float]:
+        """Warm-up and estimates of one group (``reference``: the reference's, else the candidate's), with seeds for up
+        to ``max_copies`` input copies (the same for both groups, none of any correctness trial's)."""
+        config = self.config
+        jobs = [time_prepare_job(case.name, config.dtype, config.nodes,
+                                 [self._slot_seeds(case, rank, k) for k in range(max_copies)], config.timing.__dict__)
+                for rank in range(config.world_size)]
+        return self._phase(reference, jobs, PrepareReply, f"timing case {case.name}: warm-up")
 
-    def time_reference(self, case: Case) -> GroupTiming:
-        """The reference's timing of ``case`` (``per_call_s()``: seconds per call, from the parent's clock)."""
-        try:
-            return self._time_group(self.reference, case)
-        except RankError as exc:
-            raise HarnessError(f"the reference of {self.problem.name} failed while timed: {exc}\n"
-                               f"{exc.replies[exc.rank].get('traceback', '')}") from None
+    def _slot_seeds(self, case: Case, rank: int, slot: int) -> tuple[int, int]:
+        """The seeds of input slot ``slot`` of ``case`` on ``rank`` (its own, and the one every rank shares)."""
+        seed, name = self.session.seed, self.problem.name
+        return seed(name, case.name, "time", rank, slot), seed(name, case.name, "time", slot)
 
-    def _time_group(self, group: RankGroup, case: Case) -> GroupTiming:
-        """Drive the timing phases (pkb.runtime.timed_loop.TimedLoop), each timed with the parent's clock.
+    def copies(self, reference: bool, num_copies: int) -> tuple[list[Ack], float]:
+        return self._phase(reference, time_copies_job(num_copies), Ack, "timing: building the input copies")
 
-        Inputs come from the same secret seeds for reference and candidate (different from every correctness
-        trial's); before every repeat but the first, the copies get new values in place.
-        """
-        config, name, seed = self.config, self.problem.name, self.session.seed
-        W, timeout = config.world_size, config.timeout + 60
-        seeds = [[(seed(name, case.name, "time", rank, k), seed(name, case.name, "time", k))
-                  for k in range(Session.MAX_TIMING_COPIES)] for rank in range(W)]
-        prepared = checked(group.request([time_prepare_job(case.name, config.dtype, config.nodes, seeds[rank],
-                                                           config.timing.__dict__) for rank in range(W)], timeout))
-        num_iters = prepared[0]["num_iters"]
-        if any(reply["num_iters"] != num_iters for reply in prepared):
-            raise GroupFailure(f"ranks disagree on the number of timed calls: {[r['num_iters'] for r in prepared]}")
-        repeat_s, refresh_s, rank_s, event_s = [], [], [], []
-        for round_index in range(config.timing.num_repeats):
-            if round_index:
-                began = time.monotonic()
-                checked(group.request([time_refresh_job(round_index)] * W, timeout))
-                refresh_s.append(time.monotonic() - began)
-            began = time.monotonic()
-            replies = checked(group.request([time_step_job("time_repeat")] * W, timeout))
-            repeat_s.append((time.monotonic() - began) / num_iters)
-            rank_s.append(max(reply["wall_s"] for reply in replies))
-            events = [reply["event_s"] for reply in replies]
-            event_s.append(max(events) if None not in events else None)
+    def refresh(self, reference: bool, round_index: int, entropy: int) -> tuple[list[Ack], float]:
+        return self._phase(reference, time_refresh_job(round_index, entropy), Ack,
+                           f"timing: refreshing inputs ({round_index})")
+
+    def repeat(self, reference: bool, num_calls: int, entropy: int) -> tuple[list[RepeatReply], float]:
+        return self._phase(reference, time_repeat_job(num_calls, entropy), RepeatReply, "timing: a timed repeat")
+
+    def check(self, reference: bool, seed: int, num_projections: int, full: list[int] = ()
+              ) -> tuple[list[CheckReply], float]:
+        return self._phase(reference, time_check_job(seed, num_projections, full), CheckReply,
+                           "timing: checking a repeat")
+
+    def timed_exact(self, case: Case, slot: int, round_index: int, entropy: int, repeat_entropy: int,
+                    perturbation_seed: int) -> list[Exact]:
+        """The exact answer (the reference in fp64 arithmetic) to the timed call on slot ``slot`` (call ``slot`` of
+        its repeat, whose entropy is ``repeat_entropy``) in refresh round ``round_index`` (``entropy``: that round's
+        refresh entropy), and its sensitivity, per rank: the same inputs the timed call ran on, rebuilt from the same
+        numbers (pkb.runtime.timed_loop)."""
+        config = self.config
+        jobs = [time_exact_job(case.name, config.dtype, config.nodes, self._slot_seeds(case, rank, slot), round_index,
+                               entropy, repeat_entropy, slot, PERTURBATIONS, perturbation_seed)
+                for rank in range(config.world_size)]
+        replies = self.reference.request(jobs, self.config.compile_limit_s, ExactReply)
+        raise_reference_errors(replies, self.problem, f"the exact answer (fp64) to a timed call of case {case.name}")
+        return [Exact(reply.outputs, reply.inputs_after, reply.sensitivity, reply.unavailable) for reply in replies]
+
+    def finish(self, reference: bool) -> tuple[list[FinishReply], float]:
+        return self._phase(reference, time_step_job("time_finish"), FinishReply, "timing: the end")
+
+    def outputs(self, reference: bool) -> tuple[list[OutputsReply], float]:
+        return self._phase(reference, time_step_job("time_outputs"), OutputsReply, "timing: the timed outputs")
+
+    def _phase(self, reference: bool, job, kind: type, what: str) -> tuple[list, float]:
+        """Every rank's typed reply to ``job`` (one job for all ranks, or one per rank) and the seconds the parent's
+        clock saw pass from sending it to the last reply. A failing candidate group raises the Verdict it earns; a
+        failing reference, HarnessError (pkb's own failure)."""
+        jobs = job if isinstance(job, list) else [job] * self.config.world_size
+        timeout = self.config.timeout + 60
         began = time.monotonic()
-        finished = checked(group.request([time_step_job("time_finish")] * W, timeout))
-        finish_s = time.monotonic() - began
-        sample_seed = seed(name, case.name, "sample")
-        outputs = checked(group.request([time_outputs_job(sample_seed)] * W, timeout))
-        return GroupTiming(repeat_s=repeat_s, refresh_s=refresh_s, finish_s=finish_s, num_iters=num_iters,
-                           rank_clock_s=statistics.median(rank_s),
-                           event_s=statistics.median(event_s) if None not in event_s else None,
-                           outputs=[reply["outputs"] for reply in outputs],
-                           threads_left_running=max(reply["threads_left_running"] for reply in finished),
-                           collectives_used=used(outputs))
-
-
-# -- what a failure of the candidate's ranks earns --------------------------------------------------------------
-
-
-def first_real_failure(replies: list[dict], default: int) -> int:
-    """The rank to report: one that failed itself, not one cut short while it waited for (or was still
-    busy beside) the rank that failed; tampering before anything else."""
-    real = [r for r, reply in enumerate(replies) if reply.get("error") and not reply.get("stuck")]
-    tampering = [r for r in real if replies[r].get("status") == Status.TAMPERED.value]
-    return (tampering or real or [default])[0]
-
-
-def raise_candidate_error(replies: list[dict], rank: int, where: dict, mode: Mode) -> None:
-    rank = first_real_failure(replies, rank)
-    reply = replies[rank]
-    skip_if_not_the_candidates(reply, mode, rank)
-    # tampered, or refused by the peer-memory fence (forbidden across nodes; skipped where the mode lacks NVSHMEM)
-    status = Status(reply["status"]) if reply.get("status") in (Status.TAMPERED.value, Status.FORBIDDEN.value,
-                                                                Status.SKIPPED.value) else Status.RUNTIME_ERROR
-    raise Verdict(status, f"rank {rank}, case {where['case']}, trial {where['trial']}: {reply['error']}",
-                  rank=rank, **where, error=reply["error"], traceback=reply.get("traceback", ""))
-
-
-# "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB of which ..."; the
-# driver's "CUDA driver error: out of memory"; cudaErrorMemoryAllocation
-_OUT_OF_MEMORY = re.compile(r"out of memory|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY", re.IGNORECASE)
-_ASKED = re.compile(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)")
-_CAPACITY = re.compile(r"total capacity of ([\d.]+) (B|KiB|MiB|GiB|TiB)")
-_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-
-
-def _bytes_in(pattern: re.Pattern, text: str) -> float | None:
-    found = pattern.search(text)
-    return float(found.group(1)) * _UNITS[found.group(2)] if found else None
-
-
-def skip_if_not_the_candidates(reply: dict, mode: Mode, rank: int) -> None:
-    """A failure that says more of this mode than of the candidate is ``skipped``, not failed: in a mode without
-    a GPU, code that needs one; in shared-gpu mode, an allocation the shared GPU could not give although one GPU
-    would hold it (the W ranks share one GPU's memory there, while each rank of the target machine has a GPU of
-    its own). An allocation larger than the whole GPU is the candidate's, in any mode."""
-    if reply.get("status") == Status.TAMPERED.value:
-        return
-    text = f"{reply.get('error', '')}\n{reply.get('traceback', '')}"
-    if not mode.uses_gpu:
-        evidence = gpu_needed_by(text)
-        if evidence:
-            raise Verdict(Status.SKIPPED, f"the candidate needs a GPU (rank {rank}: {evidence}); mode {mode} has none "
-                                          "(run it with --mode cuda or shared-gpu)", rank=rank, error=reply.get("error", ""))
-    elif mode is Mode.SHARED_GPU and _OUT_OF_MEMORY.search(text):
-        asked, capacity = _bytes_in(_ASKED, text), _bytes_in(_CAPACITY, text)
-        if asked is not None and capacity is not None and asked > capacity:
-            return  # more than a GPU of its own would hold: the candidate's failure
-        figures = (f"it asked for {asked / (1 << 30):.2f} GiB of a {capacity / (1 << 30):.2f} GiB GPU"
-                   if asked is not None and capacity is not None else "the error gives no sizes")
-        raise Verdict(Status.SKIPPED, f"rank {rank} ran out of GPU memory in shared-gpu mode ({figures}), where the "
-                                      "ranks share one GPU's memory and a GPU of the target machine holds one rank: "
-                                      "pkb's limit, not a verdict on the candidate (run it with --mode cuda, or at a "
-                                      "smaller world size)", rank=rank, error=reply.get("error", ""), pkb_limit="memory")
-
-
-@contextlib.contextmanager
-def candidate_failures(what: str, **where):
-    """Turn a candidate group's timeout or death into the verdict it earns (``where``: the case and trial)."""
-    try:
-        yield
-    except StartFailure as exc:  # before any candidate code ran
-        raise HarnessError(f"{what}: {exc}\n{exc.log_tail}") from None
-    except RankTimeout as exc:
-        raise Verdict(Status.TIMEOUT, f"{what}: {exc}", rank=exc.rank, log_tail=exc.log_tail, **where) from None
-    except RankCrashed as exc:
-        raise Verdict(Status.CRASH, f"{what}: {exc}", rank=exc.rank, log_tail=exc.log_tail, **where) from None
-    except GroupFailure as exc:
-        raise Verdict(Status.CRASH, f"{what}: {exc}", **where) from None
-
-
-def checked(replies: list[dict]) -> list[dict]:
-    """The replies, or a RankError carrying all of them if a rank reported an error."""
-    failed = [rank for rank, reply in enumerate(replies) if reply.get("error") and not reply.get("stuck")]
-    if failed:
-        raise RankError(failed[0], replies)
-    return replies
-
-
-class RankError(GroupFailure):
-    def __init__(self, rank: int, replies: list[dict]):
-        super().__init__(f"rank {rank}: {replies[rank]['error']}", rank)
-        self.replies = replies
+        if reference:
+            replies = self.reference.request(jobs, timeout, kind)
+            raise_reference_errors(replies, self.problem, what)
+            return replies, time.monotonic() - began
+        if not self.alive:
+            self.renew()
+        with candidate_failures(what, self.facts, trial="timing"):
+            replies = self.group.request(jobs, timeout, kind)
+        elapsed = time.monotonic() - began
+        raise_failure(replies, self.facts, {"trial": "timing"})
+        self._said(replies if kind in (OutputsReply, FinishReply) else [])
+        return replies, elapsed

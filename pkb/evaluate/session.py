@@ -12,9 +12,9 @@ from pkb.problem import Problem
 from pkb.runtime.builds import BuildBroker
 from pkb.runtime.channel import tensor_bytes
 from pkb.runtime.group import RankGroup
-from pkb.runtime.messages import load_job
+from pkb.runtime.messages import Ack, load_job
 from pkb.runtime.modes import Mode
-from pkb.runtime.sandbox import check_sandbox, new_plan
+from pkb.runtime.sandbox import check_sandbox
 
 
 class ReferenceOutputs:
@@ -30,9 +30,9 @@ class ReferenceOutputs:
         self.max_bytes = max_bytes
         self.num_bytes = 0
         self.hits = self.misses = 0
-        self._replies: OrderedDict[tuple, tuple[list[dict], int]] = OrderedDict()
+        self._replies: OrderedDict[tuple, tuple[list, int]] = OrderedDict()
 
-    def get(self, key: tuple) -> list[dict] | None:
+    def get(self, key: tuple) -> list | None:
         found = self._replies.get(key)
         if found is None:
             self.misses += 1
@@ -41,8 +41,8 @@ class ReferenceOutputs:
         self._replies.move_to_end(key)
         return found[0]
 
-    def put(self, key: tuple, replies: list[dict]) -> None:
-        size = tensor_bytes(replies)
+    def put(self, key: tuple, replies: list) -> None:
+        size = tensor_bytes([getattr(reply, "__dict__", reply) for reply in replies])  # typed replies, or exact answers
         if size > self.max_bytes or key in self._replies:
             return
         self._replies[key] = (replies, size)
@@ -83,23 +83,28 @@ class Session:
         self._current: RankGroup | None = None  # the candidate group handed out last
         self.reference_outputs = ReferenceOutputs()
 
-    def _plan_for(self, scratch: str):
-        """The sandbox of one candidate group whose private directory is ``scratch``."""
-        return new_plan(self.sandbox, scratch, self.world_size, cpu_mode=self.mode is Mode.CPU,
-                        cache_roots=[str(self._broker.cache_root)])
-
     def seed(self, *parts) -> int:
         digest = hashlib.blake2b("|".join(map(str, parts)).encode(), key=self._salt, digest_size=8).digest()
         return int.from_bytes(digest, "little") & (2**63 - 1)
 
     def start(self, timeout: float = 120.0) -> "Session":
         """Start the reference group now and wait until its ranks are up (before any problem is loaded)."""
+        self._live_reference().wait_ready(timeout)
+        return self
+
+    def _live_reference(self) -> RankGroup:
+        """The reference group, started anew where it has not started or has ended (trusted: never sandboxed)."""
         if self._reference is None or self._reference.closed:
             self._reference = RankGroup(self.mode, self.world_size, "reference", cpu_threads=self.cpu_threads,
                                         nodes=self.nodes).spawn()
             self._reference_problem = None
-        self._reference.wait_ready(timeout)
-        return self
+        return self._reference
+
+    def renew_reference(self) -> None:
+        """End the reference group (it may be stuck mid-collective after a failure); the next use starts a new one."""
+        if self._reference is not None:
+            self._reference.kill()
+        self._reference = None
 
     def root_pids(self) -> list[int]:
         """The processes at the top of every rank group this session holds now (all their processes are
@@ -108,15 +113,13 @@ class Session:
         return [pid for group in groups if group is not None and not group.closed for pid in group.root_pids()]
 
     def reference_group(self, problem: Problem, timeout: float) -> RankGroup:
-        if self._reference is None or self._reference.closed:
-            self._reference = RankGroup(self.mode, self.world_size, "reference", cpu_threads=self.cpu_threads,
-                                        nodes=self.nodes).spawn()
-            self._reference_problem = None
+        """The reference group with ``problem`` loaded."""
+        group = self._live_reference()
         if self._reference_problem != problem.module:
-            replies = self._reference.request([load_job(problem.module)] * self.world_size, timeout)
+            replies = group.request([load_job(problem.module)] * self.world_size, timeout, Ack)
             raise_reference_errors(replies, problem, "load")
             self._reference_problem = problem.module
-        return self._reference
+        return group
 
     @functools.cached_property
     def profiles(self) -> tuple:
@@ -140,15 +143,14 @@ class Session:
         return group
 
     def _new_candidate_group(self) -> RankGroup:
-        if self.sandbox == "off":
-            return RankGroup(self.mode, self.world_size, "candidate", cpu_threads=self.cpu_threads, nodes=self.nodes).spawn()
-        return RankGroup(self.mode, self.world_size, "candidate", self._plan_for, self._broker,
+        return RankGroup(self.mode, self.world_size, "candidate", self.sandbox, self._broker,
                          cpu_threads=self.cpu_threads, nodes=self.nodes).spawn()
 
     def close(self) -> None:
-        for group in (self._reference, self._spare):
+        """End every group now (their processes hold nothing to wind down: a verdict's data is all in the parent)."""
+        for group in (self._reference, self._spare, self._current):
             if group is not None:
-                group.close()
+                group.kill()
         self._reference = self._spare = self._current = None
 
     def __enter__(self) -> "Session":
@@ -160,5 +162,4 @@ class Session:
 
 def new_broker(sandbox: str, max_parallel: int = BuildBroker.MAX_PARALLEL) -> BuildBroker:
     """A build broker whose builds run in the sandbox of ``sandbox`` (a level other than ``off``)."""
-    return BuildBroker(lambda scratch: new_plan(sandbox, scratch, 1, cpu_mode=False, cache_roots=[]),
-                       max_parallel=max_parallel)
+    return BuildBroker(sandbox, max_parallel=max_parallel)

@@ -3,7 +3,7 @@
 An executor takes evaluations (``Evaluation``) and hands back each one's result as it finishes, in whatever order
 they finish. The callers (``pkb run``, ``pkb generate``, ``pkb agent``) store every result in their own
 SQLite database as it arrives, so the store, the resume logic and the rows are the same whichever
-executor ran the evaluation. Every executor runs pkb's own evaluator (``pkb.evaluate.evaluate``) in a
+executor ran the evaluation. Every executor runs pkb's own evaluator (``pkb.evaluate.evaluator.evaluate``) in a
 pkb process that decides the verdict, with the candidate in rank processes below it: the executor only
 chooses the machine.
 

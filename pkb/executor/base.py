@@ -10,13 +10,14 @@ from typing import Any, Iterator
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
 from pkb.evaluate.result import EvalResult
-from pkb.options import Status
+from pkb.options import DEFAULT_EXPERIMENT, Status
 from pkb.problem import Problem
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One evaluation: ``candidate`` judged on ``problem`` with ``config``, its result stored under ``solution_set``.
+    """One evaluation: ``candidate`` judged on ``problem`` with ``config``, its result stored under ``solution_set``
+    in ``experiment``.
 
     Callers build them (pkb.solution_files.plan, generation, the service); the evaluation loop (pkb.loop) gives
     one without a ``config`` the run's and hands it to an executor, which yields it back with its result. ``tag``
@@ -28,6 +29,7 @@ class Evaluation:
     solution_set: str = ""
     config: EvalConfig | None = None  # None: the run's (``EvaluationLoop.config``), given when it is submitted
     tag: Any = None
+    experiment: str = DEFAULT_EXPERIMENT  # pkb.options: the user's --experiment, or the one pkb names
 
     def __post_init__(self):
         if self.config is not None:  # its nodes resolved: what its session needs
@@ -58,15 +60,15 @@ def resource_failure(result: EvalResult) -> str | None:
     and any error that speaks of memory, processes, files or the driver."""
     if result.status is Status.HARNESS_ERROR:
         return f"pkb failed beside other evaluations ({result.message.splitlines()[0][:200]})"
-    if result.status is Status.SKIPPED and result.details.get("pkb_limit") == "memory":
+    if result.status is Status.SKIPPED and "memory" in result.details.pkb_limits:
         return "it ran out of GPU memory beside other evaluations, which share the GPU"
     if result.status is Status.TIMEOUT:
         return "it timed out beside other evaluations, which share the machine's cores and GPUs"
     if result.status is Status.CRASH:
         return "a rank died beside other evaluations (the kernel's OOM killer picks candidate processes first)"
     if result.status in (Status.RUNTIME_ERROR, Status.COMPILE_ERROR, Status.IMPORT_ERROR):
-        text = "\n".join(str(part) for part in (result.message, result.details.get("error", ""),
-                                                 result.details.get("traceback", ""), result.details.get("log_tail", "")))
+        text = "\n".join(str(part or "") for part in (result.message, result.details.error, result.details.traceback,
+                                                       result.details.log_tail))
         for line in text.splitlines():
             if _RESOURCE_WORDS.search(line):
                 return f"it failed for want of a shared resource beside other evaluations: {line.strip()[:200]}"

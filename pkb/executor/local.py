@@ -11,7 +11,7 @@ The verdicts are those of one at a time (docs/architecture.md, "Invariance"): on
 others only where the memory it is measured to need is free (pkb.executor.memory), and a result that
 may be the shared machine's doing (``resource_failure``: out of memory, a time-out, a dead rank, pkb
 failing) is not counted when it happened beside other evaluations: that evaluation runs again alone, and
-its result says so (``details["rerun_alone"]``: why, and what the first run ended in).
+its result says so (``details.rerun_alone``: why, and what the first run ended in).
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ class LocalExecutor(Executor):
         self._beside.discard(id(evaluation))
         if id(evaluation) in self._reruns:
             first, why = self._reruns.pop(id(evaluation))
-            result.details["rerun_alone"] = {"why": why, "first": {"status": first.status.value, "message": first.message}}
+            result.details.rerun_alone = {"why": why, "first": {"status": first.status.value, "message": first.message}}
             return result
         why = resource_failure(result) if beside else None
         if why is None:
@@ -285,7 +285,7 @@ class LocalExecutor(Executor):
             with self._lock:
                 self._in_flight.pop(id(evaluation), None)
         if peak is not None:
-            result.details["gpu_memory_peak_gib"] = {str(d): round(b / GIB, 3) for d, b in peak.by_device.items() if b}
+            result.details.gpu_memory_peak_gib = {str(d): round(b / GIB, 3) for d, b in peak.by_device.items() if b}
         return result
 
     def _slot_pids(self, slot: int, key: tuple) -> list[int]:

@@ -6,7 +6,7 @@ actor's GPUs are always on one node, and Ray sets ``CUDA_VISIBLE_DEVICES`` to th
 ``shared-gpu`` mode, W CPUs in ``cpu`` mode. A timed ``cuda`` evaluation (``--perf``) gets a whole node:
 its slot is pinned to a node and holds all of its GPUs, so no other evaluation disturbs its times. The actor (``NodeEvaluator``) is a pkb parent process on
 that node: it keeps a ``Session`` (the rank zygote and the reference ranks) warm across evaluations,
-writes the candidate's source to a node-local file, runs ``pkb.evaluate.evaluate`` there, and returns
+writes the candidate's source to a node-local file, runs ``pkb.evaluate.evaluator.evaluate`` there, and returns
 the ``EvalResult``. Candidate code runs only in the rank processes the actor spawns, never in the
 actor itself and never in the driver. The driver stores each result as it arrives.
 
@@ -138,8 +138,8 @@ class NodeEvaluator:
             result = evaluate(problem, candidate, config, self._sessions[key])
         except SandboxUnavailable as exc:  # this node cannot confine candidates as asked: no verdict
             result = sandbox_unavailable(problem, candidate, config, exc)
-        result.details["solution_path"] = str(driver_path) if driver_path else None
-        result.details["node"] = socket.gethostname()
+        result.details.solution_path = str(driver_path) if driver_path else None
+        result.details.node = socket.gethostname()
         return result
 
     def close(self) -> None:
@@ -323,9 +323,9 @@ class RayExecutor(Executor):
 
     @staticmethod
     def _noted(result: EvalResult, attempt: _Attempt) -> EvalResult:
-        result.details["attempts"] = attempt.number
+        result.details.attempts = attempt.number
         if attempt.errors:
-            result.details["infra_errors"] = list(attempt.errors)
+            result.details.infra_errors = list(attempt.errors)
         return result
 
     def slots(self) -> list:

@@ -26,7 +26,9 @@ from typing import Callable
 from pkb.generate.extract import extract_solution
 from pkb.generate.prompt import DEFAULT_HARDWARE, Prompt
 from pkb.generate.upstream_prompt import prompt_for
-from pkb.generate.providers import CallContext, Completion, Message, Provider, ProviderError
+from pkb.generate.providers import (CallContext, Completion, Message, ModelSpec, NoReplayFile, Provider,
+                                    ProviderError)
+from pkb.options import DEFAULT_EXPERIMENT
 from pkb.problem import Problem
 from pkb.store.db import generated_set
 
@@ -39,9 +41,13 @@ class GenStatus(str, enum.Enum):
     GENERATED = "generated"  # code extracted, not evaluated (--no-eval)
     NO_CODE = "no_code"  # the answer held no code block defining `solution`; not evaluated
     API_ERROR = "api_error"  # the model call failed after its retries; a rerun asks again
+    NO_REPLAY_FILE = "no_replay_file"  # replay:DIR holds no file for the call (the message names it); asked again
 
     def __str__(self) -> str:
         return self.value
+
+
+UNANSWERED = (GenStatus.API_ERROR, GenStatus.NO_REPLAY_FILE)  # no answer came, nothing cost: a rerun asks again
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ class RunSettings:
     prompt: str = "pkb"  # whose prompt: pkb's, or the upstream benchmark's (built from ``upstream_dir``)
     upstream_dir: Path | None = None
     precision: str | None = None  # the run's precision (--dtype; None: bf16): the prompt states it
+    experiment: str = DEFAULT_EXPERIMENT  # the experiment its results are stored under (--experiment)
 
     @property
     def run_dir(self) -> Path:
@@ -91,10 +98,17 @@ class SampleResult:
         return asdict(self)
 
 
-def default_run_name(model: str, backend: str, temperature: float | None) -> str:
-    """e.g. ``openai-gpt-5-cuda`` or ``together-Qwen-Qwen3-Coder-triton-t0.8``: a directory-safe name."""
-    name = f"{model}-{backend}" + (f"-t{temperature:g}" if temperature is not None else "")
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
+def default_run_name(model: ModelSpec, backend: str, mode: str | None, temperature: float | None) -> str:
+    """A directory-safe name that says what ran: the model, the kernels it was asked for (``backend``; none for
+    ``replay:DIR``, whose files answer whatever is asked), its temperature where set, and the mode its files were
+    judged in where that is not ``cuda`` (``mode`` None: not judged, ``--no-eval``). E.g. ``openai-gpt-5-cuda``,
+    ``together-Qwen-Qwen3-Coder-triton-t0.8``, ``openai-gpt-5-cuda-on-cpu``, ``replay-answers-on-cpu``."""
+    parts = [str(model)] + ([] if model.replays else [backend])
+    if temperature is not None:
+        parts.append(f"t{temperature:g}")
+    if mode not in (None, "cuda"):
+        parts.append(f"on-{mode}")
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(parts)).strip("-")
 
 
 def generate(problems: list[Problem], provider: Provider, settings: GenerateSettings, store, profile,
@@ -107,7 +121,7 @@ def generate(problems: list[Problem], provider: Provider, settings: GenerateSett
     unreachable server); what finished before is stored (a sample whose evaluation had not finished
     keeps its code, and a rerun evaluates it).
     """
-    evaluator = Evaluator(store, eval_config, executor) if eval_config is not None else None
+    verdicts = VerdictQueue(store, eval_config, executor, settings.experiment) if eval_config is not None else None
     results: list[SampleResult] = []
 
     def finish(result: SampleResult) -> None:
@@ -121,19 +135,19 @@ def generate(problems: list[Problem], provider: Provider, settings: GenerateSett
                                 settings.upstream_dir, precision=settings.precision)
             for sample in range(settings.num_samples):
                 row = _latest_row(store, settings.run, problem, sample)
-                if row is not None and row["status"] == GenStatus.GENERATED and evaluator is not None:
-                    _evaluate_row(row, problem, settings, store, evaluator, finish)
-                elif row is not None and row["status"] != GenStatus.API_ERROR:
+                if row is not None and row["status"] == GenStatus.GENERATED and verdicts is not None:
+                    _evaluate_row(row, problem, settings, store, verdicts, finish)
+                elif row is not None and row["status"] not in UNANSWERED:
                     finish(_from_row(row, resumed=True))
                 else:
                     calls.append((problem, prompt, sample))
         _call_all(calls, provider, settings, lambda problem, prompt, sample, answer:
-                  _record(problem, prompt, sample, answer, provider, settings, store, evaluator, finish))
-        if evaluator is not None:
-            evaluator.collect(wait=True)
+                  _record(problem, prompt, sample, answer, provider, settings, store, verdicts, finish))
+        if verdicts is not None:
+            verdicts.collect(wait=True)
     finally:
-        if evaluator is not None:
-            evaluator.close()
+        if verdicts is not None:
+            verdicts.close()
     order = {p.name: i for i, p in enumerate(problems)}
     return sorted(results, key=lambda r: (order[r.problem], r.sample))
 
@@ -178,22 +192,23 @@ def _ask(provider: Provider, prompt: Prompt, settings: GenerateSettings, stop: t
 
 
 def _record(problem: Problem, prompt: Prompt, sample: int, answer: Completion | ProviderError, provider: Provider,
-            settings: GenerateSettings, store, evaluator: "Evaluator | None",
+            settings: GenerateSettings, store, verdicts: "VerdictQueue | None",
             finish: Callable[[SampleResult], None]) -> None:
     row = generation_row(problem, prompt, provider, settings, kind="sample", sample=sample, step=0, answer=answer)
     if row["code"] is not None:
         row["code_path"] = str(write_code(settings.run_dir / problem.name / f"sample_{sample}.py", row["code"]))
     row["id"] = store.add_generation(row)
-    if row["status"] == GenStatus.GENERATED and evaluator is not None:
-        _evaluate_row(row, problem, settings, store, evaluator, finish)
-        evaluator.collect(wait=False)  # finished evaluations are stored while the model still answers
+    if row["status"] == GenStatus.GENERATED and verdicts is not None:
+        _evaluate_row(row, problem, settings, store, verdicts, finish)
+        verdicts.collect(wait=False)  # finished evaluations are stored while the model still answers
     else:
         finish(_from_row(row, resumed=False))
 
 
 def generation_row(problem: Problem, prompt: Prompt, provider: Provider, settings, kind: str, sample: int, step: int,
                    answer: Completion | ProviderError, user_message: str | None = None) -> dict:
-    """The ``generations`` row for one model call, before evaluation (status generated, no_code or api_error)."""
+    """The ``generations`` row for one model call, before evaluation (status generated, no_code, api_error or
+    no_replay_file)."""
     row = dict(run=settings.run, kind=kind, model=str(provider.spec), provider=provider.spec.provider,
                problem=problem.name, problem_version=problem.version, sample=sample, step=step,
                backend=prompt.backend, hardware=prompt.hardware, world_size=prompt.world_size, case_name=prompt.case,
@@ -202,7 +217,8 @@ def generation_row(problem: Problem, prompt: Prompt, provider: Provider, setting
                prompt=user_message if user_message is not None else prompt.user, code=None, code_path=None,
                code_sha256=None)
     if isinstance(answer, ProviderError):
-        return {**row, "status": GenStatus.API_ERROR.value, "error": str(answer), "attempts": answer.attempts}
+        status = GenStatus.NO_REPLAY_FILE if isinstance(answer, NoReplayFile) else GenStatus.API_ERROR
+        return {**row, "status": status.value, "error": str(answer), "attempts": answer.attempts}
     row.update(response=answer.text, tokens_in=answer.tokens_in, tokens_out=answer.tokens_out,
                cost_usd=answer.cost_usd, latency_s=answer.latency_s, attempts=answer.attempts)
     extraction = extract_solution(answer.text)
@@ -221,7 +237,7 @@ def write_code(path: Path, code: str) -> Path:
     return path.resolve()
 
 
-def _evaluate_row(row: dict, problem: Problem, settings: GenerateSettings, store, evaluator: "Evaluator",
+def _evaluate_row(row: dict, problem: Problem, settings: GenerateSettings, store, verdicts: "VerdictQueue",
                   finish: Callable[[SampleResult], None]) -> None:
     """Submit the row's file for evaluation; ``finish`` gets the sample's result once its verdict is stored."""
     path = Path(row["code_path"] or settings.run_dir / problem.name / f"sample_{row['sample']}.py")
@@ -233,7 +249,7 @@ def _evaluate_row(row: dict, problem: Problem, settings: GenerateSettings, store
         finish(replace(_from_row(row, resumed=False), status=result.status.value, speedup=result.speedup,
                        message=result.message, code_path=str(path)))
 
-    evaluator.submit(problem, path, f"{settings.run}/{path.stem}", generated_set(row["model"], settings.run), judged)
+    verdicts.submit(problem, path, f"{settings.run}/{path.stem}", generated_set(row["model"], settings.run), judged)
 
 
 def _latest_row(store, run: str, problem: Problem, sample: int) -> dict | None:
@@ -251,15 +267,17 @@ def _from_row(row: dict, resumed: bool) -> SampleResult:
 
 
 @dataclass
-class Evaluator:
-    """Evaluates generated files through pkb's evaluation loop (pkb.loop.EvaluationLoop) on an executor
-    (pkb.executor; default: this machine), storing each result as it finishes; a file already judged with
-    the same settings (same run key, a verdict) is not judged again, and keeps the row it was first
-    stored under (reports take a generated result's set from the generation that links to it)."""
+class VerdictQueue:
+    """Generated files in, verdicts out: submits each file to pkb's evaluation loop (pkb.loop.EvaluationLoop, which
+    evaluates it on an executor, pkb.executor; default: this machine, and stores the result) and hands each stored
+    verdict back to the sample that waits for it. A file already judged with the same settings (same run key, a
+    verdict) is not judged again, and keeps the row it was first stored under (reports take a generated result's
+    set from the generation that links to it)."""
 
     store: object
     config: object  # pkb.evaluate.config.EvalConfig
     executor: object = None  # pkb.executor.Executor; None: a LocalExecutor owned (and closed) by the loop
+    experiment: str = DEFAULT_EXPERIMENT  # the experiment every result is stored under
 
     def __post_init__(self):
         from pkb.loop import EvaluationLoop
@@ -274,17 +292,18 @@ class Evaluator:
 
         config = self.config if self.config.world_size in problem.world_sizes else replace(
             self.config, world_size=min(problem.world_sizes))
-        self.loop.submit(Evaluation(problem, Candidate.from_file(path, name=name), solution_set, config, tag=done))
+        self.loop.submit(Evaluation(problem, Candidate.from_file(path, name=name), solution_set, config, tag=done,
+                                    experiment=self.experiment))
 
     def collect(self, wait: bool) -> None:
         """Hand the evaluations that have finished (``wait``: all of them) to their ``done``."""
         for stored in self.loop.finished(wait=wait):
             stored.evaluation.tag(stored.result, stored.result_id, stored.key)
 
-    def evaluate(self, problem: Problem, path: Path, name: str, solution_set: str = ""):
+    def verdict_of(self, problem: Problem, path: Path, name: str, solution_set: str = ""):
         """(EvalResult, results row id, run key) of the file at ``path``, waited for."""
         if self.loop.pending:
-            raise RuntimeError("evaluate() waits for one evaluation; others are still pending")
+            raise RuntimeError("verdict_of() waits for one evaluation; others are still pending")
         outcome = []
         self.submit(problem, path, name, solution_set, lambda *judged: outcome.append(judged))
         self.collect(wait=True)

@@ -88,9 +88,8 @@ class BuildBroker:
     # that says it is pkb's limit.
     MAX_SOURCES = 64
 
-    def __init__(self, plan_for: Callable[[str], object], cache_root: Path | None = None,
-                 max_parallel: int = MAX_PARALLEL):
-        self.plan_for = plan_for  # scratch directory -> a SandboxPlan for one build process
+    def __init__(self, sandbox: str, cache_root: Path | None = None, max_parallel: int = MAX_PARALLEL):
+        self.sandbox = sandbox  # the level its build processes run at (a candidate's: pkb.runtime.sandbox)
         self.cache_root = Path(cache_root or broker_cache_root())
         self.cache_root.mkdir(parents=True, exist_ok=True)  # it must exist when a sandbox's rules are made
         self._builds: dict[str, Future] = {}
@@ -165,7 +164,7 @@ class BuildBroker:
         with self._lock:  # started and registered at once, so that ``release`` always finds it
             if not self._waiters.get(full_name):
                 raise BuildError("the evaluations that asked for this build have ended")
-            group = RankGroup.builder(self.plan_for, request)
+            group = RankGroup.builder(self.sandbox, request)
             self._running[full_name] = group
         try:
             conn = group.ranks[0].conn

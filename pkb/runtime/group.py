@@ -3,14 +3,19 @@
 The parent hosts the group's TCPStore on a port the OS picks (never a fixed one), so no rendezvous
 port can already be in use. Each rank talks to the parent over a private pipe; its stdout and
 stderr go to a log file whose tail is kept for error messages. A job that outlives its deadline, or
-a rank that dies, ends the group: the caller gets ``RankTimeout`` or ``RankCrashed`` and starts a
-new group for the next job.
+a rank that dies, ends the group: the caller gets ``RankTimeout`` (with the Python stack each hung rank
+wrote when asked, pkb.runtime.worker) or ``RankCrashed`` and starts a new group for the next job.
+
+A group runs at a sandbox level (pkb.runtime.sandbox): ``off``, or ``auto``/``required``, where the group makes its
+ranks' sandbox plan itself and starts them under a jail of their own (pkb.runtime.jail). Replies come back typed
+(pkb.runtime.messages.decode): the record of the kind the job asks for, or the RankFailure a rank's reply is.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -24,14 +29,16 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from pkb.runtime.channel import ChannelError, recv_reply, send_job
-from pkb.runtime.messages import BuiltAnswer, exit_job
+from pkb.runtime.channel import MAX_MESSAGE_BYTES, ChannelError, recv_reply, send_job
+from pkb.runtime.messages import BuiltAnswer, RankFailure, Reply, decode, exit_job, stock_calls_of
 from pkb.runtime.modes import Mode, worker_environment
 from pkb.runtime.proctree import asleep, children_by_parent, helpers_cpu_seconds
-from pkb.runtime.sandbox import for_nodes, remove_tree
+from pkb.runtime.sandbox import for_nodes, new_plan, remove_tree
 from pkb.runtime.zygote import Zygote
 from pkb.topology import ENV as TOPOLOGY_ENV, Topology
 
+MAX_STOCK_CALLS = 4096  # stock-call labels one group keeps (messages.StockCallNote)
+TOO_MANY_STOCK_CALLS = "pkb.too_many_stock_calls"  # kept in their place past that: a flood, which no policy allows
 # After one rank reports an error, how long at most the others get to report theirs before the group is
 # torn down (they are usually stuck in a collective that the failed rank will never join). The wait ends
 # sooner once every process of the group has been seen asleep twice, GRACE_CHECK_S apart, with no reply
@@ -52,7 +59,12 @@ class GroupFailure(RuntimeError):
 
 
 class RankTimeout(GroupFailure):
-    pass
+    """A job that did not finish in time; ``stacks``: each rank that had not answered, and the Python stack it wrote
+    when asked before the group was killed (its log's end where it wrote none)."""
+
+    def __init__(self, message: str, rank: int | None = None, log_tail: str = "", stacks: dict[int, str] | None = None):
+        super().__init__(message, rank, log_tail)
+        self.stacks = stacks or {}
 
 
 class StartFailure(GroupFailure):
@@ -82,8 +94,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _log_tail(path: Path, limit: int = 4000) -> str:
-    """The last ``limit`` bytes of a rank's log (read from its end: a candidate may have written GiBs)."""
+# Lines a rank's output holds that say nothing of the candidate (torch's and c10d's start-up warnings), left out of
+# what a verdict shows of it.
+NOISE = re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved|"
+                   r"^\[W\d+ [\d:.]+ \d+ .*(socket|TCPStore|ProcessGroup)\w*\.(cpp|hpp):\d+\]")
+
+
+def _log_tail(path: Path, limit: int = 8000) -> str:
+    """The last ``limit`` bytes of a rank's log (read from its end: a candidate may have written GiBs), without
+    the lines that are noise (``NOISE``)."""
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -91,7 +110,8 @@ def _log_tail(path: Path, limit: int = 4000) -> str:
             data = handle.read(limit)
     except OSError:
         return ""
-    return data.decode("utf-8", errors="replace")
+    lines = data.decode("utf-8", errors="replace").splitlines(keepends=True)
+    return "".join(line for line in lines if not NOISE.search(line))
 
 
 _teardowns: list[threading.Thread] = []
@@ -129,6 +149,23 @@ def finish_teardowns() -> None:
         _teardowns.pop().join()
 
 
+def _failed(reply) -> bool:
+    """Whether a raw reply reports a failure (a RankFailure, or a message with an error or a status other than ok)."""
+    if isinstance(reply, RankFailure):
+        return True
+    return not isinstance(reply, dict) or "error" in reply or reply.get("status", "ok") != "ok"
+
+
+_STACK_START = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):", re.MULTILINE)
+
+
+def _stack_in(log: str) -> str:
+    """The Python stacks a rank dumped into its log when asked (faulthandler's: a block per thread, the most recent
+    call first; it is asked once, at a timeout), or the log's end where it holds none."""
+    found = _STACK_START.search(log)
+    return log[found.start():] if found else log[-2000:]
+
+
 def _exception_line(error: str) -> str:
     """The line of a traceback that names the exception (its last non-blank one), cut to 200 characters."""
     lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
@@ -139,21 +176,22 @@ class RankGroup:
     """W worker processes in one process group; ``role`` is 'reference' or 'candidate'.
 
     ``spawn()`` starts the processes and returns at once; ``wait_ready()`` waits for every rank's
-    process group. ``request(jobs, timeout)`` sends rank r ``jobs[r]`` and returns the W replies.
+    process group. ``request(jobs, timeout, kind)`` sends rank r ``jobs[r]`` and returns the W replies, each a
+    ``kind`` (a pkb.runtime.messages reply type) or the RankFailure it is.
 
-    With ``plan_for`` (a scratch directory -> ``pkb.runtime.sandbox.SandboxPlan``), the ranks run in a
-    sandbox under a jail of their own (pkb.runtime.jail) and their rendezvous store lives inside it;
-    ``broker`` (pkb.runtime.builds.BuildBroker) answers their requests for CUDA extensions.
+    With ``sandbox`` ``auto`` or ``required``, the ranks run in a sandbox of that level (the group makes its plan,
+    pkb.runtime.sandbox.new_plan) under a jail of their own (pkb.runtime.jail), and their rendezvous store lives
+    inside it; ``broker`` (pkb.runtime.builds.BuildBroker) answers their requests for CUDA extensions.
     """
 
-    def __init__(self, mode: Mode, world_size: int, role: str, plan_for=None, broker=None,
+    def __init__(self, mode: Mode, world_size: int, role: str, sandbox: str = "off", broker=None,
                  cpu_threads: int | None = None, nodes: int = 1):
         self.mode = mode
         self.world_size = world_size
         self.role = role
         self.topology = Topology(world_size, nodes)  # the ranks' nodes (virtual: pkb runs them on one machine)
         self.cpu_threads = cpu_threads  # each rank's share of the cores (pkb.runtime.modes.worker_environment)
-        self.plan_for = plan_for
+        self.sandbox = sandbox
         self.broker = broker
         self.ranks: list[_Rank] = []
         self.store: dist.TCPStore | None = None
@@ -167,6 +205,7 @@ class RankGroup:
         self.num_runs = 0  # "run" jobs sent (its first call may build and compile: pkb.evaluate.evaluator._run_case)
         self._num_builds = 0  # build requests its ranks made (max_build_requests at most)
         self.limits_hit: list[str] = []  # pkb's own limits that refused something its ranks asked for
+        self.stock_calls: set[str] = set()  # labels its ranks noted mid-job (messages.StockCallNote), all kept
         self._log_dir = Path(tempfile.mkdtemp(prefix=f"pkb-{role}-"))  # removed when the group ends
         # ... or, for a group nobody ended (its owner dropped it, or left without closing it), when it is
         # collected or at exit
@@ -184,7 +223,7 @@ class RankGroup:
             raise RuntimeError(f"this {self.role} group has been started already: start a new RankGroup")
         env_updates = {**worker_environment(self.mode, base={}, cpu_threads=self.cpu_threads),
                        TOPOLOGY_ENV: self.topology.to_env()}
-        if self.plan_for is not None:
+        if self.sandbox != "off":
             if self.broker is not None:
                 env_updates["PKB_BUILD_CACHE"] = str(self.broker.cache_root)
             self._spawn_jail([dict(rank=rank, world_size=self.world_size, mode=self.mode.value, role=self.role,
@@ -203,7 +242,9 @@ class RankGroup:
     def _spawn_jail(self, ranks: list[dict]) -> None:
         """Start ``ranks`` (worker_main or builder_main keyword arguments) in a sandbox of their own."""
         self.scratch = tempfile.mkdtemp(prefix="pkb-scratch-")
-        plan = for_nodes(self.plan_for(self.scratch), self.topology.num_nodes)  # a domain of its own per node
+        cache_roots = [str(self.broker.cache_root)] if self.broker is not None else []
+        plan = new_plan(self.sandbox, self.scratch, len(ranks), cpu_mode=self.mode is Mode.CPU, cache_roots=cache_roots)
+        plan = for_nodes(plan, self.topology.num_nodes)  # a domain of its own per node
         self._rank_depth = 4 if plan.num_nodes > 1 else 2  # jail -> keeper (-> a node's two processes) -> ranks
         if plan.root:
             os.chown(self.scratch, plan.uid, plan.uid)
@@ -215,9 +256,10 @@ class RankGroup:
         self.ranks = [_Rank(rank, None, conn, Path(path)) for rank, (conn, path) in enumerate(zip(conns, log_paths))]
 
     @classmethod
-    def builder(cls, plan_for, request: dict) -> "RankGroup":
-        """One sandboxed build process for ``request`` (pkb.runtime.builds.builder_main); it sends one reply."""
-        group = cls(Mode.CPU, 1, "builder", plan_for)
+    def builder(cls, sandbox: str, request: dict) -> "RankGroup":
+        """One build process for ``request`` in a sandbox of level ``sandbox`` (pkb.runtime.builds.builder_main); it
+        sends one reply. Its plan is a GPU rank's (cpu_mode False): a build needs the toolchain, not the device."""
+        group = cls(Mode.CUDA, 1, "builder", sandbox)
         group._spawn_jail([dict(target="builder", request=request, env_updates={})])
         return group
 
@@ -228,24 +270,28 @@ class RankGroup:
             except GroupFailure as exc:  # no candidate code has run yet: whatever happened is pkb's
                 hint = ("; in a sandbox this usually means a file the ranks need is outside what it lets them "
                         "read: PKB_SANDBOX_SKIP=landlock-fs tells whether that is the cause (docs/threat-model.md)"
-                        if self.plan_for is not None else "")
+                        if self.sandbox != "off" else "")
                 raise StartFailure(f"the {self.role} ranks did not start: {exc}{hint}", exc.rank, exc.log_tail) from None
-            failed = [r for r, reply in enumerate(replies) if not reply.get("ready")]
+            failed = [r for r, reply in enumerate(replies) if not (isinstance(reply, dict) and reply.get("ready") is True)]
             if failed:
                 self.kill()
-                errors = {rank: replies[rank].get("error", "") for rank in failed}
+                errors = {rank: str(replies[rank].get("error", "") if isinstance(replies[rank], dict) else replies[rank])
+                          for rank in failed}
                 said = "; ".join(f"rank {rank}: {_exception_line(error)}" for rank, error in errors.items())
                 raise StartFailure(f"{len(failed)} of {self.world_size} ranks failed to start ({said})\n"
                                    + "\n".join(f"rank {rank}: {error}" for rank, error in errors.items()),
                                    failed[0], self.log_tail(failed[0]))
-            self.sandbox_status = replies[0].get("sandbox")
+            status = replies[0].get("sandbox")  # the sandbox's own report, from its keeper, before any candidate ran
+            self.sandbox_status = status if isinstance(status, dict) else None
             self.ready = True
         return self
 
-    def request(self, jobs: list[dict], timeout: float) -> list[dict]:
-        """Send one job per rank and wait for all replies (or the first error plus a grace period)."""
+    def request(self, jobs: list[dict], timeout: float, kind: type, max_reply_bytes: int = MAX_MESSAGE_BYTES
+                ) -> list[Reply | RankFailure]:
+        """Send one job per rank and wait for all replies (or the first failure plus a grace period), each a ``kind``
+        or the RankFailure it is."""
         self.submit(jobs)
-        return self.collect(timeout)
+        return self.collect(timeout, kind, max_reply_bytes=max_reply_bytes)
 
     def submit(self, jobs: list[dict]) -> None:
         """Send rank r ``jobs[r]`` without waiting; ``collect`` gathers the replies."""
@@ -262,23 +308,30 @@ class RankGroup:
                 self.kill()
                 raise RankCrashed(f"rank {member.rank} is gone", member.rank, self.log_tail(member.rank)) from None
 
-    def collect(self, timeout: float, compile_limit: float | None = None) -> list[dict]:
-        """The W replies to the jobs ``submit`` sent. ``compile_limit``: past ``timeout``, the wait goes on for
-        as long as processes the ranks started keep using the CPU (compilers, build tools: a first call that
-        builds and compiles lazily), up to ``compile_limit`` seconds in all; a hang starts no such process."""
-        return self._collect(timeout, what=f"job {self._pending_op!r}", compile_limit=compile_limit)
+    def collect(self, timeout: float, kind: type, compile_limit: float | None = None,
+                max_reply_bytes: int = MAX_MESSAGE_BYTES) -> list[Reply | RankFailure]:
+        """The W replies to the jobs ``submit`` sent, each a ``kind`` or the RankFailure it is (pkb.runtime.messages:
+        a rank that reported an error, sent a malformed reply, or was cut short while it waited for one that failed).
+        ``compile_limit``: past ``timeout``, the wait goes on for as long as processes the ranks started keep using the
+        CPU (compilers, build tools: a first call that builds and compiles lazily), up to ``compile_limit`` seconds in
+        all; a hang starts no such process. ``max_reply_bytes``: a larger reply is the sender's failure (a rank that
+        tried to exhaust the parent's memory), RankCrashed."""
+        raw = self._collect(timeout, what=f"job {self._pending_op!r}", compile_limit=compile_limit,
+                            max_reply_bytes=max_reply_bytes)
+        return [reply if isinstance(reply, RankFailure) else decode(reply, kind) for reply in raw]
 
     COMPILE_CHECK_S = 1.0  # how often the helpers' CPU time is read once ``timeout`` has passed
     COMPILING_SHARE = 0.1  # the share of a core they must have used since: compiling, not idling
 
-    def _collect(self, timeout: float, what: str, compile_limit: float | None = None) -> list[dict]:
-        """The W replies; the ranks' time counts against ``timeout`` except while they wait for pkb's build
-        broker (its queue and its builds are pkb's, with a limit of their own: pkb.runtime.builds) and,
-        up to ``compile_limit``, while what they started compiles (``collect``)."""
+    def _collect(self, timeout: float, what: str, compile_limit: float | None = None,
+                 max_reply_bytes: int = MAX_MESSAGE_BYTES) -> list:
+        """The W raw replies (a RankFailure for a rank cut short); the ranks' time counts against ``timeout`` except
+        while they wait for pkb's build broker (its queue and its builds are pkb's, with a limit of their own:
+        pkb.runtime.builds) and, up to ``compile_limit``, while what they started compiles (``collect``)."""
         began = time.monotonic()
         deadline = began + timeout
         grace_deadline = None  # once a rank has failed: how long the others get (never extended)
-        replies: dict[int, dict] = {}
+        replies: dict[int, object] = {}
         by_conn = {member.conn: member for member in self.ranks}
         pending = set(by_conn)
         checked, helpers_cpu, compiled, quiet = began, None, False, 0
@@ -307,31 +360,61 @@ class RankGroup:
             for conn in ready:
                 member = by_conn[conn]
                 try:
-                    reply = recv_reply(conn)
+                    reply = recv_reply(conn, max_bytes=max_reply_bytes)
                 except (EOFError, OSError):
                     self._crashed(member, what)
                 except ChannelError as exc:
                     self.kill()
-                    raise RankCrashed(f"rank {member.rank}: {exc}", member.rank) from None
-                if "build" in reply and self.broker is not None and len(reply) == 1:
+                    raise RankCrashed(f"rank {member.rank} sent a reply pkb does not accept: {exc}", member.rank) from None
+                noted = stock_calls_of(reply)
+                if noted is not None:  # the rank goes on with its job: not its reply
+                    fresh = set(noted) - self.stock_calls
+                    if len(self.stock_calls) + len(fresh) > MAX_STOCK_CALLS:  # a flood: said so, never allowed
+                        fresh = {*sorted(fresh)[:max(0, MAX_STOCK_CALLS - len(self.stock_calls))], TOO_MANY_STOCK_CALLS}
+                    self.stock_calls.update(fresh)
+                    continue
+                if isinstance(reply, dict) and len(reply) == 1 and "build" in reply and self.broker is not None:
                     self._build_requested(member, reply["build"])  # the rank waits for the answer
                     continue
                 pending.discard(conn)
                 replies[member.rank] = reply
-                if replies.get(member.rank, {}).get("error") and pending and grace_deadline is None:
+                if _failed(reply) and pending and grace_deadline is None:
                     grace_deadline = time.monotonic() + ERROR_GRACE_S
         if pending:
-            errors = {r: reply for r, reply in replies.items() if reply.get("error")}
             missing = sorted(by_conn[c].rank for c in pending)
-            self.kill()
-            if errors:  # the others are stuck waiting for the rank that failed: report the failure
+            if any(_failed(reply) for reply in replies.values()):  # the others wait for the rank that failed
+                self.kill()
                 for rank in missing:
-                    replies[rank] = {"error": "did not finish: another rank failed first", "stuck": True}
+                    replies[rank] = RankFailure("stuck", "did not finish: another rank failed first")
                 return [replies[r] for r in range(self.world_size)]
+            stacks = self.stacks(missing)
+            self.kill()
             raise RankTimeout(f"{what} did not finish within {timeout:.0f} s on rank(s) {missing}"
                               + (" (nor in the time it was given while what it started compiled)" if compiled else "")
-                              + f"; the {self.role} ranks were killed", missing[0], self.log_tail(missing[0]))
+                              + f"; the {self.role} ranks were killed", missing[0], self.log_tail(missing[0]), stacks)
         return [replies[r] for r in range(self.world_size)]
+
+    STACKS_WAIT_S = 0.3  # after asking ranks for their stacks (without a jail): time for them to write them
+
+    def stacks(self, ranks: list[int]) -> dict[int, str]:
+        """Each of ``ranks``' Python stacks, as it writes them when asked (SIGUSR1: pkb.runtime.worker), read from the
+        end of its log; what a rank wrote last where it wrote none."""
+        if self.jail is not None:
+            with self._jail_lock:
+                try:
+                    self.jail[1].send(b"stacks")
+                    _wait_for(self.jail[1], b"flushed", self.FLUSH_TIMEOUT_S + 1)
+                except OSError:
+                    pass
+        else:
+            for member in self.ranks:
+                if member.rank in ranks and member.pid is not None:
+                    try:
+                        os.kill(member.pid, signal.SIGUSR1)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            time.sleep(self.STACKS_WAIT_S)
+        return {rank: _stack_in(_log_tail(self.ranks[rank].log_path, 32000)) for rank in ranks if rank < len(self.ranks)}
 
     def _helpers_cpu_seconds(self) -> float:
         """CPU seconds used so far by the processes the ranks started (pkb.runtime.proctree)."""

@@ -1,4 +1,5 @@
-"""The processes that hold one sandboxed candidate group: the jail and its keeper (pkb.runtime.sandbox).
+"""The processes that hold one sandboxed candidate group: the jail and its keeper (pkb.runtime.sandbox: their plan;
+pkb.runtime.confine: the system calls that carry it out).
 
 The zygote forks the *jail* for each group. The jail takes new namespaces where the kernel allows,
 forks the *keeper*, and then relays the ranks' output into their logs until the parent's word to end the
@@ -33,7 +34,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from pkb.runtime import sandbox
+from pkb.runtime import confine, sandbox
 from pkb.runtime.channel import send_reply
 from pkb.runtime.proctree import children_by_parent
 
@@ -106,9 +107,13 @@ class RankLog:
                 pass
 
 
-def relay_until_told(control: socket.socket, logs: list[RankLog]) -> None:
+STACKS_WAIT_S = 0.3  # after asking the ranks for their stacks: time for them to write them before the relay
+
+
+def relay_until_told(control: socket.socket, logs: list[RankLog], ask_for_stacks=lambda: None) -> None:
     """Relay the ranks' output into their logs until the parent's ``kill`` (or its end closing); answer each
-    ``flush`` with ``flushed`` once what the ranks wrote before it is in the logs."""
+    ``flush`` with ``flushed`` once what the ranks wrote before it is in the logs, and each ``stacks`` the same way
+    once the ranks were asked to write their Python stacks (``ask_for_stacks``: SIGUSR1, pkb.runtime.worker)."""
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ)
     for log in logs:
@@ -125,9 +130,12 @@ def relay_until_told(control: socket.socket, logs: list[RankLog]) -> None:
                 continue
             except OSError:
                 word = b""
-            if word != b"flush":  # "kill", or the parent's end closing
+            if word not in (b"flush", b"stacks"):  # "kill", or the parent's end closing
                 selector.close()
                 return
+            if word == b"stacks":
+                ask_for_stacks()
+                time.sleep(STACKS_WAIT_S)
             for log in logs:
                 log.relay(_FLUSH_READS)
             try:
@@ -152,13 +160,13 @@ def _output_pipe() -> tuple[int, int]:
 def jail_main(control: socket.socket, rank_ends: list[socket.socket], request: dict) -> None:
     """Entry point of the jail (forked by the zygote); never returns."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    sandbox.die_with_parent()
+    confine.die_with_parent()
     plan: sandbox.SandboxPlan = request["plan"]
     pipes = [_output_pipe() for _ in request["log_paths"]]  # (read, write): a rank's stdout and stderr, to its log
     logs = [RankLog(read, path) for (read, _), path in zip(pipes, request["log_paths"])]
-    namespaces = sandbox.unshare_namespaces(plan)
+    namespaces = confine.unshare_namespaces(plan)
     if "pid-namespace" not in namespaces:
-        sandbox.become_subreaper()
+        confine.become_subreaper()
     keeper = os.fork()
     if keeper == 0:
         control.close()
@@ -172,7 +180,7 @@ def jail_main(control: socket.socket, rank_ends: list[socket.socket], request: d
         end.close()
     for _, write in pipes:
         os.close(write)
-    relay_until_told(control, logs)
+    relay_until_told(control, logs, lambda: _signal(keeper, signal.SIGUSR1))  # passed down to the ranks
     _end_tree(keeper, "pid-namespace" in namespaces)
     for log in logs:
         log.close()
@@ -208,6 +216,24 @@ def _end_tree(keeper: int, pid_namespace: bool) -> None:
         time.sleep(0.005)
 
 
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def pass_stack_requests_down() -> None:
+    """A request for the ranks' stacks (SIGUSR1) that reaches this process (the keeper, a node's processes) goes on
+    to its children: the ranks write their stacks (pkb.runtime.worker); the jail cannot name them itself, as they live
+    in pid namespaces of their own."""
+    def forward(signum, frame):
+        for child in children_by_parent(include_zombies=False).get(os.getpid(), []):
+            _signal(child, signum)
+
+    signal.signal(signal.SIGUSR1, forward)
+
+
 def _reap() -> None:
     while True:
         try:
@@ -228,10 +254,10 @@ def keeper_main(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, names
     host their store, reap them; never returns. On several virtual nodes (``plan.num_nodes``) the ranks are
     forked by one process per node (``node_main``), each a domain of its own, forked before the keeper enters
     its own (a sandboxed process can no longer make namespaces or mounts)."""
-    sandbox.die_with_parent()
+    confine.die_with_parent()
     ranks: list[dict] = request["ranks"]
     try:
-        sandbox.prepare_keeper(plan, namespaces)
+        confine.prepare_keeper(plan, namespaces)
         quiet = os.open(os.devnull, os.O_WRONLY)  # the store's warnings are not the user's business
         os.dup2(quiet, 1)
         os.dup2(quiet, 2)
@@ -242,12 +268,13 @@ def keeper_main(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, names
         if plan.num_nodes > 1:
             _start_nodes(rank_ends, plan, namespaces, ranks, log_fds, listener)
             rank_ends, log_fds = [], []  # the nodes hold them now
-        status = sandbox.enter(plan, namespaces)
-        sandbox.set_dumpable(True)  # the ranks may share memory handles with each other (pidfd_getfd)
+        status = confine.enter(plan, namespaces)
+        confine.set_dumpable(True)  # the ranks may share memory handles with each other (pidfd_getfd)
     except Exception as exc:
         _refuse(rank_ends, exc)
         os._exit(1)
-    environment = sandbox.candidate_environment(plan, namespaces)
+    pass_stack_requests_down()
+    environment = confine.candidate_environment(plan, namespaces)
     os.chdir(plan.scratch)  # the working directory it inherited (perhaps the checkout) is not readable
     _fork_ranks(range(len(rank_ends)), rank_ends, ranks, log_fds, environment, listener, status)
     store = None
@@ -276,7 +303,7 @@ def _fork_ranks(indices, rank_ends: list[socket.socket], ranks: list[dict], log_
     for index, end, log_fd in zip(indices, rank_ends, log_fds):
         pid = os.fork()
         if pid == 0:
-            sandbox.die_with_parent()
+            confine.die_with_parent()
             for other in rank_ends:
                 if other is not end:
                     other.close()
@@ -312,8 +339,9 @@ def _start_nodes(rank_ends: list[socket.socket], plan: sandbox.SandboxPlan, name
         mine = range(node * per_node, (node + 1) * per_node)
         if os.fork() == 0:
             try:
-                sandbox.die_with_parent()
-                own_pids = sandbox.node_pid_namespace(plan, namespaces)
+                confine.die_with_parent()
+                pass_stack_requests_down()
+                own_pids = confine.node_pid_namespace(plan, namespaces)
                 first = os.fork()
                 if first == 0:
                     for index, end in enumerate(rank_ends):
@@ -335,18 +363,18 @@ def node_main(node: int, indices: range, rank_ends: list[socket.socket], plan: s
               own_pids: bool) -> None:
     """A virtual node's first process: set up the node's domain, enter it, fork its ranks and reap them; never
     returns. Pid 1 of the node's pid namespace where it has one (when it dies, so does every process of the node)."""
-    sandbox.die_with_parent()
+    confine.die_with_parent()
     try:
         mine = sandbox.node_plan(plan, node)
-        done = sandbox.prepare_node(mine, node, namespaces, own_pids)
-        status = sandbox.enter(mine, namespaces)
+        done = confine.prepare_node(mine, node, namespaces, own_pids)
+        status = confine.enter(mine, namespaces)
         status.nodes = sandbox.node_status(mine, status, done)
-        sandbox.set_dumpable(True)  # the node's ranks may share memory handles with each other (pidfd_getfd)
+        confine.set_dumpable(True)  # the node's ranks may share memory handles with each other (pidfd_getfd)
     except Exception as exc:
         _refuse(rank_ends, exc)
         os._exit(1)
     os.chdir(mine.scratch)
-    _fork_ranks(indices, rank_ends, ranks, log_fds, sandbox.candidate_environment(mine, namespaces, node=node),
+    _fork_ranks(indices, rank_ends, ranks, log_fds, confine.candidate_environment(mine, namespaces, node=node),
                 listener, status)
     listener.close()
     _reap_all()

@@ -22,7 +22,7 @@ import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from pkb.runtime.sandbox import die_with_parent, set_dumpable
+from pkb.runtime.confine import die_with_parent, set_dumpable
 
 
 def serve(control: socket.socket) -> None:
@@ -42,6 +42,13 @@ def serve(control: socket.socket) -> None:
         pass
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    try:
+        _serve_requests(control, worker)
+    except (BrokenPipeError, ConnectionResetError):  # the parent has gone mid-request: nothing to answer
+        return
+
+
+def _serve_requests(control: socket.socket, worker) -> None:
     while True:
         message = control.recv(1 << 20)
         if not message:
@@ -107,6 +114,7 @@ class Zygote:
             [sys.executable, "-c", "import socket, sys; from pkb.runtime.zygote import serve; "
                                    "serve(socket.socket(fileno=int(sys.argv[1])))", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True,  # Ctrl-C in the terminal reaches pkb alone; the server ends with its parent
         )
         theirs.close()
         self.control = ours

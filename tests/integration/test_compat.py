@@ -223,7 +223,7 @@ def test_cases_too_slow_on_the_cpu_are_left_out_there_and_said_so(sessions):
     every = evaluate(problem, Candidate.reference_of(problem),
                      EvalConfig(world_size=2, mode=Mode.CPU, trials=1), sessions(2))
     assert every.status is Status.OK and "upstream" not in every.cases and every.upstream_ok is None
-    assert "upstream left out" in every.message and "upstream" in every.details["cases_left_out"]
+    assert "upstream left out" in every.message and "upstream" in every.details.cases_left_out
 
 
 def test_upstream_ok_records_the_papers_verdict_beside_the_strict_one(sessions, tmp_path):

@@ -97,9 +97,9 @@ def eval_config(level: str, **settings) -> EvalConfig:
 
 
 def expect_full_sandbox(sandbox: dict | None, what: str) -> None:
-    """``details["sandbox"]`` of a result must show the full set: as root on a kernel with Landlock ABI 6 or later
+    """``details.sandbox`` of a result must show the full set: as root on a kernel with Landlock ABI 6 or later
     (this project's CI) nothing may be missing; elsewhere a partial sandbox skips the test, saying what is missing."""
-    assert sandbox, f"{what}: the result carries no details['sandbox']"
+    assert sandbox, f"{what}: the result carries no details.sandbox"
     if sandbox.get("full"):
         return
     if os.geteuid() == 0 and landlock_abi() >= 6:
@@ -611,9 +611,9 @@ def test_a_flood_of_output_stays_off_the_graders_disk_in_the_sandbox(level, tmp_
     with LogWatcher(grader_tmp) as watcher, open_session(level) as session:
         result = evaluate(get_problem("allreduce"), Candidate.from_file(path), eval_config(level), session)
     assert result.status is Status.CRASH, result.message
-    assert f"FLOOD-END wrote={FLOOD_BYTES}" in result.details.get("log_tail", ""), result.details.get("log_tail")
+    assert f"FLOOD-END wrote={FLOOD_BYTES}" in (result.details.log_tail or ""), result.details.log_tail
     if level == "off":
         assert watcher.largest >= FLOOD_BYTES // 2, f"the flood never reached the grader's disk: {watcher.largest}"
     else:
-        expect_full_sandbox(result.details.get("sandbox"), "flood")
+        expect_full_sandbox(result.details.sandbox, "flood")
         assert 0 < watcher.largest <= LOG_BYTES, f"a rank's log reached {watcher.largest} bytes"

@@ -52,7 +52,7 @@ def _attack(name: str, scope: str, tmp_path: Path, session: Session):
 def test_a_channel_between_nodes_fails_and_the_same_channel_inside_a_node_works(name, tmp_path, sessions):
     across = _attack(name, "world", tmp_path, sessions(4, nodes=2))
     assert across.status in (Status.RUNTIME_ERROR, Status.MISMATCH, Status.TIMEOUT, Status.CRASH), across.message
-    assert across.details["sandbox"]["nodes"] == {"count": 2, "enforced": list(sandbox.NODE_PROTECTIONS), "missing": {}}
+    assert across.details.sandbox["nodes"] == {"count": 2, "enforced": list(sandbox.NODE_PROTECTIONS), "missing": {}}
     inside = _attack(name, "node", tmp_path, sessions(4, nodes=2))
     assert inside.status is Status.OK, inside.message
 
@@ -79,9 +79,9 @@ def test_a_node_protection_the_machine_lacks_is_recorded_and_its_channel_then_cr
     monkeypatch.setenv("PKB_SANDBOX_SKIP", "node-mount-namespace")
     with Session(Mode.CPU, 4, nodes=2) as session:
         result = _attack("dev_shm_files", "world", tmp_path, session)
-    nodes = result.details["sandbox"]["nodes"]
+    nodes = result.details.sandbox["nodes"]
     assert nodes["missing"] == {"node-mount-namespace": "left out by PKB_SANDBOX_SKIP"}, nodes
-    assert "node-landlock" in nodes["enforced"] and result.details["sandbox"]["full"] is False
+    assert "node-landlock" in nodes["enforced"] and result.details.sandbox["full"] is False
     assert result.status is Status.OK, result.message
 
 

@@ -73,9 +73,9 @@ def test_ray_gives_the_same_verdicts_as_this_machine(ray_cluster, tmp_path):
     assert verdicts(local) == verdicts(on_ray)
     assert [s for _, _, s in verdicts(on_ray)] == ["ok", "ok", "runtime_error", "crash", "timeout", "mismatch", "tampered"]
     assert sorted(verdicts(stored)) == sorted(verdicts(on_ray))  # every result reached the driver's store
-    paths = {r.solution: r.details["solution_path"] for r in on_ray}  # the driver's file, not the node's copy
+    paths = {r.solution: r.details.solution_path for r in on_ray}  # the driver's file, not the node's copy
     assert paths["allreduce_raises"] == str((tmp_path / "allreduce_raises.py").resolve())
-    assert all(r.details["attempts"] == 1 and "infra_errors" not in r.details for r in on_ray)
+    assert all(r.details.attempts == 1 and not r.details.infra_errors for r in on_ray)
 
 
 def test_pkb_run_on_ray_prints_the_same_table(ray_cluster, tmp_path, capsys):
@@ -130,8 +130,8 @@ def test_a_worker_killed_mid_evaluation_is_retried_and_gives_no_candidate_verdic
         result = executor.evaluate(problem, candidate, UNCONFINED)
         killer.join()
     assert result.status is Status.OK, result.message  # the second attempt, on a fresh worker, decided it
-    assert result.details["attempts"] == 2 and len(result.details["infra_errors"]) == 1
-    assert "Actor" in result.details["infra_errors"][0]
+    assert result.details.attempts == 2 and len(result.details.infra_errors) == 1
+    assert "Actor" in result.details.infra_errors[0]
 
 
 def test_when_the_retries_run_out_the_row_is_infra_error_left_out_and_rerun(ray_cluster, tmp_path):
@@ -150,7 +150,7 @@ def test_when_the_retries_run_out_the_row_is_infra_error_left_out_and_rerun(ray_
 
         marker.unlink()
         [again] = run_evaluations([evaluation], UNCONFINED, store, executor=executor)  # a rerun evaluates it again
-        assert again.status is Status.OK and again.details["attempts"] == 1
+        assert again.status is Status.OK and again.details.attempts == 1
     assert main(["run", "--problems", "1", "--mode", "cpu", "--executor", "ray", "--address", "local", "--parallel",
                  "0", "--db", os.devnull]) == 2  # a usage error, before any work
 

@@ -1,4 +1,4 @@
-"""The candidate sandbox's parts (pkb.runtime.sandbox, jail, builds), on the CPU.
+"""The candidate sandbox's parts (pkb.runtime.sandbox, confine, jail, builds), on the CPU.
 
 tests/integration/test_containment.py runs whole attacks through ``pkb run``; these check the mechanisms one
 by one: what the machine offers and what ``required`` does with it, the seccomp filter, the tree of
@@ -26,7 +26,7 @@ from pkb.evaluate.evaluator import evaluate
 from pkb.evaluate.session import Session
 from pkb.options import Status
 from pkb.registry import get_problem
-from pkb.runtime import sandbox
+from pkb.runtime import confine, sandbox
 from pkb.runtime.modes import Mode
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox is Linux's")
@@ -70,8 +70,8 @@ def test_root_on_a_landlock_kernel_gets_the_full_set_and_every_result_says_so(tm
     assert sandbox.check_sandbox("required").full
     result = _evaluate(tmp_path, HONEST, level="required")
     assert result.status is Status.OK, result.message
-    assert result.details["sandbox"]["full"] is True
-    assert set(result.details["sandbox"]["enforced"]) == set(sandbox.PROTECTIONS)
+    assert result.details.sandbox["full"] is True
+    assert set(result.details.sandbox["enforced"]) == set(sandbox.PROTECTIONS)
 
 
 def test_required_refuses_a_machine_without_the_full_set_and_says_what_is_missing(monkeypatch):
@@ -87,8 +87,8 @@ def test_required_refuses_a_machine_without_the_full_set_and_says_what_is_missin
 def test_off_records_that_nothing_was_enforced(tmp_path):
     result = _evaluate(tmp_path, HONEST, level="off")
     assert result.status is Status.OK, result.message
-    assert result.details["sandbox"]["full"] is False and result.details["sandbox"]["enforced"] == []
-    assert set(result.details["sandbox"]["missing"]) == set(sandbox.PROTECTIONS)
+    assert result.details.sandbox["full"] is False and result.details.sandbox["enforced"] == []
+    assert set(result.details.sandbox["missing"]) == set(sandbox.PROTECTIONS)
 
 
 @pytest.mark.skipif(sandbox.landlock_abi() < 3, reason="needs Landlock")
@@ -96,8 +96,8 @@ def test_a_protection_left_out_by_the_environment_is_recorded(tmp_path, monkeypa
     monkeypatch.setenv("PKB_SANDBOX_SKIP", "seccomp")
     result = _evaluate(tmp_path, HONEST)
     assert result.status is Status.OK, result.message
-    assert result.details["sandbox"]["missing"].get("seccomp") == "left out by PKB_SANDBOX_SKIP"
-    assert "seccomp" not in result.details["sandbox"]["enforced"]
+    assert result.details.sandbox["missing"].get("seccomp") == "left out by PKB_SANDBOX_SKIP"
+    assert "seccomp" not in result.details.sandbox["enforced"]
     monkeypatch.setenv("PKB_SANDBOX_SKIP", "no-such-protection")
     with pytest.raises(ValueError, match="unknown protections"):
         sandbox.skipped_protections()
@@ -129,16 +129,16 @@ def test_the_namespace_probe_starts_a_fresh_process_not_a_fork_of_the_caller(mon
         sandbox._namespaces_offered.cache_clear()
 
 
-@pytest.mark.skipif(sandbox._seccomp_arch() is None, reason="no syscall table for this machine")
+@pytest.mark.skipif(sandbox.seccomp_arch() is None, reason="no syscall table for this machine")
 def test_the_seccomp_filter_refuses_namespaces_and_mounts_and_lets_threads_and_subprocesses_run():
     pid = os.fork()
     if pid == 0:  # the child installs the filter and reports through its exit status
         code = 0
         try:
-            sandbox._check(sandbox._libc.prctl(sandbox.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-            sandbox._install_seccomp()
+            confine._check(confine._libc.prctl(confine.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+            confine._install_seccomp()
             libc = ctypes.CDLL(None, use_errno=True)
-            if libc.unshare(sandbox.CLONE_NEWNS) != -1 or ctypes.get_errno() != 1:  # EPERM
+            if libc.unshare(confine.CLONE_NEWNS) != -1 or ctypes.get_errno() != 1:  # EPERM
                 code |= 1
             if libc.mount(b"none", b"/tmp", b"tmpfs", 0, None) != -1 or ctypes.get_errno() != 1:
                 code |= 2
@@ -195,7 +195,7 @@ def test_a_double_forked_setsid_process_dies_with_its_evaluation(tmp_path, monke
     try:
         assert result.status is Status.OK, result.message  # the process existed while the candidate ran
         if skip:
-            assert "pid-namespace" in result.details["sandbox"]["missing"]
+            assert "pid-namespace" in result.details.sandbox["missing"]
         deadline = time.monotonic() + 5
         while _processes_named(marker) and time.monotonic() < deadline:
             time.sleep(0.05)

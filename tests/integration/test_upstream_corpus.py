@@ -44,7 +44,7 @@ def test_the_upstream_reference_is_ok_on_every_case(number, precision, world_siz
         pytest.skip(f"{problem.name} does not run in {precision}: {problem.precision_note}")
     # one trial of every case: this checks that the file is right on each, not the paper's five-trial verdict
     config = EvalConfig(world_size=world_size, mode=Mode.CPU, trials=1, upstream_trials=1, timeout=180.0,
-                        cases="all", precision=precision)
+                        cases="all", dtype=precision)
     result = evaluate(problem, Candidate.from_file(FILES[number]), config, sessions(world_size))
     if result.status is Status.SKIPPED:
         print(f"\n{FILES[number].name} W={world_size} {precision}: skipped: {result.message}")

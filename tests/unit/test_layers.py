@@ -15,12 +15,13 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pkb"
 # Bottom first. A name is a module or package directly under pkb; everything inside a package shares its
 # layer.
 LAYERS = (
-    ("pkb.protocol", "pkb.options", "pkb.topology", "pkb.syntax", "pkb.console", "pkb.progress", "pkb.client"),  # no torch
+    ("pkb.protocol", "pkb.options", "pkb.details", "pkb.topology", "pkb.syntax", "pkb.console", "pkb.progress",
+     "pkb.client"),  # no torch
     ("pkb.problem",),  # the contract every problem fills
     ("pkb.kernels",),  # what a candidate may use: extension builds, symmetric memory
     ("pkb.problems", "pkb.solutions"),  # the suite and the shipped solutions: the contract and the kernels helpers
     ("pkb.registry", "pkb.describe"),  # the suite, found by discovery
-    ("pkb.runtime",),  # rank processes: launch, sandbox, worker, the rank-side timed loop, builds
+    ("pkb.runtime",),  # rank processes: launch, sandbox (its plan), confine (entering it), worker, timed loop, builds
     ("pkb.hardware",),  # the machine model: profiles, detection, roofline
     ("pkb.evaluate",),  # the parent's verdict: correctness, timing, sessions of rank groups
     ("pkb.store",),  # the results database
@@ -236,8 +237,9 @@ def test_the_cycle_finder_finds_a_cycle():
 # rank groups, the rank messages, the failures of the ranks as verdicts) and pkb.evaluate.session (the warm groups
 # across evaluations). The rest of pkb.evaluate judges what they return. pkb.evaluate.config asks the machine what it
 # offers (pkb.runtime.modes: its GPUs; pkb.runtime.sandbox: its protections) where options are resolved, and
-# starts no rank.
-TALKS_TO_THE_RANKS = {"pkb.evaluate.ranks", "pkb.evaluate.session", "pkb.evaluate.config"}
+# pkb.evaluate.failures reads what a failure of the ranks was (the runtime's failure types, the GPU's memory as the
+# driver reports it); neither starts a rank.
+TALKS_TO_THE_RANKS = {"pkb.evaluate.ranks", "pkb.evaluate.session", "pkb.evaluate.config", "pkb.evaluate.failures"}
 
 
 def test_only_the_ranks_and_the_session_of_the_evaluation_core_import_the_runtime():
@@ -245,3 +247,16 @@ def test_only_the_ranks_and_the_session_of_the_evaluation_core_import_the_runtim
     talking = {module for module, imported in graph.items() if module.startswith("pkb.evaluate")
                and any(name == "pkb.runtime" or name.startswith("pkb.runtime.") for name in imported)}
     assert talking == TALKS_TO_THE_RANKS, talking
+
+
+def test_compare_walks_and_accuracy_alone_decides_which_rule_judges_a_value():
+    """Inside the evaluation core (issue 55): pkb.evaluate.compare walks replies and imports nothing of
+    pkb.evaluate (no call back, lazy or not), and pkb.evaluate.accuracy is the one module there that reads a problem's
+    tolerance (the rule for a value: exact, bit for bit, the accuracy rule; everyone else asks it)."""
+    graph = import_graph()
+    assert {name for name in graph["pkb.evaluate.compare"] if name.startswith("pkb.evaluate")} == set()
+    readers = sorted(str(path.relative_to(PACKAGE)) for path in (PACKAGE / "evaluate").glob("*.py")
+                     if any(isinstance(node, ast.ImportFrom) and node.module == "pkb.problem"
+                            and any(alias.name == "Tolerance" for alias in node.names)
+                            for node in ast.walk(ast.parse(path.read_text()))))
+    assert readers == ["evaluate/accuracy.py"]

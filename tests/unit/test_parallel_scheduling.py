@@ -119,14 +119,14 @@ def test_a_failure_for_want_of_memory_beside_others_is_judged_again_alone(monkey
         "hungry0": Status.OK, "slow0": Status.OK, "wrong0": Status.MISMATCH, "fine0": Status.OK, "hungry1": Status.OK,
         "fine1": Status.OK}
     # each that failed beside others ran again alone (after the first, fewer run at once: some never fail beside)
-    reruns = {name: results[name].details["rerun_alone"] for name in ("hungry0", "hungry1", "slow0")
-              if "rerun_alone" in results[name].details}
+    reruns = {name: results[name].details.rerun_alone for name in ("hungry0", "hungry1", "slow0")
+              if results[name].details.rerun_alone}
     assert reruns, results
     for name, rerun in reruns.items():
         assert rerun["first"]["status"] in ("runtime_error", "timeout") and rerun["why"], rerun
         assert ("out of memory" in rerun["first"]["message"] if name.startswith("hungry")
                 else "timed out beside other evaluations" in rerun["why"]), rerun
-    assert all("rerun_alone" not in results[name].details for name in ("wrong0", "fine0", "fine1"))
+    assert all(not results[name].details.rerun_alone for name in ("wrong0", "fine0", "fine1"))
 
 
 def test_after_ranks_fail_to_start_beside_others_fewer_are_admitted_at_once(monkeypatch):
@@ -149,7 +149,7 @@ def test_after_ranks_fail_to_start_beside_others_fewer_are_admitted_at_once(monk
         results = {evaluation.candidate.name: result for evaluation, result in executor.finished()}
         reason = executor.describe()
     assert all(result.status is Status.OK for result in results.values()), results
-    reruns = sum("rerun_alone" in result.details for result in results.values())
+    reruns = sum(bool(result.details.rerun_alone) for result in results.values())
     assert peak["at_once"] > 2 and reruns < 9, (peak, reruns)  # fewer at once after the first failures
     assert "then at most" in reason and "pkb failed beside other evaluations" in reason, reason
 
@@ -165,13 +165,13 @@ def test_a_shared_gpu_out_of_memory_skip_beside_others_is_judged_again_alone(mon
     def with_limit(self, evaluation, slot):
         result = original(self, evaluation, slot)
         if result.status is Status.SKIPPED:
-            result.details["pkb_limit"] = "memory"
+            result.details.pkb_limits = ["memory"]
         return result
 
     monkeypatch.setattr(LocalExecutor, "_evaluate", with_limit)
     results = _run_side_by_side(["a", "b", "c"])
     assert all(r.status is Status.OK for r in results.values()), results
-    assert any("ran out of GPU memory beside other evaluations" in r.details.get("rerun_alone", {}).get("why", "")
+    assert any("ran out of GPU memory beside other evaluations" in (r.details.rerun_alone or {}).get("why", "")
                for r in results.values())
 
 
@@ -180,13 +180,13 @@ def test_a_failure_that_repeats_alone_counts_as_the_verdict(monkeypatch):
                   if name.startswith("greedy") else (Status.OK, "ok"))
     results = _run_side_by_side(["greedy", "fine0", "fine1", "fine2"])
     assert results["greedy"].status is Status.RUNTIME_ERROR  # alone it fails the same way: the candidate's
-    assert results["greedy"].details["rerun_alone"]["first"]["status"] == "runtime_error"
+    assert results["greedy"].details.rerun_alone["first"]["status"] == "runtime_error"
 
 
 def test_one_at_a_time_nothing_is_judged_again(monkeypatch):
     _fake_machine(monkeypatch, lambda name, others: (Status.TIMEOUT, "did not finish"))
     results = _run_side_by_side(["a", "b"], slots=1)
-    assert all(r.status is Status.TIMEOUT and "rerun_alone" not in r.details for r in results.values())
+    assert all(r.status is Status.TIMEOUT and not r.details.rerun_alone for r in results.values())
 
 
 class FakeReader:

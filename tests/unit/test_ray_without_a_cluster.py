@@ -128,5 +128,5 @@ def test_a_node_that_cannot_give_the_required_sandbox_answers_infra_error_with_i
     assert result.status is Status.INFRA_ERROR and not result.status.is_verdict  # a rerun evaluates it again
     assert "missing uid-drop (pkb runs as an unprivileged user): start it as root" in result.message
     assert f"node {socket.gethostname()} cannot run candidates with --sandbox required" in result.message
-    assert result.details["node"] == socket.gethostname()
-    assert result.details["solution_path"] == str(candidate.path)  # the driver's file, as in every row
+    assert result.details.node == socket.gethostname()
+    assert result.details.solution_path == str(candidate.path)  # the driver's file, as in every row
