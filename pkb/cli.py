@@ -1,15 +1,18 @@
 """The ``pkb`` command: list, show, eval, run.
 
-Exit codes: 0 success (``eval``: the verdict is ``ok``), 1 a verdict other than ``ok`` (or, for
-``run``, any failed evaluation), 2 a usage error (unknown problem, missing file, an option out of its range, a
-mode this machine cannot run, ``--sandbox required`` where a protection is missing, a results database pkb cannot
-write), with one sentence that says what to do instead and nothing written; with ``--json`` also one JSON object
-on stdout (``{"status": "usage_error", ...}``). 3 when pkb itself failed.
+Exit codes: 0 no failure (every verdict ``ok`` or ``skipped``: pkb.options.NO_FAILURE), 1 any other verdict, 2 a
+usage error (unknown problem, unknown flag, missing file, an option out of its range, a mode this machine cannot
+run, ``--sandbox required`` where a protection is missing, a results database pkb cannot write), with one sentence
+that says what to do instead and nothing written; with ``--json`` also one JSON object on stdout (``{"status":
+"usage_error", ...}``). 3 when pkb itself failed (``eval``; ``run`` counts it as 1). ``--help``, unknown problems
+and flags, options out of range and a missing candidate file are said before torch is imported (pkb.registry reads
+the suite's names from its source).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import inspect
 import json
@@ -20,14 +23,14 @@ import time
 from pathlib import Path
 
 from pkb import __version__
-from pkb.commands import SELF_CHECK_TRIALS, add_eval_options, add_option, make_config, make_executor, served_options
-from pkb.console import UsageError, print_table
+from pkb.commands import (SELF_CHECK_TRIALS, add_eval_options, add_experiment_option, add_option, make_config,
+                          make_executor, served_options)
+from pkb.console import UsageError, print_table, shorten
 from pkb.describe import describe, human_bytes, shapes_of_inputs
-from pkb.options import OPTIONS
+from pkb.options import DEFAULT_EXPERIMENT, NO_FAILURE, OPTIONS, Status
 
 USAGE_ERROR = 2
 HARNESS_FAILURE = 3  # pkb itself failed: no verdict on the candidate
-QUIET_STATUSES = ("ok", "skipped")  # Status values (a str enum): this module imports no torch
 
 
 # -- list / show -----------------------------------------------------------------------------------
@@ -104,22 +107,28 @@ def cmd_show(args) -> int:
 def cmd_eval(args) -> int:
     if args.server:
         return _eval_on_server(args)
+    path = None if args.candidate == "reference" else candidate_path(args.candidate)  # before torch is imported
     from pkb.evaluate.candidate import Candidate
     from pkb.evaluate.evaluator import evaluate
     from pkb.registry import get_problem
 
     problem = get_problem(args.problem)
-    if args.candidate == "reference":
-        candidate = Candidate.reference_of(problem)
-    else:
-        candidate = Candidate.from_file(candidate_path(args.candidate))
+    candidate = Candidate.reference_of(problem) if path is None else Candidate.from_file(path)
     config = make_config(args, problem)
     result = evaluate(problem, candidate, config)
     if args.json:
         print(json.dumps(result.to_dict(), default=str))
     else:
         print_verdict(result)
-    return 0 if result.ok else 1 if result.status.is_verdict else HARNESS_FAILURE
+    return exit_status(result.status)
+
+
+def exit_status(status: str) -> int:
+    """``pkb eval``'s exit status for a verdict (a Status or its value): 0 where it is no failure (``ok``, or
+    ``skipped``: pkb.options.NO_FAILURE), 3 where pkb or the machine failed (no verdict on the candidate), else 1."""
+    if status in NO_FAILURE:
+        return 0
+    return 1 if Status(status).is_verdict else HARNESS_FAILURE
 
 
 def candidate_path(given: str) -> Path:
@@ -157,8 +166,7 @@ def _eval_on_server(args) -> int:
         print(json.dumps(result, default=str))
     else:
         print_verdict(result_view(result))
-    status = result["status"]
-    return 0 if status == "ok" else HARNESS_FAILURE if status in ("harness_error", "infra_error") else 1
+    return exit_status(result["status"])
 
 
 def print_verdict(result) -> None:
@@ -166,12 +174,12 @@ def print_verdict(result) -> None:
     ranks = f"{result.world_size} ranks" + (f" on {nodes} nodes" if nodes > 1 else "")
     print(f"{result.problem} / {result.solution}: {result.status.value}  ({result.mode}, {ranks}, {result.wall_s:.1f} s)")
     print(f"  {result.message}")
-    if result.details.get("traceback") or result.details.get("error"):
-        text = user_traceback(result.details.get("traceback") or result.details["error"],
-                              result.details.get("solution_path"))
+    if result.details.traceback or result.details.error:
+        text = user_traceback(result.details.traceback or result.details.error, result.details.solution_path)
         print("  " + text.strip().replace("\n", "\n  "))
-    if result.details.get("log_tail"):
-        print("  rank output (tail):\n    " + result.details["log_tail"].strip()[-1500:].replace("\n", "\n    "))
+    if result.details.log_tail:
+        tail = shorten(result.details.log_tail.strip(), LOG_TAIL_CHARS, keep="end", one_line=False)
+        print("  rank output (tail):\n    " + tail.replace("\n", "\n    "))
     for timing in result.timings:
         print(f"  {timing.case}: reference {timing.reference_s * 1e6:.1f} us, candidate {timing.candidate_s * 1e6:.1f} us,"
               f" speedup {timing.speedup:.2f}x" + (f", busbw {timing.busbw_gbps:.2f} GB/s" if timing.busbw_gbps else ""))
@@ -232,7 +240,8 @@ def cmd_run(args) -> int:
     if args.set is not None and not args.set.strip():
         raise UsageError("--set needs a name, e.g. --set gpt5-oneshot")
     self_check = solutions_dir is None or args.self_check
-    evaluations = plan(problems, solutions_dir, include_reference=self_check, solution_set=args.set)
+    evaluations = plan(problems, solutions_dir, include_reference=self_check, solution_set=args.set,
+                       experiment=args.experiment)
     if not evaluations:
         raise UsageError("nothing to run: no solution file matches the selected problems")
     check_store(args.db or DEFAULT_DB)  # a --db it cannot store results in: said before any work, nothing written
@@ -254,7 +263,7 @@ def cmd_run(args) -> int:
                           checked_line(args, config, self_check, solutions_dir))
         if solutions_dir is None:
             print("\n" + what_it_means(results, config))
-    return 0 if all(r.status in QUIET_STATUSES for r in results) else 1
+    return 0 if all(r.status in NO_FAILURE for r in results) else 1
 
 
 def checked_line(args, config, self_check: bool, solutions_dir: Path | None) -> str:
@@ -284,30 +293,33 @@ def running_labels(executor) -> list[tuple[str, float]]:
 
 
 def print_run_summary(results, problems, db: str, checked: str = "") -> None:
-    """What ``pkb run`` ends with: the results that need a look (each message's first line whole), the counts,
-    how to report them (with ``--problems`` where the run's sets cover part of the suite, so that the HTML
-    report plots what ran), what was ``checked`` (a sentence), then the headline over the run's selection
-    (``problems``; None: none was asked for, and the headline counts the paper's suite as ``pkb report`` does).
-    A set with results for only part of it (pkb's shipped worked examples, a folder missing files) gets two
-    rows, one on the problems it covers and one on the whole selection (the paper's denominator: a problem
-    without a result counts as failed), and a note saying which is which.
+    """What ``pkb run`` ends with: the results that need a look (each message shortened at a word or number
+    boundary, ``MESSAGE_CHARS``, the whole of it in the database), the counts, how to report them (with
+    ``--problems`` where the run's sets cover part of the suite, so that the HTML report plots what ran, and
+    ``--experiment`` where the run named one), what was ``checked`` (a sentence), then the headline over the run's
+    selection (``problems``; None: none was asked for, and the headline counts the paper's suite as ``pkb
+    report`` does): one row per set, with what it covers.
     """
     from pkb.registry import selection_text
     from pkb.report import metrics, records
     from pkb.report.cli import headline_lines, suite_selection
     from pkb.store.db import DEFAULT_DB, REFERENCE_SET
 
-    failed = [r for r in results if r.status not in QUIET_STATUSES]
+    experiments = sorted({r.experiment for r in results if r.experiment})
+    report_command = "pkb report" + ("" if db == DEFAULT_DB else f" --db {db}") + (
+        f" --experiment {','.join(experiments)}" if experiments and experiments != [DEFAULT_EXPERIMENT] else "")
+    failed = [r for r in results if r.status not in NO_FAILURE]
     if failed:
         print("results that need a look:")
         for r in failed:
             print(f"  {r.problem} / {r.solution} ({r.solution_set}): {r.status.value}\n"
-                  f"    {(r.message.strip().splitlines() or [''])[0][:MESSAGE_CHARS]}")
+                  f"    {shorten(r.message, MESSAGE_CHARS)}")
+        if any(shorten(r.message, MESSAGE_CHARS) != " ".join(r.message.split()) for r in failed):
+            print(f"  (a message ending in \u2026 is whole in `{report_command} --format json --table rows`)")
         print()
     counts: dict[str, int] = {}
     for r in results:
         counts[r.status.value] = counts.get(r.status.value, 0) + 1
-    report_command = "pkb report" + ("" if db == DEFAULT_DB else f" --db {db}")
     covered = {r.problem for r in results if r.solution_set != REFERENCE_SET}
     plotted = f"{report_command} --problems {selection_text(covered)} --html report.html" if covered else ""
     print(f"{len(results)} results in {db}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
@@ -320,38 +332,35 @@ def print_run_summary(results, problems, db: str, checked: str = "") -> None:
         selection, notes = suite_selection({r.problem: r.category for r in found})
     else:
         selection, notes = {p.name: p.category for p in problems}, ()
-    report = metrics.build_report(found, selection, "set", ks=(1,), notes=notes)
+    report = metrics.build_report(found, selection, "set", ks=(1,), notes=notes, experiments=experiments)
     headline_lines(report, "no candidate results: only the references' self-checks ran")
 
 
-MESSAGE_CHARS = 400  # of a result's first line in `pkb run`'s list of results that need a look
+MESSAGE_CHARS = 400  # of a result's message in `pkb run`'s list of results that need a look
+LOG_TAIL_CHARS = 1500  # of the ranks' output a verdict shows (its end; the whole is the result's details.log_tail)
 
 
 def what_it_means(results, config) -> str:
     """For the main job (pkb's shipped solutions and every reference's self-check, run with ``config``): what it
-    showed on this machine, in words a first reader needs before the headline's percentages."""
+    showed on this machine, in one sentence a first reader needs before the headline's percentages, e.g. ``what
+    this means: 87 of 87 references passed against themselves here (cpu mode, W = 2): the suite and the harness
+    work; pkb shipped is 21 worked examples, not a model's answers (19 skipped: they need a GPU or more ranks).
+    Score a model's files with `pkb run --solutions DIR`.``"""
     from pkb.store.db import REFERENCE_SET, SHIPPED_SET
 
-    def tally(solution_set: str) -> tuple[int, int, list]:
+    def tally(solution_set: str) -> tuple[int, int, int]:
         rows = [r for r in results if r.solution_set == solution_set]
-        skipped = [r for r in rows if r.status.value == "skipped"]
-        return len(rows), sum(r.status.value == "ok" for r in rows), skipped
+        return len(rows), sum(r.status.value == "ok" for r in rows), sum(r.status.value == "skipped" for r in rows)
 
     checked, ok, skipped = tally(REFERENCE_SET)
-    example = f", e.g. {skipped[0].problem}: {skipped[0].message.splitlines()[0][:120]}" if skipped else ""
-    lines = [f"what this means: {ok} of the {checked - len(skipped)} references judged here passed against "
-             f"themselves ({len(skipped)} skipped{example}): the suite and the harness work on this machine "
-             f"({config.mode.value} mode, W = {config.world_size})."]
-    shipped, ok, skipped = tally(SHIPPED_SET)
+    said = (f"what this means: {ok} of {checked - skipped} references passed against themselves here"
+            + (f" ({skipped} skipped)" if skipped else "") + f" ({config.mode.value} mode, W = {config.world_size}): "
+            + ("the suite and the harness work" if ok == checked - skipped else "see the results that need a look"))
+    shipped, _, skipped = tally(SHIPPED_SET)
     if shipped:
-        lines.append(f"pkb's shipped solutions are {shipped} worked examples, not a model's answers: {ok} ok, "
-                     f"{len(skipped)} `skipped` (they need what this run lacks: a GPU, or more ranks; neither a "
-                     "failure nor a success). Their `in the suite` row counts every problem of the paper's suite, as a "
-                     "model's set is counted, so for them it measures how few problems they cover.")
-    on_gpu = "; the shipped kernels and GPU timings need --mode cuda or shared-gpu" if config.mode.value == "cpu" \
-        else ""
-    lines.append(f"Score a model's files with `pkb run --solutions DIR`{on_gpu}.")
-    return "\n".join(lines)
+        said += (f"; {SHIPPED_SET} is {shipped} worked examples, not a model's answers"
+                 + (f" ({skipped} skipped: they need a GPU or more ranks)" if skipped else ""))
+    return said + ". Score a model's files with `pkb run --solutions DIR`."
 
 
 # -- parser ------------------------------------------------------------------------------------------
@@ -367,10 +376,40 @@ class _ParseError(UsageError):
 
 class _Parser(argparse.ArgumentParser):
     """argparse's parser (for every subcommand too), whose refusals are pkb's usage errors (``main``): one
-    sentence and exit status 2, with ``--json`` one object on stdout, instead of argparse's usage block."""
+    sentence and exit status 2, with ``--json`` one object on stdout, instead of argparse's usage block. An
+    unknown flag is refused by the subcommand it was given to, with the closest of that subcommand's own flags:
+    ``unrecognized arguments: --world_size 4; did you mean --world-size? (`pkb eval --help` lists what it takes)``."""
+
+    subcommands: argparse.Action | None = None
 
     def error(self, message: str):
         raise _ParseError(f"{message} (`{self.prog} --help` lists what it takes)", self.prog)
+
+    def add_subparsers(self, **kwargs):
+        self.subcommands = super().add_subparsers(**kwargs)
+        return self.subcommands
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            command = self.command_parser(namespace)
+            command.error(f"unrecognized arguments: {' '.join(unknown)}{command.closest_flag(unknown)}")
+        return namespace
+
+    def command_parser(self, namespace) -> "_Parser":
+        """The parser of the subcommand ``namespace`` was parsed for (``pkb eval``'s), or this one."""
+        chosen = self.subcommands.choices.get(getattr(namespace, self.subcommands.dest, None)) \
+            if self.subcommands else None
+        return chosen.command_parser(namespace) if chosen else self
+
+    def closest_flag(self, words: list[str]) -> str:
+        """``; did you mean --world-size?`` for the first of ``words`` close to one of this parser's flags, else ""."""
+        flags = [flag for action in self._actions for flag in action.option_strings if flag.startswith("--")]
+        for word in (word for word in words if word.startswith("-")):
+            close = difflib.get_close_matches(word.split("=", 1)[0].replace("_", "-"), flags, n=1, cutoff=0.6)
+            if close:
+                return f"; did you mean {close[0]}?"
+        return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -406,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "(default: the folder's name; pkb's own solutions are `pkb shipped`)")
     p.add_argument("--problems", help="e.g. 1-8,12,allgather_gemm or a category; default: all")
     p.add_argument("--db", help="SQLite file (default: ./pkb-results.sqlite)")
+    add_experiment_option(p)
     p.add_argument("--quiet", action="store_true", help="a plain line per result instead of the live progress display "
                                                         "(what a log file or CI gets anyway)")
     add_eval_options(p, 2, executor=True)
@@ -426,13 +466,15 @@ def main(argv: list[str] | None = None) -> int:
     args = None
     try:
         args = build_parser().parse_args(argv)
+        check_problems(args)
         return args.func(args)
     except UsageError as exc:
         return _usage_error(str(exc), getattr(exc, "prog", "pkb"), args, argv)
     except KeyError as exc:  # an unknown problem (pkb.registry.UnknownProblem) or case name
         return _usage_error(str(exc.args[0]), "pkb", args, argv)
     except KeyboardInterrupt:
-        print("\npkb: interrupted; finished results are in the database, rerun to resume", file=sys.stderr)
+        stored = "; finished results are in the database, rerun to resume" if hasattr(args, "db") else ""
+        print(f"\npkb: interrupted{stored}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `pkb list | head`: the reader has gone, nothing to report
         sys.stderr.close()
@@ -449,6 +491,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pkb: internal error ({type(exc).__name__}: {exc}); this is pkb's failure, not the candidate's",
                   file=sys.stderr)
         return HARNESS_FAILURE
+
+
+def check_problems(args) -> None:
+    """UnknownProblem, naming the closest problems, where ``args`` name one the suite lacks (a command's
+    ``problem``, or its ``--problems`` selection): said before the command imports torch, as pkb.registry reads
+    the names from the suite's source."""
+    from pkb.registry import problem_name, selected_names
+
+    if getattr(args, "problem", None) is not None:
+        problem_name(args.problem)
+    if getattr(args, "problems", None) is not None:
+        selected_names(args.problems)
 
 
 def _usage_error(message: str, prog: str, args, argv: list[str]) -> int:

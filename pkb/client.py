@@ -40,8 +40,8 @@ class Client:
     def evaluate(self, problem: str | int, source: str | None = None, wait_s: float = 3600.0, **options: Any) -> dict:
         """The verdict on ``source`` for ``problem`` (``source=None, reference=True``: the problem's reference
         against itself): ``options`` are those of ``pkb eval`` (world_size, mode, cases, trials,
-        upstream_trials, dtype, perf, policy, timeout) plus ``name`` and ``solution_set``. Waits up to
-        ``wait_s``; ServerError if it has not finished by then."""
+        upstream_trials, dtype, perf, policy, timeout) plus ``name``, ``solution_set`` and ``experiment`` (default:
+        the server's, service traffic). Waits up to ``wait_s``; ServerError if it has not finished by then."""
         deadline = time.monotonic() + wait_s
         served = self.submit(problem, source, wait_s=min(wait_s, 60.0), **options)
         while served["state"] != "done":
@@ -107,6 +107,9 @@ def result_view(result: dict) -> SimpleNamespace:
     """A verdict's JSON (``pkb eval --json``, an evaluation's ``result``) with the attributes of the EvalResult it
     was made from that pkb's printers and messages read (``status.value``, ``ok``, ``timings[i].speedup``,
     ...), without importing torch as ``EvalResult.from_dict`` would."""
+    from pkb.details import Details
+
     return SimpleNamespace(**{**result, "ok": result["status"] == "ok",
                               "status": SimpleNamespace(value=result["status"]),
+                              "details": Details.from_dict(result.get("details")),
                               "timings": [SimpleNamespace(**timing) for timing in result.get("timings") or []]})

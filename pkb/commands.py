@@ -12,7 +12,8 @@ import argparse
 import sys
 
 from pkb.console import UsageError
-from pkb.options import EVAL_OPTIONS, EXECUTORS, OPTIONS, SERVED_OPTIONS, Option
+from pkb.options import (DEFAULT_EXPERIMENT, EVAL_OPTIONS, EXECUTORS, OPTIONS, SERVED_OPTIONS, Option,
+                         experiment_complaint)
 
 SELF_CHECK_TRIALS = 1  # `pkb run`'s self-check of each reference, unless --trials says otherwise
 # Options whose absence on the command line means something (``None``): `pkb run` lightens the references'
@@ -55,6 +56,19 @@ def checked_type(option: Option):
     parse.__name__ = option.kind.__name__
     parse.option = option  # which row of the table checks it
     return parse
+
+
+def add_experiment_option(parser, default: str = DEFAULT_EXPERIMENT, help: str | None = None) -> None:
+    """``--experiment NAME``: the experiment the command's results are stored under (pkb.options), ``default`` where
+    none is given; a name pkb cannot file (empty, a comma) is a usage error."""
+    def name(text: str) -> str:
+        complaint = experiment_complaint(text)
+        if complaint:
+            raise argparse.ArgumentTypeError(complaint)
+        return text.strip()
+
+    parser.add_argument("--experiment", type=name, default=default, metavar="NAME", help=help or (
+        f"the experiment the results are stored under (default {default}); `pkb report --experiment NAME` reports it"))
 
 
 def add_precision_option(parser) -> None:

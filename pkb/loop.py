@@ -69,8 +69,11 @@ class EvaluationLoop:
     ``evaluation_key``) gets, and whether evaluations with the same key in flight at once are judged once:
 
     - ``restore`` (``pkb run``): the stored verdict, stored again under this evaluation's set and name when
-      those differ (``details["verdict_of"]`` names the row it repeats); twins in flight are judged once.
+      those differ (``details.verdict_of`` names the row it repeats); twins in flight are judged once.
     - ``as_stored`` (generation): the stored row as it is; twins judged once.
+
+    Under either, a verdict stored in another experiment is stored again under this evaluation's, so that an
+    experiment's report holds every result it reused, and never another experiment's row.
     - ``never`` (the service: every request is a fresh evaluation with its own secret seeds): always judged.
 
     A stored ``harness_error`` or ``infra_error`` is no verdict: that evaluation runs again. ``keep_paths=False``
@@ -115,9 +118,9 @@ class EvaluationLoop:
             yield self._ready.popleft()
         for evaluation, result in self.executor.finished(wait=wait):
             key = evaluation_key(evaluation.problem, evaluation.candidate, evaluation.config)
-            result.solution_set = evaluation.solution_set
+            result.solution_set, result.experiment = evaluation.solution_set, evaluation.experiment
             if not self.keep_paths:
-                result.details.pop("solution_path", None)
+                result.details.solution_path = None
             result_id = self.store.add(result, key)
             yield StoredResult(evaluation, result, result_id, key, False)
             waiting = self._twins.pop(key, [])
@@ -141,8 +144,9 @@ class EvaluationLoop:
         self.close()
 
     def _reused(self, evaluation: Evaluation, key: str, previous: EvalResult, previous_id: int | None) -> StoredResult:
-        own_name = (evaluation.solution_set, evaluation.candidate.name)
-        if self.reuse == "restore" and (previous.solution_set, previous.solution) != own_name:
+        own_name = (evaluation.solution_set, evaluation.candidate.name, evaluation.experiment)
+        renamed = (previous.solution_set, previous.solution, previous.experiment) != own_name
+        if (self.reuse == "restore" and renamed) or previous.experiment != evaluation.experiment:
             own_id = self.store.latest_id(key, *own_name)
             own = self.store.result_by_id(own_id) if own_id is not None else None
             if own is not None and own.status.is_verdict:  # stored under this set and name before: resumed as it is
@@ -170,7 +174,7 @@ def run_evaluations(evaluations: list[Evaluation], config: EvalConfig, store: Re
 
 def _restored(previous: EvalResult, evaluation: Evaluation, previous_id: int | None) -> EvalResult:
     """``previous``'s verdict under ``evaluation``'s set and name (the same file, judged with the same settings)."""
-    details = {**previous.details, "verdict_of": previous_id,
-               "solution_path": str(evaluation.candidate.path) if evaluation.candidate.path else None}
-    return replace(previous, solution=evaluation.candidate.name, solution_set=evaluation.solution_set, details=details,
-                   created_at=time.time())
+    details = replace(previous.details, verdict_of=previous_id,
+                      solution_path=str(evaluation.candidate.path) if evaluation.candidate.path else None)
+    return replace(previous, solution=evaluation.candidate.name, solution_set=evaluation.solution_set,
+                   experiment=evaluation.experiment, details=details, created_at=time.time())

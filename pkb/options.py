@@ -57,6 +57,12 @@ class Status(_Named):
         return self not in (Status.HARNESS_ERROR, Status.INFRA_ERROR)
 
 
+# The statuses that are no failure, so exit status 0 from `pkb eval`, `pkb run` and `pkb generate`: `ok`, and
+# `skipped`, which is no verdict on the candidate (this run lacks what it needs: a GPU in cpu mode, more ranks) and
+# no success either (pass@k leaves it out; `status` says which it was).
+NO_FAILURE = (Status.OK, Status.SKIPPED)
+
+
 class Mode(_Named):
     """Where the ranks run (pkb.runtime.modes: how ``auto`` picks one): gloo on the CPU, NCCL with a GPU per rank, or
     gloo and symmetric memory with the ranks sharing one GPU. Times outside ``cuda`` are not GPU performance."""
@@ -210,6 +216,42 @@ def default(name: str) -> Any:
 SERVED_SET = "served"  # the solution set of a request that names none
 MAX_SOURCE_BYTES = 1 << 20
 
+# Experiments (docs/reports.md, "Experiments"): every stored result belongs to one, and a report shows one experiment
+# or compares several, never another's rows unasked. The user names one (`--experiment NAME`), else pkb does:
+DEFAULT_EXPERIMENT = "default"  # `pkb run`, `pkb generate`, `pkb agent` (and rows from before experiments)
+SERVED_EXPERIMENT = "served"  # a request to `pkb serve` that names none (service traffic; `pkb serve --experiment`)
+RL_EXPERIMENT = "rl"  # the RL environments' judged turns (pkb.rl.common.judge): `rl`, or `rl:NAME`
+TRAFFIC_EXPERIMENTS = {SERVED_EXPERIMENT: "service traffic", RL_EXPERIMENT: "RL traffic"}
+
+
+def experiment_complaint(name: Any) -> str | None:
+    """What is wrong with ``name`` as an experiment's name, or None: a non-empty string without a comma (a report
+    takes a comma list of them)."""
+    if not isinstance(name, str) or not name.strip():
+        return f"an experiment needs a name, e.g. gpt5-sweep (got {name!r})"
+    if "," in name:
+        return f"an experiment's name has no comma (a report takes a comma list of them): {name!r}"
+    return None
+
+
+def is_rl_experiment(name: str) -> bool:
+    """Whether ``name`` marks RL traffic: ``rl`` or ``rl:NAME``."""
+    return name == RL_EXPERIMENT or name.startswith(RL_EXPERIMENT + ":")
+
+
+def rl_experiment(name: str | None = None) -> str:
+    """The experiment an RL environment's turns are stored under: ``rl``, or ``rl:NAME`` for an experiment a trainer
+    names (``rl_experiment("week2") == "rl:week2"``; a name already marked so stays as it is)."""
+    if not name:
+        return RL_EXPERIMENT
+    return name if is_rl_experiment(name) else f"{RL_EXPERIMENT}:{name}"
+
+
+def traffic_kind(experiment: str) -> str | None:
+    """``service traffic`` or ``RL traffic`` for an experiment of pkb's own naming (``served``, ``rl``, ``rl:NAME``),
+    else None (a user's experiment)."""
+    return TRAFFIC_EXPERIMENTS.get(RL_EXPERIMENT if is_rl_experiment(experiment) else experiment)
+
 
 @dataclass(frozen=True)
 class EvaluationRequest:
@@ -221,6 +263,7 @@ class EvaluationRequest:
     reference: bool = False
     name: str = "candidate"
     solution_set: str = SERVED_SET
+    experiment: str = ""  # "": the service's default (SERVED_EXPERIMENT unless `pkb serve --experiment` names one)
     world_size: int | None = default("world_size")
     nodes: int | None = default("nodes")
     mode: str = default("mode")
@@ -254,10 +297,12 @@ class EvaluationRequest:
 
     def check(self) -> None:
         for name, kind in (("problem", (str, int)), ("source", str), ("reference", bool), ("name", str),
-                           ("solution_set", str)):
+                           ("solution_set", str), ("experiment", str)):
             value = getattr(self, name)
             if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
                 raise ValueError(f"`{name}` has the wrong type ({type(value).__name__})")
+        if self.experiment and experiment_complaint(self.experiment):
+            raise ValueError(f"`experiment`: {experiment_complaint(self.experiment)}")
         if len(self.source.encode()) > MAX_SOURCE_BYTES:
             raise ValueError(f"`source` is over {MAX_SOURCE_BYTES} bytes")
         for name in SERVED_OPTIONS:
@@ -271,14 +316,18 @@ class EvaluationRequest:
 def request_options(**options: Any) -> dict[str, Any]:
     """``options`` as a request to ``pkb serve`` carries them: those given as None left out (the server's
     default), the rest checked (ValueError naming the option): the served options of ``EVAL_OPTIONS``,
-    and ``name`` and ``solution_set``."""
+    and ``name``, ``solution_set`` and ``experiment``."""
     chosen = {name: value for name, value in options.items() if value is not None}
     for name, value in chosen.items():
         if name in ("name", "solution_set"):
             if not isinstance(value, str):
                 raise ValueError(f"`{name}` must be a string, got {value!r}")
+        elif name == "experiment":
+            if experiment_complaint(value):
+                raise ValueError(f"`experiment`: {experiment_complaint(value)}")
         elif name in SERVED_OPTIONS:
             OPTIONS[name].check(value)
         else:
-            raise ValueError(f"unknown option {name!r}; a request takes {', '.join(SERVED_OPTIONS)}, name, solution_set")
+            raise ValueError(f"unknown option {name!r}; a request takes {', '.join(SERVED_OPTIONS)}, name, "
+                             "solution_set, experiment")
     return chosen

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-from pkb.console import rich_available
+from pkb.console import rich_available, shorten
 
 NEEDS_NO_LOOK = ("ok", "skipped")
 VERDICT_STYLES = {"ok": "green", "skipped": "dim", "mismatch": "red", "forbidden": "magenta",
@@ -84,7 +84,7 @@ class _LiveDisplay:
         self.bar.advance(self.task)
         if status not in NEEDS_NO_LOOK:
             style = VERDICT_STYLES.get(status, "yellow")
-            self.console.print(f"[{style}]{status}[/]  {_escape(label)}  [dim]{_escape(message[:120])}[/]")
+            self.console.print(f"[{style}]{status}[/]  {_escape(label)}  [dim]{_escape(shorten(message, 120))}[/]")
 
     def __rich__(self):
         from rich.console import Group

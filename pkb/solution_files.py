@@ -17,8 +17,9 @@ from typing import Iterable
 
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
-from pkb.evaluate.evaluator import checked_cases
+from pkb.evaluate.cases import checked_cases
 from pkb.executor import Evaluation
+from pkb.options import DEFAULT_EXPERIMENT
 from pkb.problem import Problem
 from pkb.registry import all_problems
 from pkb.store.db import REFERENCE_SET, SHIPPED_SET, SHIPPED_SOLUTIONS
@@ -132,17 +133,18 @@ def set_name(solutions_dir: Path | None) -> str:
 
 
 def plan(problems: Iterable[Problem], solutions_dir: Path | None, include_reference: bool,
-         solution_set: str | None = None) -> list[Evaluation]:
-    """The evaluations of a run (each with the run's settings: no ``config`` of its own); ``solution_set`` names
-    the files' set (default: ``set_name(solutions_dir)``)."""
+         solution_set: str | None = None, experiment: str = DEFAULT_EXPERIMENT) -> list[Evaluation]:
+    """The evaluations of a run in ``experiment`` (each with the run's settings: no ``config`` of its own);
+    ``solution_set`` names the files' set (default: ``set_name(solutions_dir)``)."""
     files = solution_files(solutions_dir or SHIPPED_SOLUTIONS)
     solution_set = solution_set or set_name(solutions_dir)
     evaluations = []
     for problem in problems:
         if include_reference:
-            evaluations.append(Evaluation(problem, Candidate.reference_of(problem), REFERENCE_SET))
+            evaluations.append(Evaluation(problem, Candidate.reference_of(problem), REFERENCE_SET,
+                                          experiment=experiment))
         for path in files.get(problem.name, []):
-            evaluations.append(Evaluation(problem, Candidate.from_file(path), solution_set))
+            evaluations.append(Evaluation(problem, Candidate.from_file(path), solution_set, experiment=experiment))
     return evaluations
 
 

@@ -19,7 +19,7 @@ from typing import Callable
 from pkb.generate.prompt import Prompt, feedback
 from pkb.generate.upstream_prompt import prompt_for
 from pkb.generate.providers import CallContext, Message, Provider, ProviderError
-from pkb.generate.sampler import Evaluator, GenStatus, RunSettings, generation_row, write_code
+from pkb.generate.sampler import UNANSWERED, GenStatus, RunSettings, VerdictQueue, generation_row, write_code
 from pkb.problem import Problem
 from pkb.store.db import generated_set
 
@@ -56,7 +56,7 @@ class AgentOutcome:
 
     @property
     def cost_usd(self) -> float | None:
-        costs = [s.cost_usd for s in self.steps if s.status != GenStatus.API_ERROR]
+        costs = [s.cost_usd for s in self.steps if s.status not in UNANSWERED]
         return None if not costs or None in costs else sum(costs)
 
     def to_dict(self) -> dict:
@@ -88,11 +88,11 @@ def run_agent(problem: Problem, provider: Provider, settings: AgentSettings, sto
     step's file is evaluated on ``executor`` (pkb.executor; default: this machine) before the next step."""
     prompt = prompt_for(problem, settings.backend, profile, settings.world_size, settings.prompt, settings.upstream_dir,
                         precision=settings.precision)
-    evaluator = Evaluator(store, eval_config, executor)
+    verdicts = VerdictQueue(store, eval_config, executor, settings.experiment)
     steps: list[AgentStep] = []
     stopped_by = ""
     try:
-        conversation = _resume(problem, prompt, settings, store, evaluator, steps, on_step)
+        conversation = _resume(problem, prompt, settings, store, verdicts, steps, on_step)
         for step in range(len(steps), settings.num_steps):
             sent = conversation.next_message
             try:
@@ -106,13 +106,13 @@ def run_agent(problem: Problem, provider: Provider, settings: AgentSettings, sto
                 stopped_by = f"step {step}: {exc} (run again to continue)"
                 break
             row = generation_row(problem, prompt, provider, settings, KIND, 0, step, answer, sent)
-            agent_step, result = _judge(problem, row, settings, store, evaluator, resumed=False)
+            agent_step, result = _judge(problem, row, settings, store, verdicts, resumed=False)
             conversation.add(sent, answer.text, feedback(problem, step, result))
             conversation.consider(agent_step)
             steps.append(agent_step)
             on_step(agent_step)
     finally:
-        evaluator.close()
+        verdicts.close()
     best = conversation.best
     best_path = None
     if best is not None:
@@ -121,19 +121,19 @@ def run_agent(problem: Problem, provider: Provider, settings: AgentSettings, sto
                         best.speedup if best else None, stopped_by)
 
 
-def _resume(problem: Problem, prompt: Prompt, settings: AgentSettings, store, evaluator: Evaluator,
+def _resume(problem: Problem, prompt: Prompt, settings: AgentSettings, store, verdicts: VerdictQueue,
             steps: list[AgentStep], on_step: Callable) -> _Conversation:
     """Rebuild the conversation from the stored steps of this run (a step judged late is judged now)."""
     conversation = _Conversation([], prompt.user)
     stored = {}
     for row in store.generations(run=settings.run, problem=problem.name):
-        if row["kind"] == KIND and row["problem_version"] == problem.version and row["status"] != GenStatus.API_ERROR:
+        if row["kind"] == KIND and row["problem_version"] == problem.version and row["status"] not in UNANSWERED:
             stored[row["step"]] = row
     for step in range(len(stored)):
         row = stored.get(step)
         if row is None or step >= settings.num_steps:
             break
-        agent_step, result = _judge(problem, row, settings, store, evaluator, resumed=True)
+        agent_step, result = _judge(problem, row, settings, store, verdicts, resumed=True)
         conversation.add(row["prompt"], row["response"] or "", feedback(problem, step, result))
         conversation.consider(agent_step)
         steps.append(agent_step)
@@ -141,7 +141,7 @@ def _resume(problem: Problem, prompt: Prompt, settings: AgentSettings, store, ev
     return conversation
 
 
-def _judge(problem: Problem, row: dict, settings: AgentSettings, store, evaluator: Evaluator, resumed: bool):
+def _judge(problem: Problem, row: dict, settings: AgentSettings, store, verdicts: VerdictQueue, resumed: bool):
     """Write, store and evaluate one step's file; the AgentStep and its EvalResult (None without code)."""
     path = settings.run_dir / problem.name / f"step_{row['step']}.py"
     if row["code"] is not None:
@@ -151,8 +151,8 @@ def _judge(problem: Problem, row: dict, settings: AgentSettings, store, evaluato
     result = None
     if row["code"] is not None:
         if row["status"] == GenStatus.GENERATED or row.get("result_id") is None:
-            result, result_id, key = evaluator.evaluate(problem, Path(row["code_path"]), f"{settings.run}/{path.stem}",
-                                                        generated_set(row["model"], settings.run))
+            result, result_id, key = verdicts.verdict_of(problem, Path(row["code_path"]), f"{settings.run}/{path.stem}",
+                                                         generated_set(row["model"], settings.run))
             store.set_generation_verdict(row["id"], result.status.value, result_id, key, result.speedup)
         else:
             result = store.result_by_id(row["result_id"])

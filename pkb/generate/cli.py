@@ -4,11 +4,11 @@ Both take ``--problems`` (a selection: ``1-8,12,allgather_gemm``, a category, ``
 k samples of each, ``agent`` holds one conversation per problem, in turn. ``--model replay:DIR`` answers from
 a folder of files, offline (pkb.generate.providers.replay_file).
 
-Exit codes: 0 every sample (for the agent: every selected problem's best file) is ``ok`` (``generate
---no-eval``: every sample has code); 1 otherwise; 2 a usage error: unknown provider, missing API key or SDK, a
-key the server refused, an unknown problem or hardware profile, a number out of its range, ``--sandbox
-required`` on a machine that lacks a protection, a ``--db`` pkb cannot write, all reported before (or instead
-of) work. The evaluation options (``--mode``, ``--sandbox``, ...) are ``pkb eval``'s
+Exit codes: 0 every sample is ``ok`` or ``skipped`` (pkb.options.NO_FAILURE; for the agent: every selected
+problem's best file is ``ok``; ``generate --no-eval``: every sample has code); 1 otherwise; 2 a usage error:
+unknown provider, missing API key or SDK, a key the server refused, an unknown problem or hardware profile, a
+number out of its range, ``--sandbox required`` on a machine that lacks a protection, a ``--db`` pkb cannot
+write, all reported before (or instead of) work. The evaluation options (``--mode``, ``--sandbox``, ...) are ``pkb eval``'s
 (``pkb.commands.add_eval_options``). In ``cpu`` and ``shared-gpu`` modes the output says that a speedup is not
 a GPU timing.
 """
@@ -19,7 +19,10 @@ import json
 import sys
 from pathlib import Path
 
-SUCCESS_STATUSES = ("ok", "skipped")
+from pkb.console import shorten
+from pkb.options import NO_FAILURE
+
+MESSAGE_CHARS = 200  # of a verdict's message in a sample's row or an agent's step line (the JSON has it whole)
 
 
 PROBLEMS_HELP = "e.g. 1-8,12,allgather_gemm, a category, or all (slugs or upstream numbers)"
@@ -81,7 +84,7 @@ def _upstream_dir(args) -> Path | None:
 
 
 def _add_model_options(p, backends, default_hardware) -> None:
-    from pkb.commands import add_option
+    from pkb.commands import add_experiment_option, add_option
     from pkb.options import OPTIONS
 
     p.add_argument("--model", required=True, help="provider:model, e.g. openai:gpt-5, anthropic:claude-sonnet-4-5, "
@@ -92,9 +95,11 @@ def _add_model_options(p, backends, default_hardware) -> None:
     p.add_argument("--hardware", default=default_hardware, help="hardware profile the prompt describes")
     add_option(p, OPTIONS["temperature"])
     add_option(p, OPTIONS["max_tokens"])
-    p.add_argument("--run", help="run name (default from model, backend, temperature); a rerun resumes it")
+    p.add_argument("--run", help="run name (default from model, backend, temperature and, outside cuda mode, the "
+                                 "mode: openai-gpt-5-cuda-on-cpu); a rerun resumes it")
     p.add_argument("--out", default=None, help="directory for the run's files (default ./pkb-runs)")
     p.add_argument("--db", help="SQLite file (default: ./pkb-results.sqlite)")
+    add_experiment_option(p)
     add_option(p, OPTIONS["request_timeout"])
     add_option(p, OPTIONS["retries"])
     p.add_argument("--base-url", help="endpoint URL, overriding the provider's default and its *_BASE_URL variable")
@@ -126,7 +131,7 @@ def cmd_generate(args) -> int:
     from pkb.commands import make_config
     from pkb.console import print_table
     from pkb.generate.prompt import load_profile
-    from pkb.generate.sampler import DEFAULT_OUT, GenerateSettings, default_run_name, generate
+    from pkb.generate.sampler import DEFAULT_OUT, GenerateSettings, generate
     from pkb.generate.providers import ProviderError
     from pkb.registry import select
     from pkb.store.db import DEFAULT_DB, ResultStore, check_store
@@ -135,16 +140,17 @@ def cmd_generate(args) -> int:
     problems = select(args.problems)
     with _usage_errors():
         profile = load_profile(args.hardware)
-    settings = GenerateSettings(run=args.run or default_run_name(str(provider.spec), args.backend, args.temperature),
-                                prompt=args.prompt, upstream_dir=_upstream_dir(args), precision=args.dtype,
-                                backend=args.backend, hardware=args.hardware, num_samples=args.samples,
-                                temperature=args.temperature, max_tokens=args.max_tokens,
-                                concurrency=args.concurrency, out_dir=Path(args.out or DEFAULT_OUT))
+    upstream_dir = _upstream_dir(args)
     progress = _progress(len(problems) * args.samples, enabled=not args.json)
     db = args.db or DEFAULT_DB
     check_store(db)  # a --db it cannot store results in: said before any work, nothing written
     with _executor(args, enabled=not args.no_eval) as executor, _usage_errors(ProviderError):
         config = None if args.no_eval else make_config(args, executor=executor)
+        settings = GenerateSettings(run=_run_name(args, provider, config), prompt=args.prompt,
+                                    upstream_dir=upstream_dir, precision=args.dtype, backend=args.backend,
+                                    hardware=args.hardware, num_samples=args.samples, temperature=args.temperature,
+                                    max_tokens=args.max_tokens, concurrency=args.concurrency,
+                                    out_dir=Path(args.out or DEFAULT_OUT), experiment=args.experiment)
         with ResultStore(db) as store:
             results = generate(problems, provider, settings, store, profile, config, progress, executor)
     if args.json:
@@ -155,7 +161,7 @@ def cmd_generate(args) -> int:
         print(_summary(results, settings.run_dir, db))
         if any(r.speedup for r in results) and _not_gpu_timings(config):
             print(_not_gpu_timings(config))
-    wanted = ("generated",) if args.no_eval else SUCCESS_STATUSES
+    wanted = ("generated",) if args.no_eval else NO_FAILURE
     return 0 if all(r.status in wanted for r in results) else 1
 
 
@@ -164,7 +170,7 @@ def cmd_agent(args) -> int:
     from pkb.generate.agent import AgentSettings, run_agent
     from pkb.generate.prompt import load_profile
     from pkb.generate.providers import ProviderError
-    from pkb.generate.sampler import DEFAULT_OUT, default_run_name
+    from pkb.generate.sampler import DEFAULT_OUT
     from pkb.registry import select
     from pkb.store.db import DEFAULT_DB, ResultStore, check_store
 
@@ -172,15 +178,16 @@ def cmd_agent(args) -> int:
     problems = select(args.problems)
     with _usage_errors():
         profile = load_profile(args.hardware)
-    run = args.run or "agent-" + default_run_name(str(provider.spec), args.backend, args.temperature)
-    settings = AgentSettings(run=run, prompt=args.prompt, upstream_dir=_upstream_dir(args), precision=args.dtype,
-                             backend=args.backend, hardware=args.hardware, num_steps=args.steps,
-                             temperature=args.temperature, max_tokens=args.max_tokens,
-                             out_dir=Path(args.out or DEFAULT_OUT))
+    upstream_dir = _upstream_dir(args)
     outcomes = []
     check_store(args.db or DEFAULT_DB)
     with _executor(args) as executor, _usage_errors(ProviderError):
         config = make_config(args, executor=executor)  # a problem without that size runs at its smallest
+        run = _run_name(args, provider, config, prefix="agent-")
+        settings = AgentSettings(run=run, prompt=args.prompt, upstream_dir=upstream_dir, precision=args.dtype,
+                                 backend=args.backend, hardware=args.hardware, num_steps=args.steps,
+                                 temperature=args.temperature, max_tokens=args.max_tokens,
+                                 out_dir=Path(args.out or DEFAULT_OUT), experiment=args.experiment)
         not_gpu = "" if config.mode.times_are_gpu_performance else f" ({config.mode} mode: not a GPU timing)"
 
         def show(step) -> None:
@@ -188,7 +195,7 @@ def cmd_agent(args) -> int:
                 speed = f", speedup {step.speedup:.2f}x{not_gpu}" if step.speedup else ""
                 earlier = " (stored earlier)" if step.resumed else ""
                 print(f"{problem.name} step {step.step}: {step.status}{speed}{earlier}"
-                      + (f"  {step.message[:200]}" if step.status != "ok" else ""), file=sys.stderr)
+                      + (f"  {shorten(step.message, MESSAGE_CHARS)}" if step.status != "ok" else ""), file=sys.stderr)
 
         with ResultStore(args.db or DEFAULT_DB) as store:
             for problem in problems:
@@ -222,6 +229,17 @@ def _not_gpu_timings(config) -> str:
 
 
 # -- pieces -----------------------------------------------------------------------------------------
+
+
+def _run_name(args, provider, config, prefix: str = "") -> str:
+    """``--run``, or ``prefix`` and the name that says what ran (pkb.generate.sampler.default_run_name): the files
+    judged in ``config``'s mode; with ``--no-eval``, the mode named by ``--mode`` (so that a later run that judges
+    them in that mode finds them), else none."""
+    from pkb.generate.sampler import default_run_name
+
+    named = getattr(args, "mode", None)
+    mode = config.mode if config else (named if named not in (None, "auto") else None)
+    return args.run or prefix + default_run_name(provider.spec, args.backend, mode, args.temperature)
 
 
 def _executor(args, enabled: bool = True):
@@ -293,17 +311,19 @@ def _sample_row(result) -> dict:
     return {"problem": result.problem, "sample": result.sample, "status": result.status,
             "speedup": f"{result.speedup:.2f}" if result.speedup else "", "tokens": tokens,
             "cost": f"{result.cost_usd:.4f}" if result.cost_usd is not None else "",
-            "message": (result.message.strip().splitlines() or [""])[0][:200]}
+            "message": shorten(result.message, MESSAGE_CHARS)}
 
 
 def _summary(results, run_dir: Path, db: str) -> str:
+    from pkb.generate.sampler import UNANSWERED
+
     counts: dict[str, int] = {}
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
     fresh = [r for r in results if not r.resumed]
     tokens_in = sum(r.tokens_in or 0 for r in fresh)
     tokens_out = sum(r.tokens_out or 0 for r in fresh)
-    costs = [r.cost_usd for r in fresh if r.status != "api_error"]
+    costs = [r.cost_usd for r in fresh if r.status not in UNANSWERED]
     cost = "unknown cost" if None in costs else f"${sum(costs):.4f}"
     return (f"\n{len(results)} samples: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
             + f"\nthis call: {len(fresh)} model answers, {tokens_in} tokens in, {tokens_out} out, {cost}"

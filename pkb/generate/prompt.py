@@ -267,10 +267,9 @@ def _feedback_ok(result) -> str:
 
 
 def _failure_details(result) -> str:
-    details = result.details or {}
     parts: list[str] = []  # a mismatch is described in full by the message: rank, case, output, worst elements
     for key in ("error", "traceback", "log_tail"):
-        text = str(details.get(key) or "").strip()
+        text = str(getattr(result.details, key) or "").strip()
         if text and not any(text in p for p in parts):
             label = {"error": "Error", "traceback": "Traceback", "log_tail": "Rank output (tail)"}[key]
             parts.append(f"{label}:\n```\n{text[-DETAIL_CHARS:]}\n```")

@@ -105,6 +105,11 @@ class ModelSpec:
     def __str__(self) -> str:
         return f"{self.provider}:{self.model}"
 
+    @property
+    def replays(self) -> bool:
+        """Whether the model is a folder of answers (``replay:DIR``), which reads no prompt."""
+        return PRESETS[self.provider].protocol == "replay"
+
 
 @dataclass(frozen=True)
 class ProviderSettings:
@@ -198,6 +203,8 @@ class Provider:
         for attempt in range(self.settings.max_retries + 1):
             try:
                 text, tokens_in, tokens_out, finish = self.send(system, messages, max_tokens, temperature, context)
+            except ProviderError:
+                raise  # said already by the provider (replay:DIR's missing file): nothing to classify or retry
             except Exception as exc:  # noqa: BLE001 — classified below; unknown errors are not retried
                 failure = self.classify(exc)
                 last = attempt == self.settings.max_retries
@@ -286,8 +293,9 @@ def _anthropic(spec: ModelSpec, key: str, base_url: str | None, settings: Provid
     return send, lambda exc: _classify(exc, anthropic, client.base_url, settings.timeout_s)
 
 
-class NoReplayFile(LookupError):
-    """``replay:DIR`` holds no answer for a call (that sample is recorded as an ``api_error``)."""
+class NoReplayFile(ProviderError):
+    """``replay:DIR`` holds no file that answers a call; the message names the files looked for (the sample's or
+    step's status is then ``no_replay_file``, and a rerun asks again)."""
 
 
 def _replay(spec: ModelSpec):
@@ -300,12 +308,11 @@ def _replay(spec: ModelSpec):
 
     def send(system, messages, max_tokens, temperature, context):
         if context is None:
-            raise NoReplayFile("replay needs to know which problem a call is for (pkb generate and pkb agent say)")
+            raise ProviderError(f"{spec}: replay needs to know which problem a call is for (pkb generate and pkb "
+                                "agent say)", fatal=True)
         path = replay_file(folder, context)
         if path is None:
-            raise NoReplayFile(f"no answer for {context.problem} {context.kind} {context.index} in {folder} "
-                               f"(looked for {context.problem}/{context.kind}_{context.index}.py and the problem's "
-                               "files at the top, as `pkb run --solutions` names them)")
+            raise NoReplayFile(missing_replay_file(folder, context))
         return path.read_text(encoding="utf-8", errors="replace"), 0, 0, f"replayed {path.name}"
 
     return send, lambda exc: _Failure(f"{type(exc).__name__}: {exc}", retryable=False)
@@ -327,6 +334,15 @@ def replay_file(folder: Path, context: CallContext) -> Path | None:
         return recorded
     files = solution_files(folder).get(context.problem, [])
     return files[min(context.index, len(files) - 1)] if files else None
+
+
+def missing_replay_file(folder: Path, context: CallContext) -> str:
+    """What ``replay_file`` looked for and did not find, e.g. ``no file answers allgather sample 3: answers/allgather/
+    sample_3.py is missing, and answers holds no allgather.py or 2_<name>[_<backend>].py at its top``."""
+    recorded = folder / context.problem / f"{context.kind}_{context.index}.py"
+    named = f"{context.problem}.py" + (f" or {context.upstream_id}_<name>[_<backend>].py" if context.upstream_id else "")
+    return (f"no file answers {context.problem} {context.kind} {context.index}: {recorded} is missing, and {folder} "
+            f"holds no {named} at its top (docs/generation.md, `replay:DIR`)")
 
 
 def _classify(exc: Exception, sdk, base_url, timeout_s: float) -> _Failure:

@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+from pkb.console import shorten
+
 
 BASELINE_TIMEOUT_S = 300.0  # `pkb baseline --timeout`'s default: one case's timing
 
@@ -235,7 +237,7 @@ class _RowPrinter:
             self._print("  ".join("-" * width for _, width in self.columns))
             self.started = True
         if row.error:
-            cells = [row.problem, row.case, "error", row.error[:120]]
+            cells = [row.problem, row.case, "error", shorten(row.error, 120)]
         else:
             cells = [row.problem, row.case, f"{row.time_us:.1f}",
                      "-" if row.spread is None else f"{row.spread * 100:.1f}%",

@@ -1,4 +1,4 @@
-"""``pkb report`` and ``pkb export-suite``. Nothing heavy is imported until a command runs."""
+"""``pkb report``, ``pkb transcripts`` and ``pkb export-suite``. Nothing heavy is imported until a command runs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pkb import protocol
 from pkb.commands import add_option
-from pkb.options import OPTIONS
+from pkb.options import DEFAULT_EXPERIMENT, OPTIONS, experiment_complaint
 
 FORMATS = ("table", "json", "csv", "parquet")
 TABLES = ("rows", "metrics")
@@ -39,7 +39,25 @@ def add_commands(subparsers) -> None:
                         "bf16 are reported apart, as `SET [fp32]`)")
     p.add_argument("--k", default="1,3,5,10,100", help="the k of pass@k and fast_p@k (given where every attempted "
                                                        "problem has at least k samples)")
+    p.add_argument("--experiment", action="append", metavar="NAME",
+                   help=f"the experiment to report (default {DEFAULT_EXPERIMENT}); several (the flag again, or a comma "
+                        "list) are compared, each set named with its experiment. Service and RL traffic (served, rl) "
+                        "are reported only when named")
+    p.add_argument("--off-gpu-timings", action="store_true",
+                   help="also show speedups timed in cpu or shared-gpu mode, apart and labelled (never in fast_p, the "
+                        "geomean or the roofline, which count GPU timings in cuda mode only)")
     p.set_defaults(func=cmd_report)
+
+    p = subparsers.add_parser("transcripts", help="a generation or agent run's turns: prompt, answer, verdict, "
+                                                  "feedback")
+    p.add_argument("run", nargs="?", help="the run's name (`pkb generate`/`pkb agent` print it); left out: the "
+                                          "database's runs")
+    p.add_argument("--problem", help="only this problem's conversations (slug)")
+    p.add_argument("--db", help="SQLite file (default: ./pkb-results.sqlite)")
+    p.add_argument("--full", action="store_true", help="every text whole (by default long ones are shortened, "
+                                                       "marked with an ellipsis)")
+    p.add_argument("--json", action="store_true", help="the transcripts as JSON, every text whole")
+    p.set_defaults(func=cmd_transcripts)
 
     p = subparsers.add_parser("export-suite", help="the problem suite as a Hugging Face datasets directory")
     p.add_argument("directory")
@@ -60,10 +78,11 @@ def cmd_report(args) -> int:
     if args.table and args.compare:
         raise UsageError("--compare writes its own table: leave out --table")
     ks = _parse_ks(args.k)
+    experiments = parse_experiments(args.experiment)
     registry = {name: p.category for name, p in all_problems().items()}
     selection = {p.name: p.category for p in select(args.problems)} if args.problems else None
     row_filter = records.Filter(problems=frozenset(selection) if selection else None, mode=args.mode,
-                                world_size=args.world_size, precision=args.dtype)
+                                world_size=args.world_size, precision=args.dtype, experiments=experiments)
     db = args.db or DEFAULT_DB
     try:
         loaded = records.load(db, args.group_by, row_filter, registry)
@@ -73,7 +92,8 @@ def cmd_report(args) -> int:
     if selection is None:
         selection, outside = suite_selection({r.problem: r.category for r in loaded.rows})
         notes += outside
-    report = metrics.build_report(loaded.records, selection, loaded.group_by, ks, notes)
+    report = metrics.build_report(loaded.records, selection, loaded.group_by, ks, notes, experiments=experiments,
+                                  off_gpu_shown=args.off_gpu_timings)
 
     if args.compare:
         missing = [name for name in args.compare if name not in report.groups]
@@ -86,7 +106,7 @@ def cmd_report(args) -> int:
     else:
         _write(args, *_report_output(report, loaded, args.format, args.table, db))
     if args.html:
-        path = html.write(report, args.html, source=Path(db).name)
+        path = html.write(report, args.html, source=Path(db).name, transcripts=_transcripts_of(report, db))
         print(f"HTML report: {path}", file=sys.stderr)
         covered = sorted({r.problem for r in report.records if not r.is_reference})
         if not args.problems and report.partial() and covered:
@@ -94,6 +114,55 @@ def cmd_report(args) -> int:
 
             print(f"  its sets cover part of the suite; to report only what was run: pkb report --problems "
                   f"{selection_text(covered)} --html {args.html}", file=sys.stderr)
+    return 0
+
+
+def parse_experiments(given: list[str] | None) -> tuple[str, ...]:
+    """The experiments ``--experiment`` names (repeated, or comma lists), in order; ``default`` where none is."""
+    from pkb.console import UsageError
+
+    names = tuple(dict.fromkeys(name.strip() for text in given or [DEFAULT_EXPERIMENT] for name in text.split(",")))
+    wrong = next((experiment_complaint(name) for name in names if experiment_complaint(name)), None)
+    if wrong:
+        raise UsageError(f"--experiment: {wrong}")
+    return names
+
+
+def _transcripts_of(report, db: str) -> list:
+    """The transcripts of the generation runs whose results ``report`` counts (pkb.report.transcripts)."""
+    from pkb.report import transcripts
+    from pkb.store.db import ResultStore
+
+    shown = dict.fromkeys(r.run for r in report.records if r.run is not None and r.group in report.groups)
+    with ResultStore(db) as store:
+        return [t for run in shown for t in transcripts.load(store, run) if t.problem in report.problems]
+
+
+def cmd_transcripts(args) -> int:
+    """``pkb transcripts [RUN] [--problem P]``: each conversation's turns (prompt or feedback sent, answer, verdict);
+    without RUN, the database's runs."""
+    from pkb.console import UsageError
+    from pkb.report import transcripts
+    from pkb.store.db import DEFAULT_DB, ResultStore, check_store
+
+    db = args.db or DEFAULT_DB
+    if not Path(db).is_file():
+        raise UsageError(f"no results database at {db}: run `pkb generate` or `pkb agent` first, or point --db at one")
+    check_store(db)
+    with ResultStore(db) as store:
+        known = transcripts.runs(store)
+        if args.run is None:
+            print(json.dumps(known) if args.json else "\n".join(known) or f"no generation run in {db}")
+            return 0
+        if args.run not in known:
+            raise UsageError(f"no run {args.run!r} in {db}; its runs: {', '.join(known) or 'none'}")
+        found = transcripts.load(store, args.run, args.problem)
+    if not found:
+        raise UsageError(f"run {args.run} has no conversation on {args.problem}")
+    if args.json:
+        print(json.dumps([t.to_dict() for t in found], default=str))
+    else:
+        print("\n\n".join(transcripts.transcript_text(t, args.full) for t in found))
     return 0
 
 
@@ -177,17 +246,20 @@ def headline_lines(report, empty: str) -> None:
         print(empty)
     else:
         print()
-        print_table(tables.headline_rows(report), list(tables.HEADLINE_COLUMNS),
-                    headers=[report.group_by, *tables.HEADLINE_COLUMNS[1:]])
+        columns = tables.headline_columns(report)
+        print_table(tables.headline_rows(report), list(columns), headers=[report.group_by, *columns[1:]])
         print()
-        print(tables.HEADLINE_FOOTNOTE)
-        strict_gaps = tables.strict_gap_rows(report)
+        print(tables.headline_footnote(report))
+        strict_gaps, paper_gaps = tables.strict_gap_rows(report), tables.paper_gap_rows(report)
         if strict_gaps:
             print("\nCorrect on the paper's protocol, failing pkb's stricter cases:")
             print_table(strict_gaps, list(tables.STRICT_GAP_COLUMNS),
                         headers=[report.group_by, *tables.STRICT_GAP_COLUMNS[1:]])
-            for reason, meaning in tables.reason_meanings(report).items():
-                print(f"  {reason}: {meaning}")
+        if paper_gaps:
+            print("\nOk by pkb's verdict, failing the paper's rule:")
+            print_table(paper_gaps, list(tables.PAPER_GAP_COLUMNS), headers=[report.group_by, *tables.PAPER_GAP_COLUMNS[1:]])
+        for reason, meaning in tables.reason_meanings(report).items():
+            print(f"  {reason}: {meaning}")
     for note in tables.headline_notes(report):
         print(f"note: {note}")
 

@@ -10,13 +10,16 @@ Every number cell carries ``data-group``, ``data-metric`` and ``data-value`` (th
 every plotted mark is an SVG element of class ``mark``, so a test (or a script) can read the page back.
 The headline's note on a set whose results ran without the full sandbox is a ``p.note.sandbox`` with
 ``data-group``, ``data-without-full``, ``data-results`` and a count per gap (``data-off``, ``data-partial``,
-``data-unrecorded``). A set with results for part of the selection has two headline rows, the ``covered``
-view (cells ``headline.covered.*``) and the ``suite`` view (``headline.*``, the paper's denominator), and
-a ``p.note.coverage`` with ``data-group``, ``data-covered`` and ``data-selected``.
+``data-unrecorded``). The headline has one row per set (cells ``headline.*``): what it covers
+(``headline.covers``), then its metrics over the whole selection, the paper's denominator, said once under it.
 
-A plot with nothing to draw is a sentence (``p.note.no-plot`` with ``data-plot``), not an empty frame.
-Category and set names on an x axis are drawn whole, turned 40 degrees when they would not fit side by
-side.
+A plot with nothing to draw is a sentence (``p.note.no-plot`` with ``data-plot``), not an empty frame. A plot of
+shares is scaled to what is there (its axis ends at the smallest of 5, 10, 25, 50 or 100 % that holds every bar,
+``data-top``), and a set with nothing timed on GPUs has no fast_1 bar (its cells say ``-``). Category and set
+names on an x axis are drawn whole up to ``LABEL_CHARS``, turned 40 degrees when they would not fit side by side.
+Text shortened for a cell (a message, a long name) is cut between words with an ellipsis (pkb.console.shorten);
+the whole text is the row's details, one click away. With transcripts, a section per generation run shows
+each conversation's turns (pkb.report.transcripts).
 """
 
 from __future__ import annotations
@@ -28,12 +31,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pkb.console import shorten
 from pkb.options import Status
-from pkb.report.metrics import FAST_P_THRESHOLDS, Report
+from pkb.report.metrics import FAST_P_THRESHOLDS, Report, gpu_speedup
 from pkb.report.records import Record
-from pkb.report.tables import (COVERED, HEADLINE_FOOTNOTE, IN_THE_SUITE, STRICT_GAP_COLUMNS, coverage_notes, fast_1,
-                               headline_notes, percent, problems_text, reason_meanings, sandbox_notes, strict_gap_rows,
-                               times)
+from pkb.report.tables import (OFF_GPU_COLUMN, STRICT_GAP_COLUMNS, covers_text, headline_footnote, headline_notes,
+                               percent, reason_meanings, sandbox_notes, strict_gap_rows, times)
+from pkb.report.transcripts import Transcript, speed_text
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")
@@ -48,6 +52,10 @@ MARGIN = {"left": 56, "right": 150, "top": 16, "bottom": 40}
 CHAR_WIDTH = 6.2  # px of an 11 px label character, to tell whether x labels fit side by side
 LABEL_ANGLE = 40  # degrees an x axis's labels turn when they do not fit
 LABEL_CHARS = 24  # the longest x label drawn whole
+LEGEND_CHARS = 20  # the longest legend label drawn whole
+CELL_CHARS = 160  # of a message in a table cell (the whole message is in the row's details)
+SUMMARY_CHARS = 200  # of a message in a result's summary line
+PERCENT_TOPS = (0.05, 0.1, 0.25, 0.5, 1.0)  # where an axis of shares may end: the smallest that holds every value
 
 CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1300px; }
@@ -65,8 +73,9 @@ section.problem { margin-bottom: 24px; }
 """
 
 
-def render(report: Report, title: str = "pkb report", source: str = "") -> str:
-    """The whole report as one HTML document."""
+def render(report: Report, title: str = "pkb report", source: str = "",
+           transcripts: list[Transcript] | tuple = ()) -> str:
+    """The whole report as one HTML document; ``transcripts`` (pkb.report.transcripts) get a section per run."""
     colors = {group: PALETTE[i % len(PALETTE)] for i, group in enumerate(report.groups)}
     parts = [
         _header(report, title, source),
@@ -94,15 +103,16 @@ def render(report: Report, title: str = "pkb report", source: str = "") -> str:
         _section("strict", "Correct on the paper's protocol, failing pkb's cases", _strict_gap_table(report)),
         _section("problems", "Problems", _problem_index(report) + "".join(_problem_section(report, p)
                                                                            for p in _problems_with_results(report))),
+        _section("transcripts", "Transcripts", _transcripts(transcripts)),
     ]
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
             f"<style>{CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
 
 
-def write(report: Report, path: str | Path, source: str = "") -> Path:
+def write(report: Report, path: str | Path, source: str = "", transcripts: list[Transcript] | tuple = ()) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(report, source=source), encoding="utf-8")
+    path.write_text(render(report, source=source, transcripts=transcripts), encoding="utf-8")
     return path
 
 
@@ -115,16 +125,11 @@ def _header(report: Report, title: str, source: str) -> str:
     return (f"<header><h1>{_e(title)}</h1><p>{_e(source)} · {len(report.problems)} problems selected · "
             f'<span data-metric="num_results" data-value="{counted}">{counted}</span> candidate results '
             f"(latest per sample) · grouped by {_e(report.group_by)} · generated "
-            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime())}</p>"
-            '<p class="note">pass@k and fast_p are averaged over problems, in two views: <b>in the suite</b>, '
-            "every selected problem, a problem without a result counting as failed (the paper's denominator; the "
-            "leaderboard, plots and per-category table use it), and <b>covered</b>, the problems a set has a result "
-            "for (the headline's first row of a set that covers part of the selection). A skipped sample (it needs "
-            "what the mode lacks) is neither a pass nor a failure, and a problem whose every sample was skipped "
-            f"leaves the denominator.</p>{notes}{_partial_note(report)}"
+            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime())}</p>{notes}{_partial_note(report)}"
             '<nav><a href="#headline">headline</a> · <a href="#leaderboard">leaderboard</a> · '
             '<a href="#sets">by set</a> · <a href="#plots">plots</a> · '
-            '<a href="#categories">categories</a> · <a href="#problems">problems</a></nav></header>')
+            '<a href="#categories">categories</a> · <a href="#problems">problems</a> · '
+            '<a href="#transcripts">transcripts</a></nav></header>')
 
 
 def _headline(report: Report) -> str:
@@ -140,54 +145,38 @@ def _headline(report: Report) -> str:
         text = f"<p>{_e(check.summary())}</p>"
     if not report.groups:
         return text + '<p class="note">No candidate results in this selection (reference self-checks do not count).</p>'
-    head = ("<tr><th>#</th><th>" + _e(report.group_by) + "</th><th>problems</th><th>pass@1 paper</th>"
+    off_gpu = f"<th>{_e(OFF_GPU_COLUMN)}</th>" if report.off_gpu_shown else ""
+    head = ("<tr><th>#</th><th>" + _e(report.group_by) + "</th><th>covers</th><th>pass@1 paper</th>"
             "<th>pass@1 pkb</th><th>fast_1 paper</th><th>fast_1 pkb</th><th>fast_1.5 pkb</th><th>fast_2 pkb</th><th>geomean speedup</th>"
-            "<th>median % roofline</th><th>failures (pkb)</th><th>failures (paper)</th></tr>")
-    rows = []
-    for rank, group in enumerate(report.groups, 1):
-        if report.coverage[group].complete:
-            rows.append(_headline_row(report, group, "suite", f"<td>{rank}</td><td>{_e(group)}</td>", ""))
-        else:  # on the problems it covers, then on the whole selection (the samples' cells are the row above's)
-            rows.append(_headline_row(report, group, "covered", f'<td rowspan="2">{rank}</td>'
-                                      f'<td rowspan="2">{_e(group)}</td>', COVERED))
-            rows.append(_headline_row(report, group, "suite", "", IN_THE_SUITE, samples=False))
+            f"<th>median % roofline</th><th>failures (pkb)</th><th>failures (paper)</th>{off_gpu}</tr>")
+    rows = "".join(_headline_row(report, group, rank) for rank, group in enumerate(report.groups, 1))
     sandbox = {note: group for group, note in sandbox_notes(report).items()}
-    coverage = {note: group for group, note in coverage_notes(report).items()}
-    notes = "".join(_sandbox_note(report, sandbox[n], n) if n in sandbox else
-                    _coverage_note(report, coverage[n], n) if n in coverage else f'<p class="note">{_e(n)}</p>'
+    notes = "".join(_sandbox_note(report, sandbox[n], n) if n in sandbox else f'<p class="note">{_e(n)}</p>'
                     for n in headline_notes(report) if n not in report.notes)
-    return f"{text}<table>{head}{''.join(rows)}</table><p class=\"note\">{_e(HEADLINE_FOOTNOTE)}</p>{notes}"
+    footnote = "".join(f'<p class="note footnote">{_e(line)}</p>' for line in headline_footnote(report).splitlines())
+    return f"{text}<table>{head}{rows}</table>{footnote}{notes}"
 
 
-def _headline_row(report: Report, group: str, view: str, lead: str, label: str, samples: bool = True) -> str:
-    """One headline row of ``group`` on ``view``: cells ``headline.<metric>`` on the suite view,
-    ``headline.covered.<metric>`` on the covered one; ``samples``: with the cells that are the same on both
-    views (speedup, roofline, failures), else those left empty."""
-    m, paper = report.on("pkb", view)[group], report.on("paper", view)[group]
-    key = "headline." if view == "suite" else "headline.covered."
-    fast = m.fast_p.get(1, {}) if m.timed else {}
-    cells = (_num(group, key + "problems", m.denominator, problems_text(m, label))
-             + _num(group, key + "paper.pass@1", paper.pass_at_k.get(1), percent(paper.pass_at_k.get(1)))
-             + _num(group, key + "pkb.pass@1", m.pass_at_k.get(1), percent(m.pass_at_k.get(1)))
-             + _num(group, key + "paper.fast_1", fast_1(paper), percent(fast_1(paper)))
-             + _num(group, key + "pkb.fast_1", fast_1(m), percent(fast_1(m)))
-             + _num(group, key + "pkb.fast_1.5", fast.get(1.5), percent(fast.get(1.5)))
-             + _num(group, key + "pkb.fast_2", fast.get(2.0), percent(fast.get(2.0))))
-    if samples:
-        cells += (_num(group, key + "geomean_speedup", m.geomean_speedup, times(m.geomean_speedup))
-                  + _num(group, key + "median_roofline", m.roofline.quantiles.get("median"),
-                         percent(m.roofline.quantiles.get("median")))
-                  + f"<td>{_e(', '.join(f'{n} {s}' for s, n in m.failures.items()) or '-')}</td>"
-                  + f"<td>{_e(', '.join(f'{n} {s}' for s, n in paper.failures.items()) or '-')}</td>")
-    else:
-        cells += "<td></td>" * 4
-    return f'<tr class="view-{view}" data-group="{_e(group)}" data-view="{view}">{lead}{cells}</tr>'
-
-
-def _coverage_note(report: Report, group: str, note: str) -> str:
+def _headline_row(report: Report, group: str, rank: int) -> str:
+    """``group``'s headline row: what it covers (``headline.covers``), then its metrics over the whole selection
+    (cells ``headline.<metric>``), speed from GPU timings only; the off-GPU speedup where asked for."""
+    m, paper = report.overall[group], report.paper[group]
     coverage = report.coverage[group]
-    return (f'<p class="note coverage" data-group="{_e(group)}" data-covered="{coverage.num_covered}" '
-            f'data-selected="{coverage.num_selected}">{_e(note)}</p>')
+    cells = (_num(group, "headline.covers", coverage.num_covered, covers_text(report, group))
+             + _num(group, "headline.paper.pass@1", paper.pass_at_k.get(1), percent(paper.pass_at_k.get(1)))
+             + _num(group, "headline.pkb.pass@1", m.pass_at_k.get(1), percent(m.pass_at_k.get(1)))
+             + _num(group, "headline.paper.fast_1", paper.fast(), percent(paper.fast()))
+             + _num(group, "headline.pkb.fast_1", m.fast(), percent(m.fast()))
+             + _num(group, "headline.pkb.fast_1.5", m.fast(1.5), percent(m.fast(1.5)))
+             + _num(group, "headline.pkb.fast_2", m.fast(2.0), percent(m.fast(2.0)))
+             + _num(group, "headline.geomean_speedup", m.geomean_speedup, times(m.geomean_speedup))
+             + _num(group, "headline.median_roofline", m.roofline.quantiles.get("median"),
+                    percent(m.roofline.quantiles.get("median")))
+             + f"<td>{_e(', '.join(f'{n} {s}' for s, n in m.failures.items()) or '-')}</td>"
+             + f"<td>{_e(', '.join(f'{n} {s}' for s, n in paper.failures.items()) or '-')}</td>")
+    if report.off_gpu_shown:
+        cells += _num(group, "headline.off_gpu_speedup", m.off_gpu.geomean_speedup, m.off_gpu.text())
+    return f'<tr data-group="{_e(group)}"><td>{rank}</td><td>{_e(group)}</td>{cells}</tr>'
 
 
 def _sandbox_note(report: Report, group: str, note: str) -> str:
@@ -217,15 +206,14 @@ def _leaderboard_table(report: Report) -> str:
             "<th>moves data itself</th><th>failures</th></tr>")
     rows = []
     for rank, (group, m) in enumerate(report.overall.items(), 1):
-        fast = m.fast_p.get(1, {})
         rows.append(
             f"<tr><td>{rank}</td><td>{_e(group)}</td>"
             + _num(group, "covers", report.coverage[group].num_covered, report.coverage[group].text())
             + _num(group, "problems", m.denominator, str(m.denominator))
             + _num(group, "attempted", m.num_attempted, str(m.num_attempted))
             + _num(group, "pass@1", m.pass_at_k.get(1), percent(m.pass_at_k.get(1)))
-            + _num(group, "fast_1", fast.get(1.0), percent(fast.get(1.0)))
-            + _num(group, "fast_2", fast.get(2.0), percent(fast.get(2.0)))
+            + _num(group, "fast_1", m.fast(), percent(m.fast()))
+            + _num(group, "fast_2", m.fast(2.0), percent(m.fast(2.0)))
             + _num(group, "geomean_speedup", m.geomean_speedup, times(m.geomean_speedup))
             + _num(group, "median_roofline", m.roofline.quantiles.get("median"),
                    percent(m.roofline.quantiles.get("median")))
@@ -244,7 +232,7 @@ def _pass_at_k_table(report: Report) -> str:
     rows = "".join(
         f"<tr><td>{_e(g)}</td>" + "".join(
             _num(g, f"pass@{k}", m.pass_at_k.get(k), percent(m.pass_at_k.get(k)))
-            + _num(g, f"fast_1@{k}", m.fast_p.get(k, {}).get(1.0), percent(m.fast_p.get(k, {}).get(1.0))) for k in ks)
+            + _num(g, f"fast_1@{k}", m.fast(1.0, k), percent(m.fast(1.0, k))) for k in ks)
         + "</tr>" for g, m in report.overall.items())
     return f"<table>{head}{rows}</table>"
 
@@ -302,7 +290,7 @@ def _category_table(report: Report) -> str:
                 + _num(group, key + "attempted", m.num_attempted, str(m.num_attempted))
                 + _num(group, key + "paper.pass@1", paper.pass_at_k.get(1), percent(paper.pass_at_k.get(1)))
                 + _num(group, key + "pass@1", m.pass_at_k.get(1), percent(m.pass_at_k.get(1)))
-                + _num(group, key + "fast_1", m.fast_p.get(1, {}).get(1.0), percent(m.fast_p.get(1, {}).get(1.0)))
+                + _num(group, key + "fast_1", m.fast(), percent(m.fast()))
                 + _num(group, key + "geomean_speedup", m.geomean_speedup, times(m.geomean_speedup))
                 + _num(group, key + "median_roofline", m.roofline.quantiles.get("median"),
                        percent(m.roofline.quantiles.get("median")))
@@ -334,14 +322,33 @@ def _problem_section(report: Report, problem: str) -> str:
             "<th>busbw</th><th>mode</th><th>ranks</th><th>message</th></tr>")
     rows = "".join(
         f'<tr><td>{_e(r.group)}</td><td><a href="#result-{r.key}">{_e(r.result.solution)}</a></td>'
-        f"<td>{_status(r.status)}</td><td class=num>{times(r.result.speedup)}</td>"
+        f"<td>{_status(r.status)}</td><td class=num>{_speedup_cell(r)}</td>"
         f"<td class=num>{percent(r.result.roofline_fraction)}</td>"
         f"<td class=num>{'-' if r.result.busbw_gbps is None else f'{r.result.busbw_gbps:.1f} GB/s'}</td>"
-        f"<td>{_e(r.result.mode)}</td><td class=num>{r.result.world_size}</td><td>{_e(r.result.message[:160])}</td></tr>"
+        f"<td>{_e(r.result.mode)}</td><td class=num>{r.result.world_size}</td>"
+        f"<td>{_shortened(r.result.message, CELL_CHARS, f'#result-{r.key}')}</td></tr>"
         for r in records)
     return (f'<section class="problem" id="problem-{_e(problem)}"><h3>{_e(problem)} '
             f'<small class="note">({_e(report.problems[problem])})</small></h3><table>{head}{rows}</table>'
             + "".join(_result_details(r) for r in records if not r.is_reference) + "</section>")
+
+
+def _speedup_cell(record: Record) -> str:
+    """A result's speedup, marked where it was not timed on GPUs (``0.84x (cpu)``: not GPU performance)."""
+    if record.result.speedup is None or gpu_speedup(record) is not None:
+        return _e(times(record.result.speedup))
+    return (f'{_e(times(record.result.speedup))} <span class="note" title="not GPU performance">'
+            f"({_e(record.result.mode)})</span>")
+
+
+def _shortened(text: str, limit: int, whole_at: str | None = None) -> str:
+    """``text`` shortened for a cell (pkb.console.shorten), the whole of it a link away (``whole_at``) and in the
+    title; the text itself where it fits."""
+    shown = shorten(text, limit)
+    if shown == " ".join(text.split()):
+        return _e(shown)
+    link = f' href="{_e(whole_at)}"' if whole_at else ""
+    return f'<a class="shortened"{link} title="{_e(text)}">{_e(shown)}</a>'
 
 
 def _result_details(record: Record) -> str:
@@ -353,22 +360,63 @@ def _result_details(record: Record) -> str:
                              f"<td class=num>{t.candidate_s * 1e6:.1f} us</td><td class=num>{t.speedup:.2f}x</td>"
                              f"<td class=num>{'-' if t.busbw_gbps is None else f'{t.busbw_gbps:.1f} GB/s'}</td></tr>"
                              for t in result.timings) + "</table>")
-    details = (f"<pre>{_e(json.dumps(result.details, indent=1, default=str))}</pre>" if result.details else "")
+    found = result.details.to_dict()
+    details = f"<pre>{_e(json.dumps(found, indent=1, default=str))}</pre>" if found else ""
     code = (f'<p class="note">code from {_e(record.code.origin)}</p><pre><code>{_e(record.code.text)}</code></pre>'
             if record.code.text is not None else f'<p class="note">code {_e(record.code.origin)}</p>')
     gpu_note = "" if result.times_are_gpu_performance or not result.timings else \
         f'<p class="note">times measured in {_e(result.mode)} mode: not GPU performance</p>'
     return (f'<details id="result-{record.key}"><summary>{_e(record.group)} / {_e(result.solution)}'
             + ("" if record.sample == result.solution else f" ({_e(record.sample)})")
-            + f": {_status(record.status)} {_e(result.message[:200])}</summary>"
+            + f": {_status(record.status)} {_e(shorten(result.message, SUMMARY_CHARS))}</summary>"
             f"<p>{_e(result.message)}</p>{gpu_note}{timings}{details}{code}</details>")
+
+
+def _transcripts(transcripts: list[Transcript] | tuple) -> str:
+    """A section per generation run (``id="run-<run>"``), a collapsed block per conversation, a row per turn: the
+    message sent (a prompt the run sent before is named, not repeated), the answer and the verdict, whole."""
+    if not transcripts:
+        return ('<p class="note">No generation or agent run among these results (`pkb generate` and `pkb agent` '
+                "store their turns; `pkb transcripts RUN` prints them).</p>")
+    by_run: dict[str, list[Transcript]] = {}
+    for transcript in transcripts:
+        by_run.setdefault(transcript.run, []).append(transcript)
+    parts = []
+    for run, conversations in by_run.items():
+        sent_before: dict[str, str] = {}  # text -> the conversation that sent it first
+        blocks = "".join(_conversation(t, sent_before) for t in conversations)
+        parts.append(f'<section class="run" id="run-{_e(run)}" data-run="{_e(run)}"><h3>{_e(run)} '
+                     f'<small class="note">({_e(conversations[0].model)}, {len(conversations)} conversations)</small>'
+                     f"</h3>{blocks}</section>")
+    return "".join(parts)
+
+
+def _conversation(transcript: Transcript, sent_before: dict[str, str]) -> str:
+    rows = []
+    for turn in transcript.turns:
+        if turn.sent in sent_before:
+            sent = f'<p class="note">the same {turn.sent_kind} as {_e(sent_before[turn.sent])}</p>'
+        else:
+            sent_before[turn.sent] = f"{transcript.title}, turn {turn.step}"
+            sent = f"<pre>{_e(turn.sent)}</pre>"
+        answer = f"<pre>{_e(turn.answer)}</pre>" if turn.answer is not None else '<p class="note">no answer</p>'
+        speed = f", speedup {_e(speed_text(turn))}" if turn.speedup else ""
+        rows.append(f'<div class="turn" data-step="{turn.step}" data-status="{_e(turn.status)}">'
+                    f"<h4>turn {turn.step}: {_e(turn.status)}{speed}</h4><p><b>sent ({turn.sent_kind})</b></p>{sent}"
+                    f"<p><b>answer</b></p>{answer}<p><b>verdict</b>: {_e(turn.status)}: {_e(turn.message)}</p></div>")
+    last = transcript.turns[-1] if transcript.turns else None
+    summary = f"{transcript.title}: " + (f"{last.status} after {len(transcript.turns)} turn(s)" if last else "no turn")
+    return f'<details class="transcript" data-problem="{_e(transcript.problem)}"><summary>{_e(summary)}</summary>' \
+           f"{''.join(rows)}</details>"
 
 
 # -- plots -------------------------------------------------------------------------------------------
 
 
-def _svg(name: str, body: str, title: str, height: float = HEIGHT) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" data-plot="{name}" width="{WIDTH}" '
+def _svg(name: str, body: str, title: str, height: float = HEIGHT, top: float | None = None) -> str:
+    """An SVG plot; ``top``: where its axis of shares ends (``data-top``), for a plot of shares."""
+    scale = "" if top is None else f' data-top="{top}"'
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" data-plot="{name}"{scale} width="{WIDTH}" '
             f'height="{height:.0f}" viewBox="0 0 {WIDTH} {height:.0f}" role="img">'
             f"<title>{_e(title)}</title>{body}</svg>")
 
@@ -382,8 +430,8 @@ class _NoPlot:
 
 
 def _label(name: str) -> str:
-    """A category's or set's name on an x axis: whole up to ``LABEL_CHARS``, else cut with an ellipsis."""
-    return name if len(name) <= LABEL_CHARS else name[:LABEL_CHARS - 1] + "\u2026"
+    """A category's or set's name on an x axis: whole up to ``LABEL_CHARS``, else shortened between words."""
+    return shorten(name, LABEL_CHARS)
 
 
 class _Frame:
@@ -438,30 +486,40 @@ class _Frame:
 def _legend(entries: list[tuple[str, str]]) -> str:
     x = WIDTH - MARGIN["right"] + 12
     return "".join(f'<rect x="{x}" y="{MARGIN["top"] + 16 * i}" width="10" height="10" fill="{color}"/>'
-                   f'<text x="{x + 14}" y="{MARGIN["top"] + 16 * i + 9}">{_e(label[:20])}</text>'
+                   f'<text x="{x + 14}" y="{MARGIN["top"] + 16 * i + 9}">{_e(shorten(label, LEGEND_CHARS))}</text>'
                    for i, (label, color) in enumerate(entries))
 
 
 _PERCENT_TICKS = [(v / 100, f"{v}%") for v in (0, 25, 50, 75, 100)]
 
 
+def _percent_axis(values) -> tuple[float, list[tuple[float, str]]]:
+    """Where an axis of shares ends and its ticks: the smallest of ``PERCENT_TOPS`` that holds every value, in
+    quarters, so that bars of 1-3 % are not drawn 1-3 % tall; e.g. values up to 9.2 % give an axis to 10 %."""
+    top = next((t for t in PERCENT_TOPS if max(values, default=0.0) <= t), 1.0)
+    return top, [(top * i / 4, f"{100 * top * i / 4:g}%") for i in range(5)]
+
+
 def _leaderboard_bars(report: Report, colors: dict[str, str]) -> str:
     if not report.groups:
         return _NoPlot("leaderboard", "no candidate results")
-    frame = _Frame((0, len(report.groups)), (0, 1), names=list(report.groups))
+    top, ticks = _percent_axis([v for m in report.overall.values() for v in (m.pass_at_k.get(1), m.fast()) if v])
+    frame = _Frame((0, len(report.groups)), (0, top), names=list(report.groups))
     band = (frame.right - frame.left) / len(report.groups)
     bars = []
     for i, (group, m) in enumerate(report.overall.items()):
         for j, (metric, value, opacity) in enumerate((("pass@1", m.pass_at_k.get(1, 0.0), 1.0),
-                                                      ("fast_1", m.fast_p.get(1, {}).get(1.0, 0.0), 0.5))):
+                                                      ("fast_1", m.fast(), 0.5))):
+            if value is None:  # nothing timed on GPUs: no bar, as its cells say `-`
+                continue
             x = frame.left + band * i + band * (0.15 + 0.35 * j)
             bars.append(f'<rect class="mark" data-group="{_e(group)}" data-metric="{metric}" data-value="{value}" '
                         f'x="{x:.1f}" y="{frame.y(value):.1f}" width="{band * 0.33:.1f}" '
                         f'height="{frame.bottom - frame.y(value):.1f}" fill="{colors[group]}" fill-opacity="{opacity}">'
                         f"<title>{_e(group)} {metric} {percent(value)}</title></rect>")
     legend = _legend([("pass@1 (solid)", "#555"), ("fast_1 (light)", "#bbb")])
-    return _svg("leaderboard", frame.axes(frame.names, _PERCENT_TICKS, "group", "share of problems") + "".join(bars)
-                + legend, "pass@1 and fast_1 per group", frame.height)
+    return _svg("leaderboard", frame.axes(frame.names, ticks, "group", "share of problems") + "".join(bars)
+                + legend, "pass@1 and fast_1 per group", frame.height, top)
 
 
 def _fast_p_curves(report: Report, colors: dict[str, str]) -> str:
@@ -469,12 +527,11 @@ def _fast_p_curves(report: Report, colors: dict[str, str]) -> str:
         return _NoPlot("fast-p", "no candidate results")
     if not any(m.timed for m in report.overall.values()):
         return _NoPlot("fast-p", "no result was timed, so fast_p for p > 0 says nothing (`pkb run --perf` times them)")
-    frame = _Frame((FAST_P_THRESHOLDS[0], FAST_P_THRESHOLDS[-1]), (0, 1))
+    timed = {group: m.fast_p[1] for group, m in report.overall.items() if m.timed and m.fast_p.get(1)}
+    top, ticks = _percent_axis([v for values in timed.values() for v in values.values()])
+    frame = _Frame((FAST_P_THRESHOLDS[0], FAST_P_THRESHOLDS[-1]), (0, top))
     out = []
-    for group, m in report.overall.items():
-        values = m.fast_p.get(1)
-        if not values:
-            continue
+    for group, values in timed.items():
         points = [(frame.x(p), frame.y(values[p])) for p in FAST_P_THRESHOLDS]
         out.append(f'<polyline fill="none" stroke="{colors[group]}" stroke-width="2" '
                    f'points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in points)}"/>')
@@ -482,8 +539,8 @@ def _fast_p_curves(report: Report, colors: dict[str, str]) -> str:
                 f'cy="{y:.1f}" r="4" fill="{colors[group]}"><title>{_e(group)} fast_{p:g} {percent(values[p])}</title>'
                 f"</circle>" for p, (x, y) in zip(FAST_P_THRESHOLDS, points)]
     x_ticks = [(p, f"{p:g}") for p in FAST_P_THRESHOLDS]
-    return _svg("fast-p", frame.axes(x_ticks, _PERCENT_TICKS, "speedup threshold p", "fast_p@1") + "".join(out)
-                + _legend([(g, colors[g]) for g in report.groups]), "fast_p curves")
+    return _svg("fast-p", frame.axes(x_ticks, ticks, "speedup threshold p", "fast_p@1") + "".join(out)
+                + _legend([(g, colors[g]) for g in timed]), "fast_p curves", top=top)
 
 
 def _verdict_stacks(report: Report) -> str:
@@ -514,9 +571,9 @@ def _verdict_stacks(report: Report) -> str:
 
 def _scatter(report: Report, colors: dict[str, str]) -> str:
     points = [r for r in report.records if not r.is_reference and r.group in colors and r.status is Status.OK
-              and r.result.speedup and r.result.roofline_fraction is not None]
+              and gpu_speedup(r) and r.result.roofline_fraction is not None]
     if not points:
-        return _NoPlot("scatter", "no correct result has both a speedup and a % of roofline")
+        return _NoPlot("scatter", "no correct result has both a speedup timed on GPUs and a % of roofline")
     speedups = [r.result.speedup for r in points]
     low = 10 ** math.floor(math.log10(min(min(speedups), 1.0)))
     high = 10 ** math.ceil(math.log10(max(max(speedups), 1.0) * 1.0001))
@@ -542,15 +599,15 @@ def _strip(report: Report, colors: dict[str, str], name: str) -> str:
     """One column per set, a dot per correct sample (pkb's protocol): its speedup (log axis) or its % of
     roofline; a bar at the set's geometric mean speedup or median % of roofline."""
     speed = name == "speedup-by-set"
-    value_of = (lambda r: r.result.speedup if r.result.speedup and r.result.speedup > 0 else None) if speed else \
-        (lambda r: r.result.roofline_fraction)
+    value_of = (lambda r: gpu_speedup(r) if gpu_speedup(r) and gpu_speedup(r) > 0 else None) if speed else \
+        (lambda r: r.result.roofline_fraction if gpu_speedup(r) is not None else None)
     points = {g: [(r, value_of(r)) for r in report.records if r.group == g and not r.is_reference
                   and r.status is Status.OK and value_of(r) is not None and r.problem in report.problems]
               for g in report.groups}
     values = [v for ps in points.values() for _, v in ps]
     if not values:
-        return _NoPlot(name, "no correct result was timed (`pkb run --perf` times them)" if speed else
-                      "no correct result has a % of roofline (it needs a timed result)")
+        return _NoPlot(name, "no correct result was timed on GPUs (`pkb run --perf --mode cuda` times them)" if speed
+                       else "no correct result has a % of roofline (it needs a result timed on GPUs)")
     if speed:
         low = 10 ** math.floor(math.log10(min(min(values), 1.0)))
         high = 10 ** math.ceil(math.log10(max(max(values), 1.0) * 1.0001))
@@ -591,7 +648,9 @@ def _protocol_bars(report: Report, colors: dict[str, str]) -> str:
     categories = _covered_categories(report)
     if not categories:
         return _NoPlot("protocols", "no category has a result")
-    frame = _Frame((0, len(categories)), (0, 1), names=list(categories))
+    top, ticks = _percent_axis([report.on_category(protocol)[group][category].pass_at_k.get(1, 0.0)
+                                for protocol in ("paper", "pkb") for group in report.groups for category in categories])
+    frame = _Frame((0, len(categories)), (0, top), names=list(categories))
     band = (frame.right - frame.left) / len(categories)
     width = band * 0.8 / (2 * len(report.groups))
     out = []
@@ -606,8 +665,8 @@ def _protocol_bars(report: Report, colors: dict[str, str]) -> str:
                            f'fill="{colors[group]}" fill-opacity="{opacity}"><title>{_e(group)} {_e(category)} '
                            f"pass@1 ({protocol}) {percent(value)}</title></rect>")
     legend = _legend([(g, colors[g]) for g in report.groups] + [("paper: solid", "#555"), ("pkb: light", "#bbb")])
-    return _svg("protocols", frame.axes(frame.names, _PERCENT_TICKS, "category", "pass@1") + "".join(out) + legend,
-                "correct on the upstream cases against correct on every case, per category", frame.height)
+    return _svg("protocols", frame.axes(frame.names, ticks, "category", "pass@1") + "".join(out) + legend,
+                "correct on the upstream cases against correct on every case, per category", frame.height, top)
 
 
 def _roofline_histogram(report: Report, colors: dict[str, str]) -> str:

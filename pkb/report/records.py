@@ -14,6 +14,10 @@ Groups never come from a file name's suffix. A result in another precision than 
 (``--dtype``) counts for its group with the precision added, ``my-set [fp32]``: a set's fp32 and bf16
 results are never pooled.
 
+Experiments: a report reads the rows of the experiments it is asked for (``Filter.experiments``; ``pkb report``:
+``default`` unless ``--experiment`` names others), never service or RL traffic unasked. Compared side by side
+(several experiments), a group is named with its experiment first, ``sweep-1: my-set``.
+
 Two verdicts per record (``Record.verdict(protocol)``), independent of each other: ``pkb`` is the stored status
 (pkb's cases on secret inputs, judged against the exact answer); ``paper`` is the paper's protocol on the upstream
 cases (upstream's inputs and rule: ``paper_status``), ``None`` when the row cannot tell (the upstream cases were
@@ -22,9 +26,12 @@ not checked). Either may pass where the other fails.
 One row per sample counts: a sample is the generation's run and sample number when one is linked,
 else the solution name. Of several rows of a sample the latest counts (a rerun replaces the earlier
 result); of an agent's steps (generations with a ``step``) the best counts, as the agent keeps the
-best file: correct first, then the fastest, then the latest. Reference self-checks are
-kept as records (the headline's self-check, the per-problem pages) and marked ``is_reference``;
-metrics leave them out.
+best file: correct first, then the fastest, then the latest. Intermediate turns are never samples: an
+agent's steps are one sample, and in an RL experiment (``rl``, ``rl:NAME``) a result's sample is its rollout
+(``rollout``: its name without the last ``/<turn>``, as pkb's RL environments name each judged turn
+``<sample>/<epoch or trace>/<turn>``), of which the last judged turn counts: the one its reward was computed
+from. Reference self-checks are kept as records (the headline's self-check, the per-problem pages) and marked
+``is_reference``; metrics leave them out.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pkb.evaluate.result import EvalResult
-from pkb.options import Status
+from pkb.options import DEFAULT_EXPERIMENT, Status, is_rl_experiment, traffic_kind
 from pkb.problem import DEFAULT_PRECISION
 from pkb.store.db import REFERENCE_SET, UNNAMED_SET, ResultStore, StoreError, generated_set
 
@@ -64,12 +71,19 @@ class Filter:
     mode: str | None = None
     world_size: int | None = None
     precision: str | None = None
+    experiments: tuple[str, ...] | None = (DEFAULT_EXPERIMENT,)  # None: every experiment's rows
 
     def keeps(self, result: EvalResult) -> bool:
         return ((self.problems is None or result.problem in self.problems)
                 and (self.mode is None or result.mode == self.mode)
                 and (self.world_size is None or result.world_size == self.world_size)
-                and (self.precision is None or result.precision == self.precision))
+                and (self.precision is None or result.precision == self.precision)
+                and (self.experiments is None or (result.experiment or DEFAULT_EXPERIMENT) in self.experiments))
+
+    @property
+    def compares_experiments(self) -> bool:
+        """Several experiments side by side: each group is named with its experiment."""
+        return self.experiments is None or len(self.experiments) > 1
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,7 @@ class Record:
     step: int | None = None  # an agent's step, when a generation with a step links to the result
     paper_status: Status | None = None  # the verdict on the upstream cases alone; None: unknown
     beyond_upstream: bool = False  # its problem has no upstream case (pkb's own): the paper's protocol has no say
+    run: str | None = None  # the generation run whose model call the result judged (pkb.report.transcripts)
 
     @property
     def problem(self) -> str:
@@ -151,15 +166,46 @@ def load(path: str | Path, group_by: str = "set", row_filter: Filter = Filter(),
         generations, notes = _generations(store.conn)
         stored = [(result_id, json.loads(text))
                   for result_id, text in store.conn.execute("SELECT id, result_json FROM results ORDER BY id")]
+        held = dict(store.conn.execute("SELECT experiment, COUNT(*) FROM results GROUP BY experiment ORDER BY "
+                                       "MAX(id) DESC"))
     results = [(result_id, EvalResult.from_dict(row), "upstream_ok" in row) for result_id, row in stored]
     results = [item for item in results if row_filter.keeps(item[1])]
     if group_by == "model" and not any(result_id in generations for result_id, _, _ in results):
         notes.append("no generation links to these results: grouped by solution set instead of model")
+    notes += experiments_note(row_filter.experiments, held)
     rows = [record for result_id, result, recorded in results
             for record in _records(result_id, result, generations.get(result_id, []), group_by, categories,
                                    paper_status(result, upstream_cases.get(result.problem), recorded),
-                                   upstream_cases.get(result.problem) == frozenset())]
+                                   upstream_cases.get(result.problem) == frozenset(), row_filter.compares_experiments)]
     return Loaded(records=one_per_sample(rows), rows=tuple(rows), group_by=group_by, notes=tuple(notes))
+
+
+def experiments_note(shown: tuple[str, ...] | None, held: dict[str, int]) -> list[str]:
+    """A note naming the experiments a database ``held`` (experiment -> results, the latest first) that a report of
+    ``shown`` leaves out, e.g. ``experiment default; also in this database: sweep (40 results), served (12 results,
+    service traffic): `pkb report --experiment NAME` reports one, a comma list compares them``; none when none is
+    left out."""
+    if shown is None:
+        return []
+    others = {name: count for name, count in held.items() if name not in shown}
+    if not others:
+        return []
+    listed = ", ".join(_held_text(name, count) for name, count in others.items())
+    return [f"experiment {', '.join(shown)}; also in this database: {listed}: `pkb report --experiment NAME` "
+            "reports one, a comma list compares them"]
+
+
+def _held_text(experiment: str, count: int) -> str:
+    """e.g. ``sweep (40 results)``, ``served (1 result, service traffic)``."""
+    kind = traffic_kind(experiment)
+    return f"{experiment} ({count} result{'s' * (count != 1)}" + (f", {kind})" if kind else ")")
+
+
+def rollout(solution: str) -> str:
+    """The rollout an RL turn's result belongs to: its name without the last ``/<turn>`` (pkb's RL environments
+    name each judged turn ``<sample>/<epoch or trace>/<turn>``), e.g. ``rollout("allreduce/1/2") ==
+    "allreduce/1"``; a name without a ``/`` is its own."""
+    return solution.rsplit("/", 1)[0] if "/" in solution else solution
 
 
 def from_results(results: list[EvalResult], categories: dict[str, str] | None = None,
@@ -195,7 +241,7 @@ def paper_status(result: EvalResult, upstream_cases: frozenset[str] | None, reco
     """The verdict on the upstream cases alone (the paper's protocol), or None when the row cannot tell.
 
     ``upstream_ok`` decides where the evaluator set it: True is ``ok`` whatever pkb's verdict said; False is what
-    the first failing upstream trial earned (``details["upstream"]["failed"]["status"]``; a row that failed before
+    the first failing upstream trial earned (``details.upstream["failed"]["status"]``; a row that failed before
     any trial keeps its status, and ``mismatch`` stands in where neither says). Where it is None: ``skipped``,
     ``harness_error`` and ``infra_error``
     stay what they are; a file that failed before any input ran (compile, import, signature) fails on
@@ -207,7 +253,7 @@ def paper_status(result: EvalResult, upstream_cases: frozenset[str] | None, reco
     if result.upstream_ok is True:
         return Status.OK
     if result.upstream_ok is False:
-        failed = (result.details.get("upstream") or {}).get("failed") or {}
+        failed = (result.details.upstream or {}).get("failed") or {}
         if failed.get("status") in Status._value2member_map_:
             return Status(failed["status"])
         return result.status if result.status is not Status.OK else Status.MISMATCH
@@ -220,9 +266,9 @@ def paper_status(result: EvalResult, upstream_cases: frozenset[str] | None, reco
 
 def sandbox_gap(result: EvalResult) -> str | None:
     """How far short of the full sandbox the candidate of ``result`` ran (one of ``SANDBOX_GAPS``), from the
-    row's ``details["sandbox"]``: ``off`` (``--sandbox off``: unconfined), ``partial`` (its machine lacked
+    row's ``details.sandbox``: ``off`` (``--sandbox off``: unconfined), ``partial`` (its machine lacked
     a protection), ``unrecorded`` (a row from a pkb before the sandbox); None under the full sandbox."""
-    sandbox = result.details.get("sandbox")
+    sandbox = result.details.sandbox
     if not isinstance(sandbox, dict):
         return "unrecorded"
     if sandbox.get("level") == "off":
@@ -250,13 +296,19 @@ def registry_upstream_cases() -> dict[str, frozenset[str]]:
 
 
 def _records(result_id: int, result: EvalResult, generations: list[Generation], group_by: str,
-             categories: dict[str, str], paper: Status | None, beyond_upstream: bool = False) -> list[Record]:
-    """One record per generation that links to the result (one record when none does, or by solution)."""
+             categories: dict[str, str], paper: Status | None, beyond_upstream: bool = False,
+             named_by_experiment: bool = False) -> list[Record]:
+    """One record per generation that links to the result (one record when none does, or by solution); its group
+    led by the result's experiment where several are compared (``named_by_experiment``)."""
     records = [replace(record, beyond_upstream=beyond_upstream)
                for record in _records_in_groups(result_id, result, generations, group_by, categories, paper)]
-    if result.precision == DEFAULT_PRECISION:
-        return records
-    return [replace(record, group=f"{record.group} [{result.precision}]") for record in records]
+    if result.precision != DEFAULT_PRECISION:
+        records = [replace(record, group=f"{record.group} [{result.precision}]") for record in records]
+    if named_by_experiment:
+        experiment = result.experiment or DEFAULT_EXPERIMENT
+        records = [record if record.is_reference else replace(record, group=f"{experiment}: {record.group}")
+                   for record in records]
+    return records
 
 
 def _records_in_groups(result_id: int, result: EvalResult, generations: list[Generation], group_by: str,
@@ -267,18 +319,19 @@ def _records_in_groups(result_id: int, result: EvalResult, generations: list[Gen
                        Code(None, "the problem's reference (`pkb show` prints it)"), paper_status=paper)]
     if group_by == "solution" or not generations:
         group = result.solution if group_by == "solution" else (result.solution_set or UNNAMED_SET)
-        return [Record(str(result_id), result_id, group, result.solution, category, result, _code(result, None),
+        sample = rollout(result.solution) if is_rl_experiment(result.experiment) else result.solution
+        return [Record(str(result_id), result_id, group, sample, category, result, _code(result, None),
                        paper_status=paper)]
     return [Record(f"{result_id}-{g.id}", result_id,
                    g.model if group_by == "model" else generated_set(g.model, g.run or ""),
-                   f"{g.run or 'run'} sample {g.sample}", category, result, _code(result, g), g.step, paper)
+                   f"{g.run or 'run'} sample {g.sample}", category, result, _code(result, g), g.step, paper, run=g.run)
             for g in generations]
 
 
 def _code(result: EvalResult, generation: Generation | None) -> Code:
     if generation is not None and generation.code:
         return Code(generation.code, "the generations table")
-    stored_path = (generation.path if generation is not None else None) or result.details.get("solution_path") \
+    stored_path = (generation.path if generation is not None else None) or result.details.solution_path \
         or getattr(result, "solution_path", None)
     if not stored_path:
         return Code(None, "unavailable: the result row records no path to the solution file "

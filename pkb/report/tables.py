@@ -10,19 +10,14 @@ import json
 from pkb.report.metrics import FAST_P_THRESHOLDS, Comparison, Metrics, Report, SandboxTally, Side
 from pkb.report.records import PROTOCOLS, Record
 
-HEADLINE_COLUMNS = ("set", "problems", "pass@1 paper / pkb", "fast_1 paper / pkb", "geomean speedup",
+HEADLINE_COLUMNS = ("set", "covers", "pass@1 paper / pkb", "fast_1 paper / pkb", "geomean speedup",
                     "median roofline", "failures (pkb)")
-HEADLINE_FOOTNOTE = ("paper: correct on the upstream cases alone (the paper's protocol); pkb: correct on every case "
-                     "pkb checks.\nproblems: attempted of counted, a problem whose samples were all skipped (or pkb's "
-                     "own failures) left out. A set with results for part of the selection has two rows: `covered` "
-                     "counts the problems it has a result for; `in the suite` counts every selected problem, one "
-                     "without a result as failed (the paper's denominator; sets are ranked on it).")
-COVERED, IN_THE_SUITE = "covered", "in the suite"  # how the headline labels the two views (metrics.VIEWS)
+OFF_GPU_COLUMN = "off-GPU speedup (not GPU performance)"  # only with --off-gpu-timings
 ALL_CATEGORIES = "all"
 
 # The result rows' columns, in order, for csv and parquet (JSON-valued columns hold JSON text).
 RESULT_COLUMNS = ("result_id", "group", "sample", "problem", "category", "problem_version", "solution",
-                  "solution_set", "solution_sha256", "status", "upstream_ok", "paper_verdict", "message", "mode",
+                  "solution_set", "experiment", "solution_sha256", "status", "upstream_ok", "paper_verdict", "message", "mode",
                   "world_size", "num_trials", "speedup", "roofline_fraction", "busbw_gbps",
                   "times_are_gpu_performance", "collectives_used", "hardware", "pkb_version", "schema_version",
                   "created_at", "wall_s", "timings", "details")
@@ -40,20 +35,15 @@ def times(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def fast_1(m: Metrics, k: int = 1) -> float | None:
-    """fast_1@k, or None where no sample was timed (then it would only repeat that nothing was measured)."""
-    return m.fast_p.get(k, {}).get(1.0) if m.timed else None
-
-
 def pair(paper: str, pkb: str) -> str:
     return f"{paper} / {pkb}"
 
 
-def problems_text(m: Metrics, view: str = "") -> str:
-    """e.g. ``3 of 5`` (attempted of counted), ``1 of 1 (+1 left out)``, ``8 of 8 covered``, ``8 of 87 in the
-    suite`` (``view``: the headline's label of the view, for a set that covers part of the selection)."""
-    return f"{m.num_attempted} of {m.denominator}" + (f" {view}" if view else "") + (
-        f" (+{m.num_skipped_problems} left out)" if m.num_skipped_problems else "")
+def covers_text(report: Report, group: str) -> str:
+    """What ``group`` has a result for, of the selected problems, and how many of those left the denominator
+    (every sample skipped by the run, or pkb's own failure), e.g. ``8 of 87`` or ``8 of 87, 7 left out``."""
+    left_out = report.overall[group].num_skipped_problems
+    return report.coverage[group].text() + (f", {left_out} left out" if left_out else "")
 
 
 def failures_text(m: Metrics) -> str:
@@ -63,57 +53,74 @@ def failures_text(m: Metrics) -> str:
 # -- the headline ----------------------------------------------------------------------------------------
 
 
+def headline_columns(report: Report) -> tuple[str, ...]:
+    """The headline's columns: ``HEADLINE_COLUMNS``, and the off-GPU speedup where it was asked for."""
+    return HEADLINE_COLUMNS + ((OFF_GPU_COLUMN,) if report.off_gpu_shown else ())
+
+
 def headline_rows(report: Report) -> list[dict[str, str]]:
-    """The headline of ``pkb run`` and of ``pkb report``, best first: one row per group that covers the whole
-    selection; two for one that covers part of it, on the problems it covers (``8 of 8 covered``), then on
-    the whole selection (``8 of 87 in the suite``, the paper's denominator; the samples' columns left blank,
-    they are the row above's)."""
+    """The headline of ``pkb run`` and of ``pkb report``, best first: one row per group, with what it covers and
+    its pass@1 and fast_1 on both verdicts over the whole selection (the paper's denominator, said once by
+    ``headline_footnote``), its geomean speedup and median % of roofline (timed on GPUs) and its failures."""
     rows = []
     for group in report.groups:
-        if report.coverage[group].complete:
-            rows.append(_headline_row(report, group, "suite", ""))
-            continue
-        rows.append(_headline_row(report, group, "covered", COVERED))
-        suite = _headline_row(report, group, "suite", IN_THE_SUITE)
-        rows.append({c: suite[c] if c in ("problems", "pass@1 paper / pkb", "fast_1 paper / pkb") else ""
-                     for c in HEADLINE_COLUMNS})
+        m, paper = report.overall[group], report.paper[group]
+        row = {"set": group, "covers": covers_text(report, group),
+               "pass@1 paper / pkb": pair(percent(paper.pass_at_k.get(1)), percent(m.pass_at_k.get(1))),
+               "fast_1 paper / pkb": pair(percent(paper.fast()), percent(m.fast())),
+               "geomean speedup": times(m.geomean_speedup),
+               "median roofline": percent(m.roofline.quantiles.get("median")),
+               "failures (pkb)": failures_text(m)}
+        if report.off_gpu_shown:
+            row[OFF_GPU_COLUMN] = m.off_gpu.text()
+        rows.append(row)
     return rows
 
 
-def _headline_row(report: Report, group: str, view: str, label: str) -> dict[str, str]:
-    m, paper = report.on("pkb", view)[group], report.on("paper", view)[group]
-    return {"set": group, "problems": problems_text(m, label),
-            "pass@1 paper / pkb": pair(percent(paper.pass_at_k.get(1)), percent(m.pass_at_k.get(1))),
-            "fast_1 paper / pkb": pair(percent(fast_1(paper)), percent(fast_1(m))),
-            "geomean speedup": times(m.geomean_speedup),
-            "median roofline": percent(m.roofline.quantiles.get("median")),
-            "failures (pkb)": failures_text(m)}
-
-
-def coverage_notes(report: Report) -> dict[str, str]:
-    """Per group with results for part of the selection, e.g. ``pkb shipped has results for 8 of the 87
-    selected problems: its `covered` row counts those, its `in the suite` row every selected problem (the
-    79 without a result as failed)``."""
-    notes = {}
-    for group in report.partial():
-        coverage = report.coverage[group]
-        notes[group] = (f"{group} has results for {coverage.num_covered} of the {coverage.num_selected} selected "
-                        f"problems: its `{COVERED}` row counts those, its `{IN_THE_SUITE}` row every selected "
-                        f"problem (the {coverage.num_selected - coverage.num_covered} without a result as failed)")
-    return notes
+def headline_footnote(report: Report) -> str:
+    """What the headline's numbers count, said once, e.g. ``pass@1 and fast_1 (paper / pkb) count the 87 selected
+    problems, the paper's denominator: ...``."""
+    experiments = f"experiment {', '.join(report.experiments)}: " if report.experiments else ""
+    return (f"{experiments}pass@1 and fast_1 (paper / pkb) count the {len(report.problems)} selected problems, the "
+            "paper's denominator:\none without a result as failed, one left out (its every sample skipped by the run, "
+            "or pkb's own failure) not at all.\npaper: upstream's inputs and rule; pkb: every case pkb checks; speed "
+            "(fast_1, geomean, roofline): GPU timings in cuda mode only.")
 
 
 def headline_notes(report: Report) -> list[str]:
     """What the reader of the headline should know beyond the footnote."""
-    notes = list(coverage_notes(report).values())
+    notes = []
     for group, m in report.paper.items():
         if m.num_unknown:
             notes.append(f"{group}: {m.num_unknown} sample(s) without an upstream verdict (their run left the "
                          "upstream cases out, or they predate it) are left out of the paper's protocol")
+    notes += candidate_skip_notes(report)
     notes += sandbox_notes(report).values()
     if report.timed_off_gpu:
-        notes.append("some speedups were measured in cpu or shared-gpu mode: not GPU performance")
+        notes.append(f"`{OFF_GPU_COLUMN}`: the geomean of speedups timed in cpu or shared-gpu mode, never counted in "
+                     "fast_1, the geomean or the roofline" if report.off_gpu_shown else
+                     "speedups timed in cpu or shared-gpu mode (not GPU performance) are left out of fast_1, the "
+                     "geomean and the roofline: `pkb report --off-gpu-timings` shows them apart")
     return notes + list(report.notes)
+
+
+def candidate_skip_notes(report: Report) -> list[str]:
+    """Per group with results ``skipped`` by what their code needs or did (counted as not passed, unlike a skip the
+    run causes), how many and what they need, e.g. ``mine: 3 skipped results count as not passed: 2 need a GPU, 1
+    need NVSHMEM (run them with --mode cuda)``."""
+    from pkb.report.metrics import CANDIDATE_SKIP_NEEDS
+
+    notes = []
+    for group in report.groups:
+        needs = report.candidate_skips(group)
+        if needs:
+            total = sum(needs.values())
+            said = ", ".join(f"{n} " + (CANDIDATE_SKIP_NEEDS[need].replace("need ", "needs ", 1) if n == 1
+                                        else CANDIDATE_SKIP_NEEDS[need]) for need, n in needs.items())
+            notes.append(f"{group}: {total} skipped result{'s' * (total != 1)} count{'s' * (total == 1)} as not "
+                         f"passed (in pass@k's n, among the failures): {said} (run them with --mode cuda"
+                         + (", NVSHMEM on one node or real nodes" if "nvshmem" in needs else "") + ")")
+    return notes
 
 
 STRICT_GAP_COLUMNS = ("set", "paper ok", "fail pkb's cases", "why: the failing cases' tags")
@@ -126,13 +133,24 @@ def strict_gap_rows(report: Report) -> list[dict]:
             for group, gap in report.strict_gaps.items() if gap.strict_failed]
 
 
-def reason_meanings(report: Report) -> dict[str, str]:
-    """What each tag or reason in ``strict_gap_rows`` means."""
-    from pkb.problem import CASE_TAGS
-    from pkb.report.metrics import STRICT_ONLY_REASONS
+PAPER_GAP_COLUMNS = ("set", "pkb ok", "fail the paper's rule", "why")
 
-    meanings = {**CASE_TAGS, **STRICT_ONLY_REASONS}
-    used = dict.fromkeys(reason for gap in report.strict_gaps.values() for reason in gap.reasons)
+
+def paper_gap_rows(report: Report) -> list[dict]:
+    """Per group with samples ok by pkb's verdict that fail the paper's: how many, and why."""
+    return [{"set": group, "pkb ok": gap.pkb_ok, "fail the paper's rule": gap.paper_failed,
+             "why": ", ".join(f"{reason} {n}" for reason, n in gap.reasons.items())}
+            for group, gap in report.paper_gaps.items() if gap.paper_failed]
+
+
+def reason_meanings(report: Report) -> dict[str, str]:
+    """What each tag or reason in ``strict_gap_rows`` and ``paper_gap_rows`` means."""
+    from pkb.problem import CASE_TAGS
+    from pkb.report.metrics import PAPER_ONLY_REASONS, STRICT_ONLY_REASONS
+
+    meanings = {**CASE_TAGS, **STRICT_ONLY_REASONS, **PAPER_ONLY_REASONS}
+    used = dict.fromkeys([*(reason for gap in report.strict_gaps.values() for reason in gap.reasons),
+                          *(reason for gap in report.paper_gaps.values() for reason in gap.reasons)])
     return {reason: meanings.get(reason, "") for reason in used}
 
 
@@ -183,7 +201,7 @@ def metrics_table(report: Report) -> list[dict]:
                 row.update(selected=coverage.num_selected, covered=coverage.num_covered,
                            covered_problems=covered.denominator,
                            **{f"covered_pass@{k}": covered.pass_at_k.get(k) for k in sorted(set(report.ks))},
-                           covered_fast_1=fast_1(covered))
+                           covered_fast_1=covered.fast())
                 rows.append(row)
     return rows
 
@@ -196,10 +214,10 @@ def _metric_row(group: str, category: str, protocol: str, m: Metrics, ks, sandbo
         row[f"pass@{k}"] = m.pass_at_k.get(k)
     for p in FAST_P_THRESHOLDS:
         if p >= 1:
-            row[f"fast_{p:g}"] = m.fast_p.get(1, {}).get(p) if m.timed else None
+            row[f"fast_{p:g}"] = m.fast(p)
     for k in sorted(set(ks)):
         if k > 1:
-            row[f"fast_1@{k}"] = fast_1(m, k)
+            row[f"fast_1@{k}"] = m.fast(1.0, k)
     row.update(geomean_speedup=m.geomean_speedup, num_timed=m.num_timed,
                median_roofline=m.roofline.quantiles.get("median"), moves_data_itself=m.moves_data_itself,
                failures=json.dumps(m.failures), results_without_full_sandbox=sandbox.num_without_full)
@@ -252,17 +270,19 @@ def compare_summary(comparison: Comparison) -> list[str]:
 
 
 def _verdict_cell(side: Side | None, protocol: str) -> str:
-    """The one sample's verdict, or ``c/n ok`` over the samples with a verdict (``+2 skipped`` for the rest)."""
+    """The one sample's verdict, or ``c/n ok`` over the samples in n (a skip the candidate caused among them:
+    metrics.counted), ``+2 skipped`` for the rest."""
     if side is None:
         return "no result"
     verdicts = side.verdicts[protocol]
     if len(verdicts) == 1:
         return verdicts[0]
     left_out = ("skipped", "harness_error", "infra_error", "unknown")
-    judged = [v for v in verdicts if v not in left_out]
-    rest = {v: verdicts.count(v) for v in left_out if v in verdicts}
-    text = f"{side.num_correct[protocol]}/{len(judged)} ok" if judged else ""
-    return " ".join([text, *(f"+{n} {v}" for v, n in rest.items())]).strip()
+    judged = side.num_counted.get(protocol, sum(1 for v in verdicts if v not in left_out))
+    candidate_skips = judged - sum(1 for v in verdicts if v not in left_out)  # skipped, yet in n
+    rest = {v: verdicts.count(v) - (candidate_skips if v == "skipped" else 0) for v in left_out if v in verdicts}
+    text = f"{side.num_correct[protocol]}/{judged} ok" if judged else ""
+    return " ".join([text, *(f"+{n} {v}" for v, n in rest.items() if n)]).strip()
 
 
 # -- the result rows -------------------------------------------------------------------------------------

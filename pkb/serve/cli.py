@@ -13,8 +13,8 @@ TOKEN_ENV = "PKB_SERVE_TOKEN"
 
 
 def add_commands(subparsers) -> None:
-    from pkb.commands import add_option
-    from pkb.options import EXECUTORS, OPTIONS
+    from pkb.commands import add_experiment_option, add_option
+    from pkb.options import EXECUTORS, OPTIONS, SERVED_EXPERIMENT
 
     p = subparsers.add_parser("serve", help="an evaluation service over HTTP + JSON (docs/serve.md)")
     p.add_argument("--host", default="127.0.0.1",
@@ -24,6 +24,9 @@ def add_commands(subparsers) -> None:
                                         "(`Authorization: Bearer <token>`); default: $" + TOKEN_ENV)
     p.add_argument("--url-file", help="also write the server's URL here once it listens (for scripts)")
     p.add_argument("--db", help="SQLite file every verdict is stored in (default: ./pkb-results.sqlite)")
+    add_experiment_option(p, SERVED_EXPERIMENT, f"the experiment of a request that names none (default "
+                                                f"{SERVED_EXPERIMENT}: service traffic, left out of every report that "
+                                                "does not ask for it)")
     add_option(p, OPTIONS["max_queue"])
     p.add_argument("--sandbox", default="auto", choices=("auto", "required"),
                    help="how candidates are confined (docs/threat-model.md); a service never runs them unconfined")
@@ -62,7 +65,8 @@ def cmd_serve(args) -> int:
     executor = None
     try:
         executor = make_executor(args)
-        service = EvaluationService(executor, args.db or DEFAULT_DB, args.max_queue, sandbox=args.sandbox)
+        service = EvaluationService(executor, args.db or DEFAULT_DB, args.max_queue, sandbox=args.sandbox,
+                                    experiment=args.experiment)
     except BaseException:  # e.g. a --db it cannot store verdicts in (pkb.store.db.StoreUnavailable: a usage error)
         listener.close()
         if executor is not None:

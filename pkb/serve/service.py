@@ -31,7 +31,7 @@ from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import OptionError, resolve
 from pkb.executor import Evaluation, Executor
 from pkb.loop import EvaluationLoop, StoredResult
-from pkb.options import EvaluationRequest
+from pkb.options import SERVED_EXPERIMENT, EvaluationRequest
 from pkb.registry import get_problem
 from pkb.store.db import ResultStore
 
@@ -61,12 +61,14 @@ class ServedEvaluation:
 
 
 class EvaluationService:
-    """Requests in, verdicts out (see the module docstring). ``sandbox``: every candidate's (pkb.runtime.sandbox)."""
+    """Requests in, verdicts out (see the module docstring). ``sandbox``: every candidate's (pkb.runtime.sandbox);
+    ``experiment``: the experiment of a request that names none (service traffic by default)."""
 
     def __init__(self, executor: Executor, db: str | Path, max_queue: int = 64, keep_finished: int = 10_000,
-                 sandbox: str = "auto"):
+                 sandbox: str = "auto", experiment: str = SERVED_EXPERIMENT):
         ResultStore(db).close()  # a service that cannot store its verdicts refuses to start (StoreUnavailable)
         self.executor = executor
+        self.experiment = experiment
         self.db = Path(db)
         self.max_queue = max_queue
         self.keep_finished = keep_finished
@@ -134,13 +136,15 @@ class EvaluationService:
                              on_ray=self.executor.name == "ray").config
         except OptionError as exc:
             raise RequestError(str(exc)) from None
+        experiment = request.experiment or self.experiment
         if request.reference:
-            return Evaluation(problem, Candidate.reference_of(problem), request.solution_set, config)
+            return Evaluation(problem, Candidate.reference_of(problem), request.solution_set, config,
+                              experiment=experiment)
         folder = Path(tempfile.mkdtemp(dir=self._scratch.name))
         path = folder / f"{problem.upstream_id or 0}_{problem.name}.py"
         path.write_text(request.source, encoding="utf-8")
         candidate = Candidate.from_file(path, name=request.name)
-        return Evaluation(problem, candidate, request.solution_set, config)
+        return Evaluation(problem, candidate, request.solution_set, config, experiment=experiment)
 
     def _run(self) -> None:
         with ResultStore(self.db) as store:

@@ -12,6 +12,10 @@ Solution sets: every result row names the set it belongs to (``solution_set``), 
 compare: the folder given to ``pkb run --solutions`` (its name, or ``--set``), a generation run of
 ``pkb generate`` / ``pkb agent`` (``generated_set``), pkb's shipped solutions (``SHIPPED_SET``) or a
 reference's self-check (``REFERENCE_SET``).
+
+Experiments: every result row names the experiment it belongs to (``experiment``; pkb.options: a user's
+``--experiment``, else ``default``, ``served`` for the service's traffic, ``rl`` for the RL environments'), and a
+report reads one experiment, or compares several, never another's rows unasked.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Callable, Iterator
 from pkb import __version__
 from pkb.console import UsageError
 from pkb.evaluate.result import SCHEMA_VERSION, EvalResult
+from pkb.options import DEFAULT_EXPERIMENT, RL_EXPERIMENT, SERVED_EXPERIMENT, SERVED_SET
 
 DEFAULT_DB = "pkb-results.sqlite"
 
@@ -82,6 +87,23 @@ def _name_solution_sets(conn: sqlite3.Connection) -> None:
         upstream_ok = row.get("upstream_ok")
         conn.execute("UPDATE results SET solution_set = ?, upstream_ok = ?, result_json = ? WHERE id = ?",
                      (name, None if upstream_ok is None else int(bool(upstream_ok)), json.dumps(row), result_id))
+
+
+RL_SET = "rl"  # the solution set pkb's RL environments stored their turns under before experiments
+
+
+def _name_experiments(conn: sqlite3.Connection) -> None:
+    """6 -> 7: the ``experiment`` column, filled in for the rows already there from their origin: the service's
+    requests (set ``served``) are ``served``, the RL environments' turns (set ``rl``) are ``rl``, every other row
+    (``pkb run``, ``generate``, ``agent``) is ``default``. The stored result says the same."""
+    conn.execute(f"ALTER TABLE results ADD COLUMN experiment TEXT NOT NULL DEFAULT '{DEFAULT_EXPERIMENT}'")
+    conn.execute("CREATE INDEX results_experiment ON results (experiment, solution_set)")
+    origins = {SERVED_SET: SERVED_EXPERIMENT, RL_SET: RL_EXPERIMENT}
+    for result_id, solution_set, text in conn.execute("SELECT id, solution_set, result_json FROM results").fetchall():
+        row = json.loads(text)
+        row["experiment"] = origins.get(solution_set, DEFAULT_EXPERIMENT)
+        conn.execute("UPDATE results SET experiment = ?, result_json = ? WHERE id = ?",
+                     (row["experiment"], json.dumps(row), result_id))
 
 
 MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
@@ -164,6 +186,8 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     """,
     # 5 -> 6: the nodes the ranks were split into (--nodes); every earlier run was on one
     "ALTER TABLE results ADD COLUMN nodes INTEGER NOT NULL DEFAULT 1;",
+    # 6 -> 7: the experiment each result belongs to, named from its origin for the rows already there
+    _name_experiments,
 ]
 assert len(MIGRATIONS) == SCHEMA_VERSION, "every schema version needs its migration"
 
@@ -176,7 +200,7 @@ _GENERATION_COLUMNS = frozenset((
 _COLUMNS = ("problem", "problem_version", "solution", "solution_sha256", "status", "message", "mode",
             "world_size", "num_trials", "speedup", "roofline_fraction", "busbw_gbps",
             "times_are_gpu_performance", "hardware", "pkb_version", "schema_version", "created_at", "wall_s",
-            "solution_set", "upstream_ok", "precision", "nodes")
+            "solution_set", "upstream_ok", "precision", "nodes", "experiment")
 
 
 class StoreError(RuntimeError):
@@ -269,7 +293,8 @@ class ResultStore:
         return self.conn.execute("PRAGMA user_version").fetchone()[0]
 
     def add(self, result: EvalResult, key: str) -> int:
-        row = result.to_dict()
+        """Store ``result`` under run key ``key`` (an unnamed experiment filed as ``default``); its row id."""
+        row = {**result.to_dict(), "experiment": result.experiment or DEFAULT_EXPERIMENT}
         values = [row[c] for c in _COLUMNS]
         values = [None if isinstance(v, float) and not math.isfinite(v) else v for v in values]
         with self.conn:
@@ -326,10 +351,11 @@ class ResultStore:
         row = self.conn.execute("SELECT result_json FROM results WHERE id = ?", (result_id,)).fetchone()
         return EvalResult.from_dict(json.loads(row[0])) if row else None
 
-    def latest_id(self, key: str, solution_set: str | None = None, solution: str | None = None) -> int | None:
-        """The newest row stored under ``key`` (and under that set and solution name, where given)."""
+    def latest_id(self, key: str, solution_set: str | None = None, solution: str | None = None,
+                  experiment: str | None = None) -> int | None:
+        """The newest row stored under ``key`` (and under that set, solution name and experiment, where given)."""
         query, args = "SELECT id FROM results WHERE run_key = ?", [key]
-        for column, value in (("solution_set", solution_set), ("solution", solution)):
+        for column, value in (("solution_set", solution_set), ("solution", solution), ("experiment", experiment)):
             if value is not None:
                 query, args = query + f" AND {column} = ?", args + [value]
         row = self.conn.execute(query + " ORDER BY id DESC LIMIT 1", args).fetchone()

@@ -9,7 +9,7 @@ from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
 
-from pkb.evaluate.result import CaseTiming, EvalResult
+from pkb.evaluate.result import CaseTiming, Details, EvalResult
 from pkb.options import Status
 from pkb.registry import all_problems
 from pkb.report import metrics, records
@@ -31,7 +31,7 @@ def make_result(problem: str, solution: str, status: Status, speedup: float | No
     timings = [CaseTiming("case_a", 1e-4, 1e-4 / speedup, 0.01, 0.02, speedup, 123.0)] if speedup else []
     return EvalResult(problem=problem, problem_version=1, solution=solution, solution_set=solution_set,
                       solution_sha256=hashlib.sha256((source or solution).encode()).hexdigest(), status=status,
-                      message=f"{status.value}: {problem} by {solution}", details=details or {}, mode=mode,
+                      message=f"{status.value}: {problem} by {solution}", details=Details.from_dict(details), mode=mode,
                       world_size=4, num_trials=3, cases=list(cases), upstream_ok=upstream_ok, timings=timings,
                       speedup=speedup, roofline_fraction=roofline, collectives_used=list(collectives),
                       times_are_gpu_performance=mode == "cuda")
@@ -84,7 +84,7 @@ def build(path: Path, group_by: str = "set", ks=(1,), selection: dict[str, str] 
 
 
 def sandboxed(level: str = "auto", missing: dict[str, str] | None = None) -> dict:
-    """A row's ``details["sandbox"]`` as the evaluator records it."""
+    """A row's ``details.sandbox`` as the evaluator records it."""
     missing = missing or {}
     enforced = [] if level == "off" else [name for name in ("landlock-fs", "network-namespace", "uid-drop")
                                           if name not in missing]

@@ -6,6 +6,7 @@ keys): tests/unit/test_generate_offline.py."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -358,7 +359,7 @@ def test_generate_and_agent_evaluate_on_a_ray_cluster(capsys, keys, monkeypatch,
 
 def test_replay_runs_generate_and_agent_end_to_end_offline(capsys, tmp_path, monkeypatch):
     """``--model replay:DIR`` needs no network and no key: a folder's files answer, by problem and by sample or
-    step; a recorded run replays; a problem without a file is an api_error; cpu mode's speedups say they are not
+    step; a recorded run replays; a problem without a file is a no_replay_file; cpu mode's speedups say they are not
     GPU timings."""
     for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
@@ -372,9 +373,9 @@ def test_replay_runs_generate_and_agent_end_to_end_offline(capsys, tmp_path, mon
                               "2", "--run", "offline", *common)
     rows = json.loads(stdout)
     assert code == 1 and [(r["problem"], r["sample"], r["status"]) for r in rows] == [
-        ("allreduce", 0, "mismatch"), ("allreduce", 1, "ok"), ("allgather", 0, "api_error"),
-        ("allgather", 1, "api_error")]
-    assert "no answer for allgather sample 0" in rows[2]["message"] and rows[0]["cost_usd"] == 0.0
+        ("allreduce", 0, "mismatch"), ("allreduce", 1, "ok"), ("allgather", 0, "no_replay_file"),
+        ("allgather", 1, "no_replay_file")]
+    assert "no file answers allgather sample 0" in rows[2]["message"] and rows[0]["cost_usd"] == 0.0
     assert Path(rows[1]["code_path"]).read_text() == GOOD_CODE
 
     code, stdout, _ = run_cli(capsys, "generate", "--model", f"replay:{out / 'offline'}", "--problems", "1",
@@ -382,7 +383,7 @@ def test_replay_runs_generate_and_agent_end_to_end_offline(capsys, tmp_path, mon
     assert [r["status"] for r in json.loads(stdout)] == ["mismatch", "ok"]  # the recorded run, replayed
 
     code, stdout, err = run_cli(capsys, "agent", "--model", f"replay:{answers}", "--problems", "1", "--steps", "2",
-                                "--run", "refined", "--db", str(db), "--out", str(out), *EVAL)
+                                "--run", "refined", "--db", str(db), "--out", str(out), "--experiment", "week2", *EVAL)
     assert code == 0, err
     assert "allreduce step 0: mismatch" in err and "allreduce step 1: ok" in err
     assert "(cpu mode: not a GPU timing)" in err  # beside each speedup
@@ -390,6 +391,44 @@ def test_replay_runs_generate_and_agent_end_to_end_offline(capsys, tmp_path, mon
     rows = [g for g in generations(db) if g["kind"] == "agent"]
     assert [(g["step"], g["status"], g["model"]) for g in rows] == [(0, "mismatch", f"replay:{answers}"),
                                                                     (1, "ok", f"replay:{answers}")]
+    assert_the_agent_run_is_its_experiment_and_its_transcript_reads_back(capsys, db, rows, tmp_path)
+
+
+def assert_the_agent_run_is_its_experiment_and_its_transcript_reads_back(capsys, db: Path, rows: list[dict], tmp_path):
+    """The agent ran in experiment week2 (its files judged before in `default`: their verdicts stored again under
+    week2, not judged again); the default report leaves it out, week2's has it; its turns read back in the terminal,
+    as JSON and in the HTML report (issue 54)."""
+    stored = sqlite3.connect(db).execute("SELECT experiment, solution FROM results ORDER BY id").fetchall()
+    assert [solution for experiment, solution in stored if experiment == "week2"] == ["refined/step_0",
+                                                                                      "refined/step_1"]
+    code, stdout, _ = run_cli(capsys, "report", "--db", str(db), "--problems", "1", "--format", "json")
+    assert code == 0 and "refined" not in json.loads(stdout)["groups"]
+    assert any("also in this database: week2 (2 results)" in note for note in json.loads(stdout)["notes"])
+    page = tmp_path / "week2.html"
+    code, stdout, _ = run_cli(capsys, "report", "--db", str(db), "--problems", "1", "--format", "json",
+                              "--experiment", "week2", "--html", str(page))
+    document = json.loads(stdout)
+    assert code == 0 and document["groups"] == [f"{rows[0]['model']}/refined"]
+    assert document["experiments"] == ["week2"]
+    section = re.search(r'<section class="run" id="run-refined".*?</section>', page.read_text(), re.S).group(0)
+    assert re.findall(r'<div class="turn" data-step="(\d)" data-status="(\w+)">', section) == [("0", "mismatch"),
+                                                                                               ("1", "ok")]
+
+    code, stdout, _ = run_cli(capsys, "transcripts", "refined", "--db", str(db))
+    assert code == 0 and stdout.startswith(f"== refined: allreduce (agent, 2 turns), model {rows[0]['model']}\n")
+    turns = stdout.split("-- turn ")[1:]
+    assert [turn.splitlines()[0] for turn in turns] == ["0", "1"]
+    assert "sent (prompt)" in turns[0] and "sent (feedback)" in turns[1] and "**mismatch**" in turns[1]
+    assert "  verdict: mismatch" in turns[0] and "  verdict: ok" in turns[1]
+    assert "\u2026" in turns[0] and "--full shows them all" in turns[0]  # the long prompt, shortened, says so
+    code, stdout, _ = run_cli(capsys, "transcripts", "refined", "--db", str(db), "--json")
+    [transcript] = json.loads(stdout)
+    assert [(t["sent"], t["answer"], t["status"]) for t in transcript["turns"]] == [
+        (row["prompt"], row["response"], row["status"]) for row in rows]
+    code, stdout, _ = run_cli(capsys, "transcripts", "--db", str(db))
+    assert code == 0 and stdout.split() == ["refined", "replayed", "offline"]  # the latest first
+    code, _, err = run_cli(capsys, "transcripts", "nosuch", "--db", str(db))
+    assert code == 2 and "no run 'nosuch'" in err and "refined" in err
 
 
 def _user(text: str):

@@ -67,8 +67,8 @@ def test_baseline_json_rows_for_two_collectives_at_two_ranks(tmp_path):
     assert json.loads((tmp_path / "rows.json").read_text()) == data  # --out keeps the same report in a file
     assert "allreduce" in out.stderr and "% roofline" in out.stderr  # the table goes to stderr with --json
     rows = data["rows"]
-    expected_cases = {(slug, case.name) for slug in ("allreduce", "allgather")
-                      for case in get_problem(slug).cases("tests", 2)}
+    expected_cases = {(slug, case.name) for slug in ("allreduce", "allgather") for kind in ("upstream", "tests")
+                      for case in get_problem(slug).cases(kind, 2)}  # cpu mode times the checked cases (--cases all)
     assert {(row["problem"], row["case"]) for row in rows} == expected_cases
     cpu = get_profile("cpu")
     for row in rows:

@@ -34,14 +34,14 @@ def test_every_inter_node_reference_passes_against_itself(problem, world_size, n
     result = evaluate(problem, Candidate.reference_of(problem), _config(world_size, nodes),
                       sessions(world_size, nodes=nodes))
     assert result.status is Status.OK, result.message
-    assert result.nodes == nodes and result.details["rules"] == {"pkb": "passed", "upstream": "not checked"}
+    assert result.nodes == nodes and result.details.rules == {"pkb": "passed", "upstream": "not checked"}
 
 
 @pytest.mark.parametrize("world_size, nodes", TOPOLOGIES)
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_the_shipped_inter_node_solutions_are_ok_on_the_cpu(path, world_size, nodes, sessions):
     problem = next(p for p in INTER_NODE if path.stem.startswith(p.name))
-    result = evaluate(problem, Candidate.from_file(path), _config(world_size, nodes, num_trials=2),
+    result = evaluate(problem, Candidate.from_file(path), _config(world_size, nodes, trials=2),
                       sessions(world_size, nodes=nodes))
     assert result.status is Status.OK, result.message
 
@@ -99,7 +99,8 @@ def test_nvshmem_on_virtual_nodes_is_skipped_not_failed(tmp_path, sessions):
     chosen = evaluate(get_problem("hierarchical_allreduce"),
                       _candidate(tmp_path, "nvshmem", '    symm_mem.set_backend("NVSHMEM")'), _config(4, 2),
                       sessions(4, nodes=2))
-    assert chosen.status is Status.SKIPPED and "NVSHMEM is not available here" in chosen.message, chosen.message
+    assert chosen.status is Status.SKIPPED and "the candidate uses NVSHMEM" in chosen.message, chosen.message
+    assert "counted as not passed" in chosen.message and chosen.details.skipped_by == "candidate", chosen.message
     path = tmp_path / "hierarchical_allreduce_declares.py"
     path.write_text('REQUIRES = ("nvshmem",)\n' + HIERARCHICAL.format(body="    pass"))
     declared = evaluate(get_problem("hierarchical_allreduce"), Candidate.from_file(path), _config(4, 2),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -59,17 +60,76 @@ def test_report_table_is_the_headline_self_check_first_then_a_row_per_set(tmp_pa
     lines = done.stdout.splitlines()
     assert lines[0] == "references: 1 of 1 ok (4 of 5 selected problems not checked)"
     header = next(line for line in lines if line.startswith("set "))
-    assert header.split()[:2] == ["set", "problems"] and "pass@1 paper / pkb" in header
+    assert header.split()[:2] == ["set", "covers"] and "pass@1 paper / pkb" in header
     alpha = next(line for line in lines if line.startswith("alpha"))
-    assert "4 of 4" in alpha and "100.0% / 75.0%" in alpha and "50.0% / 50.0%" in alpha  # pass@1, fast_1
-    # beta has results for 3 of the 5 problems: a row on those, then one on the whole selection (the paper's)
+    assert "5 of 5, 1 left out" in alpha and "100.0% / 75.0%" in alpha and "50.0% / 50.0%" in alpha  # pass@1, fast_1
+    # beta has results for 3 of the 5 problems: one row, what it covers beside its numbers over the whole selection
     beta = next(line for line in lines if line.startswith("beta"))
-    assert "3 of 3 covered" in beta and "33.3% / 33.3%" in beta and "1 compile_error, 1 timeout" in beta
-    beta_suite = lines[lines.index(beta) + 1]
-    assert beta_suite.split("  ")[0] == "" and "3 of 5 in the suite" in beta_suite and "20.0% / 20.0%" in beta_suite
-    assert any(line.startswith("note: beta has results for 3 of the 5 selected problems") for line in lines)
+    assert "3 of 5" in beta and "20.0% / 20.0%" in beta and "1 compile_error, 1 timeout" in beta
+    assert lines[lines.index(beta) + 1] == ""
     assert lines.index(alpha) < lines.index(beta)  # best first
-    assert any(line.startswith("paper: correct on the upstream cases") for line in lines)
+    assert ("experiment default: pass@1 and fast_1 (paper / pkb) count the 5 selected problems, the paper's "
+            "denominator:") in lines
+
+
+def test_report_shows_one_experiment_compares_several_and_leaves_service_and_rl_traffic_out(tmp_path):
+    from helpers.reports import make_result
+    from pkb.options import Status
+
+    def named(result, experiment):
+        result.experiment = experiment
+        return result
+
+    traffic = [named(make_result("allreduce", "candidate", Status.RUNTIME_ERROR, solution_set="served"), "served"),
+               named(make_result("allreduce", "allreduce/1/0", Status.MISMATCH, solution_set="rl"), "rl"),
+               named(make_result("allreduce", "sweep/allreduce", Status.OK, 3.0, 0.9, upstream_ok=True), "sweep")]
+    db = write_db(tmp_path / "r.sqlite", KNOWN_ROWS + traffic)
+    done = pkb("report", "--db", str(db), "--problems", SELECTION_ARG)
+    assert done.returncode == 0, done.stderr
+    headline = done.stdout.split("experiment default: pass@1")[0].splitlines()
+    sets = [line.split()[0] for line in headline if line.startswith(("alpha", "beta", "served", "rl", "sweep"))]
+    assert sets == ["alpha", "beta"]  # the default experiment: no broken service request, no RL turn, no sweep
+    assert ("note: experiment default; also in this database: sweep (1 result), rl (1 result, RL traffic), served "
+            "(1 result, service traffic): `pkb report --experiment NAME` reports one, a comma list compares them"
+            ) in done.stdout.splitlines()
+    both = json.loads(pkb("report", "--db", str(db), "--problems", SELECTION_ARG, "--format", "json",
+                          "--experiment", "default,sweep").stdout)
+    assert both["groups"] == ["default: alpha", "sweep: sweep", "default: beta"] and both["experiments"] == [
+        "default", "sweep"]
+    served = json.loads(pkb("report", "--db", str(db), "--problems", SELECTION_ARG, "--format", "json",
+                            "--experiment", "served").stdout)
+    assert served["groups"] == ["served"] and served["failures"]["served"] == {"runtime_error": 1}
+    rows = json.loads(pkb("report", "--db", str(db), "--format", "json", "--table", "rows", "--experiment",
+                          "rl").stdout)
+    assert [(row["experiment"], row["solution"]) for row in rows] == [("rl", "allreduce/1/0")]
+    wrong = pkb("report", "--db", str(db), "--experiment", "a,,b")
+    assert wrong.returncode == 2 and "--experiment: an experiment needs a name" in wrong.stderr
+
+
+def test_report_counts_speed_from_gpu_timings_only_and_shows_cpu_timings_apart_when_asked(tmp_path):
+    from helpers.reports import make_result
+    from pkb.options import Status
+
+    rows = [make_result("allreduce", "gpu/allreduce", Status.OK, 2.0, 0.5, upstream_ok=True),
+            make_result("allreduce", "cpu/allreduce", Status.OK, 1.25, 0.01, upstream_ok=True, mode="cpu")]
+    db = write_db(tmp_path / "r.sqlite", rows)
+    document = json.loads(pkb("report", "--db", str(db), "--problems", "1", "--format", "json").stdout)
+    assert document["fast_p"]["gpu"]["1"]["1"] == 1.0 and document["geomean_speedup"]["gpu"] == 2.0
+    assert document["fast_p"]["cpu"]["1"]["1"] is None and document["geomean_speedup"]["cpu"] is None
+    assert document["roofline"]["cpu"]["count"] == 0 and "off_gpu_timings" not in document
+    table = pkb("report", "--db", str(db), "--problems", "1")
+    cpu = next(line for line in table.stdout.splitlines() if line.startswith("cpu "))
+    assert "1.25x" not in table.stdout and re.search(r"100\.0% / 100\.0% +- / - +- +- ", cpu)
+    assert "`pkb report --off-gpu-timings` shows them apart" in table.stdout
+    shown = pkb("report", "--db", str(db), "--problems", "1", "--off-gpu-timings")
+    header = next(line for line in shown.stdout.splitlines() if line.startswith("set "))
+    assert header.rstrip().endswith("off-GPU speedup (not GPU performance)")
+    cpu = next(line for line in shown.stdout.splitlines() if line.startswith("cpu "))
+    assert cpu.rstrip().endswith("1.25x (cpu, 1 sample)") and "- / -" in cpu
+    document = json.loads(pkb("report", "--db", str(db), "--problems", "1", "--format", "json",
+                              "--off-gpu-timings").stdout)
+    assert document["off_gpu_timings"]["cpu"] == {"num_timed": 1, "geomean_speedup": 1.25, "modes": ["cpu"]}
+    assert document["geomean_speedup"]["cpu"] is None  # never mixed in
 
 
 def test_report_compare_puts_two_sets_side_by_side_problem_by_problem(tmp_path):
@@ -150,20 +210,20 @@ def test_report_table_csv_and_parquet(tmp_path):
     assert table.column("speedup").to_pylist()[1] == 2.5 and table.column("status").to_pylist()[3] == "mismatch"
 
 
-def test_pkb_shipped_examples_are_counted_on_the_problems_they_cover(tmp_path):
-    """pkb's shipped solutions are worked examples for a few problems: the run's headline counts those on
-    a row of their own, then the whole selection (the paper's denominator) on the next, and a note says
-    which is which; the references' self-check covers the whole selection."""
+def test_pkb_shipped_examples_are_one_row_that_says_what_they_cover(tmp_path):
+    """pkb's shipped solutions are worked examples for a few problems: the run's headline gives them one row, what
+    they cover beside their pass@1 over the whole selection (the paper's denominator, said once under the table);
+    the references' self-check covers the whole selection."""
     done = pkb("run", "--problems", "1,9", "--mode", "cpu", "--trials", "1", "--db", str(tmp_path / "r.sqlite"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "references: 2 of 2 ok" in done.stdout  # 9 (layernorm_backward) has no shipped file
     lines = done.stdout.splitlines()
     (shipped,) = [line for line in lines if line.startswith("pkb shipped")]
-    assert shipped.split("  ")[1].strip() == "1 of 1 covered" and "100.0% / 100.0%" in shipped  # not 50 %
-    suite = lines[lines.index(shipped) + 1]
-    assert suite.startswith(" ") and suite.strip().startswith("1 of 2 in the suite  ") and "50.0% / 50.0%" in suite
-    assert ("note: pkb shipped has results for 1 of the 2 selected problems: its `covered` row counts those, its "
-            "`in the suite` row every selected problem (the 1 without a result as failed)") in lines
+    # the all-reduce's CUDA file skips here, a skip its own code causes (it needs a GPU): counted as not passed, so
+    # the all-reduce's pass@1 is 1 of its 2 samples, and the selection's (9 has none) 25 %
+    assert shipped.split("  ")[1].strip() == "1 of 2" and "25.0% / 25.0%" in shipped and "1 skipped" in shipped
+    assert lines[lines.index(shipped) + 1] == "" and "in the suite" not in done.stdout
+    assert done.stdout.count("the paper's denominator") == 1
 
 
 def test_pkb_run_ends_with_the_headline_and_stores_each_result_under_its_set(tmp_path):
@@ -173,14 +233,19 @@ def test_pkb_run_ends_with_the_headline_and_stores_each_result_under_its_set(tmp
     lines = done.stdout.splitlines()
     assert lines[0] == "5 results in " + str(db) + ": 3 ok, 2 skipped"  # nothing failed: no table of failures
     headline = lines[lines.index("references: 2 of 2 ok"):]
-    assert headline[2].split()[:3] == ["set", "problems", "pass@1"]
-    # pkb's shipped solutions: the two-step all-reduce is ok (on the upstream cases too); the CUDA ones skip here
+    assert headline[2].split()[:3] == ["set", "covers", "pass@1"]
+    # pkb's shipped solutions: the two-step all-reduce is ok (on the upstream cases too); the CUDA ones (the peer
+    # all-reduce, the all-gather) skip here, a skip their code causes (they need a GPU): counted as not passed (all-reduce
+    # 1 of 2, all-gather 0 of 1: 25 %), and a note says so
     (shipped,) = [line for line in headline if line.startswith("pkb shipped")]
-    assert shipped.split("  ")[1].strip() == "1 of 1 (+1 left out)" and "100.0% / 100.0%" in shipped
-    footnote = next(i for i, line in enumerate(headline) if line.startswith("paper: correct on the upstream cases"))
+    assert shipped.split("  ")[1].strip() == "2 of 2" and "25.0% / 25.0%" in shipped and "2 skipped" in shipped
+    assert any(line.startswith("note: pkb shipped: 2 skipped results count as not passed") and "2 need a GPU" in line
+               for line in headline), headline
+    footnote = next(i for i, line in enumerate(headline) if line.startswith("experiment default: pass@1 and fast_1"))
     meaning = next(i for i, line in enumerate(headline) if line.startswith("what this means: "))
-    assert all(line.startswith("note: ") for line in headline[footnote + 2:meaning - 1])  # e.g. a partial sandbox
-    assert "references judged here passed against themselves" in headline[meaning]  # the main job says what it means
+    assert all(line.startswith("note: ") for line in headline[footnote + 3:meaning - 1])  # e.g. a partial sandbox
+    assert "references passed against themselves here" in headline[meaning]  # the main job says what it means
+    assert meaning == len(headline) - 1  # in one line, the last
     query = "SELECT solution, solution_set, upstream_ok FROM results ORDER BY id"
     stored = sqlite3.connect(db).execute(query).fetchall()
     assert stored == [("reference", "reference", 1), ("1_allreduce_cuda_peer", "pkb shipped", None),

@@ -77,6 +77,7 @@ def test_rewards_follow_the_verdicts_of_pkb_eval(server, tmp_path, capsys):
     for name, trace in by_problem.items():
         assert set(trace.rewards) == set(REWARDS)  # each reward is there, the timed ones weighted 0 without perf
         assert trace.metrics["correctness"] == trace.rewards["correctness"].score
+        assert "upstream_ok" not in trace.metrics  # cases="tests": the paper's verdict not checked, not a 0.0
         assert trace.state.num_evaluations == 1 and trace.state.verdict["status"] == ANSWERS[name][2]
 
     for name, (number, source, _) in ANSWERS.items():  # the same file through `pkb eval --json`

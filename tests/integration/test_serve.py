@@ -58,15 +58,20 @@ def server(tmp_path_factory):
 def test_verdicts_through_the_client_are_stored(server):
     url, tmp = server
     client = Client(url)
-    verdicts = {name: client.evaluate("allgather", source, name=name, **LIGHT)
-                for name, source in (("correct", CORRECT), ("wrong", WRONG), ("crashing", CRASHING))}
+    verdicts = {name: client.evaluate("allgather", source, name=name, **LIGHT, **experiment)
+                for name, source, experiment in (("correct", CORRECT, {"experiment": "week2"}), ("wrong", WRONG, {}),
+                                                 ("crashing", CRASHING, {}))}
     assert {n: r["status"] for n, r in verdicts.items()} == {"correct": "ok", "wrong": "mismatch",
                                                              "crashing": "runtime_error"}
     assert verdicts["wrong"]["details"]["case"] and "ZeroDivisionError" in verdicts["crashing"]["message"]
     assert all(r["solution_set"] == "served" and r["world_size"] == 2 and r["mode"] == "cpu" for r in verdicts.values())
     with sqlite3.connect(tmp / "served.sqlite") as db:
-        stored = dict(db.execute("SELECT solution, status FROM results WHERE solution_set = 'served'").fetchall())
-    assert stored == {"correct": "ok", "wrong": "mismatch", "crashing": "runtime_error"}
+        stored = {solution: (status, experiment) for solution, status, experiment in db.execute(
+            "SELECT solution, status, experiment FROM results WHERE solution_set = 'served'")}
+    # service traffic is an experiment of its own (`served`), unless a request names one
+    assert stored == {"correct": ("ok", "week2"), "wrong": ("mismatch", "served"),
+                      "crashing": ("runtime_error", "served")}
+    assert {n: r["experiment"] for n, r in verdicts.items()} == {n: e for n, (_, e) in stored.items()}
 
 
 @pytest.mark.parametrize("candidate", ["file", "reference"])

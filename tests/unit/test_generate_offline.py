@@ -214,3 +214,43 @@ def test_replay_picks_the_file_by_problem_and_by_sample_or_step(tmp_path):
     assert answer.text == recorded.read_text() and answer.cost_usd == 0.0 and answer.attempts == 1
     with pytest.raises(SetupError, match="is not a folder"):
         connect(f"replay:{tmp_path / 'missing'}")
+
+
+def test_a_missing_replay_file_is_its_own_status_that_names_the_file(capsys, tmp_path):
+    """Not an ``api_error`` (issue 54.9): ``no_replay_file``, saying which file is missing; a rerun asks again, and the
+    default run name says what ran (a folder's files, not judged under --no-eval: no backend, no mode)."""
+    import json
+
+    answers, out = tmp_path / "answers", tmp_path / "runs"
+    answers.mkdir()
+    (answers / "1_allreduce_mine.py").write_text("def solution(tensor):\n    return tensor\n")
+    argv = ("generate", "--model", f"replay:{answers}", "--problems", "1-2,hierarchical_allreduce", "--no-eval",
+            "--db", str(tmp_path / "replay.sqlite"), "--out", str(out), "--json")
+    code, stdout, _ = run_cli(capsys, *argv)
+    rows = {row["problem"]: row for row in json.loads(stdout)}
+    assert code == 1 and [row["status"] for row in rows.values()] == ["generated", "no_replay_file", "no_replay_file"]
+    assert rows["allgather"]["message"] == (
+        f"no file answers allgather sample 0: {answers / 'allgather' / 'sample_0.py'} is missing, and {answers} holds "
+        "no allgather.py or 2_<name>[_<backend>].py at its top (docs/generation.md, `replay:DIR`)")
+    assert "holds no hierarchical_allreduce.py at its top" in rows["hierarchical_allreduce"]["message"]
+    run_dir = Path(rows["allreduce"]["code_path"]).parent.parent
+    assert run_dir.name == "replay-" + str(answers).strip("/").replace("/", "-")  # no backend asked, not judged
+
+    (answers / "2_allgather_mine.py").write_text("def solution(tensor):\n    return tensor\n")
+    code, stdout, _ = run_cli(capsys, *argv)
+    assert [(row["status"], row["resumed"]) for row in json.loads(stdout)] == [
+        ("generated", True), ("generated", False), ("no_replay_file", False)]  # asked again, answered now
+
+
+def test_a_default_run_name_says_what_ran():
+    from pkb.generate.sampler import default_run_name
+    from pkb.options import Mode
+
+    gpt5, answers = ModelSpec.parse("openai:gpt-5"), ModelSpec.parse("replay:runs/mine")
+    assert default_run_name(gpt5, "cuda", Mode.CUDA, None) == "openai-gpt-5-cuda"
+    assert default_run_name(gpt5, "triton", Mode.CUDA, 0.8) == "openai-gpt-5-triton-t0.8"
+    assert default_run_name(gpt5, "cuda", Mode.CPU, None) == "openai-gpt-5-cuda-on-cpu"  # CUDA kernels, judged on CPU
+    assert default_run_name(gpt5, "cuda", Mode.SHARED_GPU, None) == "openai-gpt-5-cuda-on-shared-gpu"
+    assert default_run_name(gpt5, "cuda", None, None) == "openai-gpt-5-cuda"  # --no-eval: not judged anywhere
+    assert default_run_name(answers, "cuda", Mode.CPU, None) == "replay-runs-mine-on-cpu"  # files answer, no backend
+    assert default_run_name(answers, "cuda", Mode.CUDA, None) == "replay-runs-mine"

@@ -72,7 +72,7 @@ def test_restore_judges_a_file_once_and_stores_it_under_every_set_that_holds_it(
         twin = Evaluation(first.problem, Candidate.from_file(first.candidate.path, name="copy"), "b")
         done, executor = judge(store, [first, twin], "restore")
         assert executor.ran == ["same"] and [d.resumed for d in done] == [False, True]
-        assert done[1].result.details["verdict_of"] == done[0].result_id
+        assert done[1].result.details.verdict_of == done[0].result_id
         again, executor = judge(store, [first], "restore")  # a rerun resumes: nothing judged, nothing stored
         assert executor.ran == [] and again[0].resumed and again[0].result_id == done[0].result_id
         assert rows(store) == [("a", "same", "ok"), ("b", "copy", "ok")]
@@ -89,6 +89,20 @@ def test_as_stored_hands_back_the_first_row_and_never_hands_back_no_reuse(tmp_pa
         fresh, executor = judge(store, [moved, moved], "never")
         assert executor.ran == ["same", "same"] and not any(d.resumed for d in fresh)
         assert len({d.result_id for d in fresh}) == 2 and len(rows(store)) == 3
+
+
+def test_a_verdict_reused_in_another_experiment_is_stored_again_under_it(tmp_path):
+    """An experiment's report holds every result it reused, never another experiment's row: the same file judged
+    in `default` and then asked for in `sweep` is not judged again, and is stored again in `sweep`."""
+    with ResultStore(tmp_path / "r.sqlite") as store:
+        first = evaluation_of(tmp_path, "same")
+        done, _ = judge(store, [first], "as_stored")
+        assert done[0].result.experiment == "default"
+        for reuse in ("as_stored", "restore"):
+            again, executor = judge(store, [replace(first, experiment="sweep")], reuse)
+            assert executor.ran == [] and again[0].resumed and again[0].result.experiment == "sweep"
+            assert again[0].result.details.verdict_of == done[0].result_id
+        assert [(r.experiment, r.solution) for r in store.results()] == [("default", "same"), ("sweep", "same")]
 
 
 def test_no_verdict_is_judged_again_and_a_twin_gets_its_own_attempt(tmp_path):
@@ -120,6 +134,6 @@ def test_an_evaluations_own_config_overrides_the_loop_config(tmp_path):
         loop.submit(replace(evaluation_of(tmp_path, "trials"), config=replace(CONFIG, trials=7)))
         done = list(loop.finished())
         assert [(d.result.world_size, d.result.num_trials) for d in done] == [(4, 1), (2, 7)]
-        assert all("solution_path" not in d.result.details for d in done)
+        assert all(d.result.details.solution_path is None for d in done)
         with pytest.raises(ValueError, match="reuse must be one of"):
             EvaluationLoop(store, CONFIG, executor, reuse="sometimes")

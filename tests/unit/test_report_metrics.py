@@ -380,3 +380,162 @@ def test_no_sandbox_note_when_every_result_ran_under_the_full_sandbox(tmp_path):
     report = build(write_db(tmp_path / "r.sqlite", rows))
     assert report.groups == ("beta",) and tables.sandbox_notes(report) == {}
     assert not any("sandbox" in note for note in tables.headline_notes(report))
+
+
+# -- speed only where it means something ---------------------------------------------------------------
+
+OFF_GPU_ROWS = [
+    make_result("allreduce", "alpha/allreduce", Status.OK, 2.0, 0.5, upstream_ok=True),  # timed on GPUs
+    make_result("allgather", "alpha/allgather", Status.OK, 0.7, 0.1, upstream_ok=True, mode="cpu"),
+    make_result("allreduce", "beta/allreduce", Status.OK, 1.3, 0.2, upstream_ok=True, mode="cpu"),
+    make_result("allgather", "beta/allgather", Status.OK, 1.6, 0.3, upstream_ok=True, mode="shared-gpu"),
+]
+
+
+def test_fast_p_the_geomean_and_the_roofline_count_only_gpu_timings_in_cuda_mode(tmp_path):
+    """The issue's cpu speedups (0.68x-1.25x of the same file between runs) filled fast_1 and the geomean: they
+    count nowhere now, and are shown apart, labelled, only when asked for."""
+    from pkb.report import tables
+
+    loaded = records.load(write_db(tmp_path / "r.sqlite", OFF_GPU_ROWS), "set",
+                          records.Filter(problems=frozenset(SELECTION)), SELECTION)
+    report = metrics.build_report(loaded.records, SELECTION, "set", (1,))
+    alpha, beta = report.overall["alpha"], report.overall["beta"]
+    assert (alpha.geomean_speedup, alpha.num_timed, alpha.roofline.count) == (2.0, 1, 1)
+    assert alpha.fast(1.0) == pytest.approx(1 / 5) and alpha.pass_at_k[1] == pytest.approx(2 / 5)
+    assert (beta.geomean_speedup, beta.num_timed, beta.roofline.count, beta.timed) == (None, 0, 0, False)
+    assert beta.fast(1.0) is None and beta.fast(0.0) == beta.pass_at_k[1] == pytest.approx(2 / 5)
+    assert beta.off_gpu == metrics.OffGpuTimings(2, pytest.approx((1.3 * 1.6) ** 0.5), ("cpu", "shared-gpu"))
+    rows = {row["set"]: row for row in tables.headline_rows(report)}
+    assert (rows["beta"]["fast_1 paper / pkb"], rows["beta"]["geomean speedup"]) == ("- / -", "-")
+    assert rows["alpha"]["geomean speedup"] == "2.00x" and tables.OFF_GPU_COLUMN not in rows["alpha"]
+    document = report.to_json()
+    assert document["fast_p"]["beta"]["1"]["1"] is None and document["geomean_speedup"]["beta"] is None
+    assert document["fast_p"]["alpha"]["1"]["1"] == pytest.approx(1 / 5) and "off_gpu_timings" not in document
+    assert any("`pkb report --off-gpu-timings` shows them apart" in note for note in tables.headline_notes(report))
+
+    shown = metrics.build_report(loaded.records, SELECTION, "set", (1,), off_gpu_shown=True)
+    rows = {row["set"]: row for row in tables.headline_rows(shown)}
+    assert rows["beta"][tables.OFF_GPU_COLUMN] == "1.44x (cpu, shared-gpu, 2 samples)"
+    assert rows["beta"]["geomean speedup"] == "-"  # shown apart, never mixed in
+    assert shown.to_json()["off_gpu_timings"]["beta"]["modes"] == ["cpu", "shared-gpu"]
+
+
+def test_an_untimed_set_shows_a_dash_for_fast_1_in_every_table_and_the_json(tmp_path):
+    """The issue's untimed set read `fast_1 0.0%` in one table and `-` in another."""
+    from pkb.report import html as report_html
+    from helpers.reports import Page
+
+    rows = [make_result("allreduce", "untimed/allreduce", Status.OK, upstream_ok=True),
+            make_result("allgather", "timed/allgather", Status.OK, 1.5, 0.4, upstream_ok=True)]
+    report = build(write_db(tmp_path / "r.sqlite", rows), ks=(1,))
+    page = Page()
+    page.feed(report_html.render(report))
+    untimed = {metric: text for (group, metric), (_, text) in page.cells.items() if group == "untimed"}
+    fast_cells = {metric: text for metric, text in untimed.items() if "fast_" in metric}
+    assert fast_cells and set(fast_cells.values()) == {"-"}, fast_cells  # headline, leaderboard, per category
+    assert {"headline.pkb.fast_1", "fast_1", "collectives.fast_1"} <= set(fast_cells)
+    assert page.cells[("timed", "fast_1")][1] == "20.0%"
+    assert report.to_json()["fast_p"]["untimed"]["1"]["1"] is None
+    assert report.to_json()["by_category"]["untimed"]["collectives"]["fast_p"]["1"]["1"] is None
+
+
+def test_the_statuses_left_out_of_pass_at_k_are_the_ones_the_docs_name_with_the_rule_said_once():
+    """docs/reports.md says which statuses a set's pass@k leaves out and why they may be (the parent process alone
+    decides them), with the rule once; the README and docs/usage.md say the same and point there."""
+    repo = Path(__file__).resolve().parents[2]
+    left_out = {status.value for status in metrics.NOT_FAILURES} - {"ok"}
+    assert left_out == {"skipped", "harness_error", "infra_error"}
+    reports, readme, usage = ((repo / name).read_text() for name in ("docs/reports.md", "README.md", "docs/usage.md"))
+    rule = "no status a candidate can cause is better for it than failing"
+    flat = " ".join(reports.split())
+    assert flat.count(rule) == 1 and "the parent process alone decides them" in flat
+    assert all(f"`{status}`" in flat.split(rule)[0][-1200:] for status in left_out)  # named beside the rule
+    for text in (readme, usage):
+        flat = " ".join(text.split())
+        assert rule in flat and "docs/reports.md" in flat and all(f"`{status}`" in flat for status in left_out)
+        assert "alone decides" in flat
+
+
+# -- who caused a skip ------------------------------------------------------------------------------------
+
+
+def _skipped(problem: str, solution: str, message: str, skipped_by: str | None = None):
+    """A ``skipped`` row with pkb's ``message``, and ``details.skipped_by`` where given (None: a row from before it)."""
+    row = make_result(problem, solution, Status.SKIPPED, details={"skipped_by": skipped_by} if skipped_by else None)
+    row.message = message
+    return row
+
+
+SKIP_ROWS = [
+    make_result("allreduce", "hacker/allreduce_s0", Status.OK, upstream_ok=True),
+    # a wrong file whose dead `x.cuda()` turned its failure into `skipped` (pkb.evaluate.failures): in n, not passed
+    _skipped("allreduce", "hacker/allreduce_s1", "the candidate needs a GPU (its source line 15: calls tensor.cuda()) "
+             "and mode cpu has none: counted as not passed (run it with --mode cuda or shared-gpu)", "candidate"),
+    _skipped("allgather", "hacker/allgather", "the candidate uses NVSHMEM (its source line 3: imports nvshmem.core), "
+             "which this run cannot give (cpu mode on 2 node(s))", "candidate"),
+    _skipped("broadcast", "hacker/broadcast", "rank 1 failed while the GPU the ranks share was full (GPU 0: 79.1 of "
+             "79.6 GiB used): ...", "candidate"),
+    _skipped("reduce", "hacker/reduce", "reduce runs at world sizes [2, 4, 8], not 3", "run"),  # every candidate alike
+    # rows from before details.skipped_by: pkb's own message says who caused it
+    _skipped("allreduce", "old/allreduce", "the candidate declares REQUIRES = ('cuda',); mode cpu has no GPU (run it "
+             "with --mode cuda or shared-gpu)"),
+    _skipped("allgather", "old/allgather", "allgather runs in bf16, not fp8"),
+    make_result("broadcast", "old/broadcast", Status.OK, upstream_ok=True),
+]
+SKIP_SELECTION = {"allreduce": "collectives", "allgather": "collectives", "broadcast": "collectives",
+                  "reduce": "collectives"}
+
+
+@pytest.mark.parametrize("protocol", ["pkb", "paper"])
+def test_a_skip_the_candidate_caused_counts_as_not_passed_and_one_the_run_caused_leaves_n(tmp_path, protocol):
+    """The red team's holes: a wrong file that makes its own failure ``skipped`` (dead CUDA code, NVSHMEM in a
+    comment, a shared GPU it filled) left pass@k's n, so a problem of such files alone left the denominator. A skip
+    the candidate caused now counts in n as not passed, on both protocols; a skip the run caused (the problem does not
+    run at this world size: every candidate alike) still leaves n."""
+    report = build(write_db(tmp_path / "s.sqlite", SKIP_ROWS), selection=SKIP_SELECTION)
+    hacker, old = report.on(protocol)["hacker"], report.on(protocol)["old"]
+    # hacker: allreduce 1 of 2, allgather 0 of 1, broadcast 0 of 1; reduce left out (the run's skip)
+    assert (hacker.denominator, hacker.num_samples, hacker.num_candidate_skips) == (3, 4, 3)
+    assert hacker.pass_at_k[1] == pytest.approx((1 / 2 + 0 + 0) / 3)
+    assert hacker.failures == {"skipped": 3} and hacker.verdicts == {"ok": 1, "skipped": 4}
+    # old rows: the declared REQUIRES is the candidate's (allreduce 0 of 1); the dtype the run's (allgather left out)
+    assert (old.denominator, old.num_samples, old.pass_at_k[1]) == (3, 2, pytest.approx(1 / 3))
+    assert old.failures == {"skipped": 1}
+    assert report.to_json()["skipped_by_candidate"] == {"hacker": 3, "old": 1}
+    (run_skip,) = [r for r in report.records if r.sample == "hacker/reduce"]
+    assert metrics.skipped_by_candidate(run_skip, protocol) is False and metrics.counted(run_skip, protocol) is False
+
+
+def test_a_skip_on_the_papers_trials_alone_is_the_candidates(tmp_path):
+    """A trial of the upstream cases that ends ``skipped`` (the candidate's code needs a GPU) while pkb's verdict is
+    another comes from the candidate's failure: the run's skips come before any trial. It counts as not passed."""
+    failed = {"upstream": {"failed": {"case": "upstream", "trial": 0, "status": "skipped", "reason": "needs a GPU"}}}
+    rows = [make_result("allreduce", "paper_skip/allreduce", Status.OK, upstream_ok=False, details=failed)]
+    report = build(write_db(tmp_path / "p.sqlite", rows), selection={"allreduce": "collectives"})
+    paper = report.paper["paper_skip"]
+    assert (paper.denominator, paper.num_samples, paper.pass_at_k[1], paper.failures) == (1, 1, 0.0, {"skipped": 1})
+    assert report.overall["paper_skip"].pass_at_k[1] == 1.0
+
+
+def test_the_headline_says_how_many_skips_count_as_not_passed_and_what_they_need(tmp_path):
+    from pkb.report import tables
+
+    report = build(write_db(tmp_path / "n.sqlite", SKIP_ROWS), selection=SKIP_SELECTION)
+    notes = tables.headline_notes(report)
+    (hacker,) = [note for note in notes if note.startswith("hacker: ")]
+    assert hacker.startswith("hacker: 3 skipped results count as not passed")
+    for said in ("1 needs a GPU", "1 needs NVSHMEM", "1 failed while the GPU the ranks share was full", "--mode cuda"):
+        assert said in hacker, hacker
+    assert any(note.startswith("old: 1 skipped result counts as not passed") for note in notes), notes
+    rows = {row["set"]: row for row in tables.headline_rows(report)}
+    assert rows["hacker"]["failures (pkb)"] == "3 skipped" and rows["hacker"]["covers"] == "4 of 4, 1 left out"
+
+
+def test_two_sets_compared_count_a_skip_the_candidate_caused_among_the_samples(tmp_path):
+    from pkb.report import tables
+
+    report = build(write_db(tmp_path / "c.sqlite", SKIP_ROWS), selection=SKIP_SELECTION)
+    rows = {row["problem"]: row for row in tables.compare_table(metrics.compare(report, "hacker", "old"))}
+    assert rows["allreduce"]["hacker pkb"] == "1/2 ok"  # the skipped sample is in n, not passed
+    assert rows["allgather"]["old pkb"] == "skipped"

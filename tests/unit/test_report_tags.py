@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 from pkb.cli import main
-from pkb.evaluate.result import EvalResult
+from pkb.evaluate.result import Details, EvalResult
 from pkb.options import Status
 from pkb.problem import CASE_TAGS
 from pkb.registry import all_problems
 from pkb.report import html, metrics, records
-from pkb.report.tables import strict_gap_rows
+from pkb.report.tables import paper_gap_rows, strict_gap_rows
 from pkb.store.db import ResultStore
 
 PROBLEMS = {"allgather": "collectives", "allreduce": "collectives", "moe_pre_all2all": "expert_parallel"}
@@ -20,7 +20,7 @@ TAGS = {"allgather": {"odd": ("odd_sizes",), "single": ("tiny", "odd_sizes")},
 
 
 def _result(problem, solution, status, upstream_ok, case=None, solution_set="models", precision="bf16"):
-    details = {"case": case} if case else {}
+    details = Details(case=case) if case else Details()
     return EvalResult(problem=problem, problem_version=1, solution=solution, solution_sha256=solution, status=status,
                       solution_set=solution_set, upstream_ok=upstream_ok, details=details, precision=precision,
                       world_size=2, cases=["upstream", "odd"])
@@ -84,3 +84,24 @@ def test_every_tests_case_has_a_tag():
 def test_ok_for_pkb_but_not_by_upstreams_rule_is_a_paper_mismatch():
     result = _result("allreduce", "a", Status.OK, False)
     assert records.paper_status(result, frozenset({"upstream"})) is Status.MISMATCH
+
+
+def test_paper_gaps_count_pkb_correct_samples_that_fail_the_papers_rule_and_why():
+    """The other direction of the two verdicts' disagreement: ok by pkb's rule, failed by upstream's, and why in a
+    reader's words (more accurate than the reference, a rounding or two, wrong on upstream's own values alone)."""
+    def failed_paper(name, status, rms_ratio=None):
+        details = Details(upstream={"failed": {"status": status}},
+                          accuracy={"least_accurate": {"rms_ratio": rms_ratio}} if rms_ratio is not None else None)
+        return EvalResult(problem="allreduce", problem_version=1, solution=name, solution_sha256=name,
+                          status=Status.OK, solution_set="models", upstream_ok=False, details=details, world_size=2,
+                          cases=["upstream"])
+    results = [failed_paper("fp32_partials", "mismatch", 0.49), failed_paper("ring", "mismatch", 1.8),
+               failed_paper("on_constants", "mismatch"), failed_paper("hangs_there", "timeout"),
+               _result("allreduce", "fine", Status.OK, True)]
+    report = metrics.build_report(records.from_results(results, PROBLEMS), PROBLEMS, "set", case_tags=TAGS)
+    gap = report.paper_gaps["models"]
+    assert (gap.pkb_ok, gap.paper_failed) == (5, 4)
+    assert gap.reasons == {"more_accurate": 1, "rounding": 1, "upstream_values": 1, "timeout_or_crash": 1}
+    assert report.to_json()["paper_gaps"]["models"]["paper_failed"] == 4
+    row, = paper_gap_rows(report)
+    assert row["fail the paper's rule"] == 4 and "more_accurate 1" in row["why"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pkb.evaluate.config import EvalConfig
-from pkb.evaluate.evaluator import checked_cases, left_out_cases
+from pkb.evaluate.cases import checked_cases, left_out_cases
 from pkb.registry import all_problems
 from pkb.runtime.modes import Mode
 

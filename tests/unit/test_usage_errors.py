@@ -1,8 +1,9 @@
 """A user's mistake is one sentence and exit status 2, before any work and with nothing written (issue 49): every
 number of every command is checked against its row of pkb.options where it is parsed; options become an
 ``EvalConfig`` in one function (``resolve``), which also refuses what two options break together; a
-``--db`` pkb cannot store results in, a directory given as the candidate and ``--json`` with a usage error; a
-crash's traceback with the user's file first; and what ``pkb run`` ends with. In process: ``main`` returns
+``--db`` pkb cannot store results in, a directory given as the candidate and ``--json`` with a usage error; an
+unknown flag (the subcommand's closest) and an unknown problem (the closest names, read from the suite's source);
+the exit status of ``skipped``; a crash's traceback with the user's file first; and what ``pkb run`` ends with. In process: ``main`` returns
 before any rank process starts. The service's mistakes: tests/unit/test_serve_app.py and
 tests/integration/test_serve.py."""
 
@@ -14,14 +15,15 @@ import json
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from pkb.cli import build_parser, main, print_run_summary, user_traceback, what_it_means
+from pkb.cli import build_parser, exit_status, main, print_run_summary, user_traceback, what_it_means
 from pkb.console import UsageError
 from pkb.evaluate.config import EvalConfig, OptionError, resolve
 from pkb.options import BUILD_ALLOWANCE_S, OPTIONS, Status
-from pkb.registry import get_problem
+from pkb.registry import _not_as_declared, all_problems, get_problem, problem_names, select, selected_names
 from pkb.runtime.modes import Mode
 from pkb.store.db import REFERENCE_SET, SHIPPED_SET, ResultStore, StoreUnavailable, check_store
 
@@ -102,6 +104,58 @@ def test_nodes_that_do_not_divide_the_world_size_are_a_usage_error_before_any_wo
 def test_a_directory_given_as_the_candidate_is_said_to_be_one(capsys, tmp_path):
     code, _, err = run(capsys, "eval", "1", str(tmp_path))
     assert code == 2 and f"{tmp_path} is a directory: give one .py file" in err and "not found" not in err
+
+
+# -- unknown flags and problems (issue 54.3; that no torch is imported: tests/integration/test_cli.py) ----------
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["eval", "1", "x.py", "--world_size", "4"], "--world-size"),
+    (["eval", "1", "x.py", "--tiemout=3"], "--timeout"),
+    (["run", "--paralel", "2"], "--parallel"),
+    (["generate", "--model", "replay:x", "--problems", "1", "--max_tokens", "9"], "--max-tokens"),
+])
+def test_an_unknown_flag_suggests_the_closest_flag_of_its_subcommand_and_its_own_help(capsys, argv, flag):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"pkb {argv[0]}: error: unrecognized arguments: ")
+    assert f"; did you mean {flag}? (`pkb {argv[0]} --help` lists what it takes)" in err
+
+
+def test_a_flag_like_none_of_the_subcommands_is_refused_without_a_guess(capsys):
+    code, _, err = run(capsys, "eval", "1", "x.py", "--frobnicate")
+    assert code == 2 and "did you mean" not in err
+    assert err == "pkb eval: error: unrecognized arguments: --frobnicate (`pkb eval --help` lists what it takes)\n"
+
+
+@pytest.mark.parametrize("argv", [["eval", "allreduse", "x.py"], ["show", "allreduse"], ["run", "--problems", "1-3,allreduse"],
+                                  ["report", "--problems", "allreduse"], ["prompt", "allreduse"]])
+def test_an_unknown_problem_is_said_with_the_closest_names_by_every_command(capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("pkb: error: unknown problem 'allreduse'; did you mean 1 allreduce") and err.count("\n") == 1
+
+
+def test_the_names_read_from_the_suites_source_are_the_problems_discovery_imports():
+    def entries(problems) -> list[tuple]:
+        return [(p.name, p.upstream_id, p.category, p.module) for p in problems]
+
+    assert entries(problem_names().values()) == entries(all_problems().values())
+    assert selected_names("1-3,hierarchical_alltoall") == [p.name for p in select("1-3,hierarchical_alltoall")]
+
+
+def test_a_problem_its_source_does_not_declare_as_discovery_finds_it_is_named():
+    problems = list(all_problems().values())
+    recategorised = SimpleNamespace(name="allreduce", upstream_id=1, category="tensor_parallel",
+                                    module="pkb.problems.collectives.allreduce")
+    assert _not_as_declared(problems) == []
+    assert _not_as_declared([recategorised] + problems[1:]) == ["pkb.problems.collectives.allreduce"]
+    assert _not_as_declared(problems[1:]) == ["pkb.problems.collectives.allreduce"]  # imported, yet not declared
+
+
+def test_skipped_exits_0_from_eval_as_from_run_and_pkbs_own_failure_3():
+    statuses = (Status.OK, Status.SKIPPED, "skipped", Status.MISMATCH, "timeout", Status.HARNESS_ERROR, "infra_error")
+    assert [exit_status(status) for status in statuses] == [0, 0, 0, 1, 1, 3, 3]
 
 
 # -- one function builds the config ---------------------------------------------------------------------------
@@ -225,16 +279,26 @@ def results_of(*rows):
             for problem, solution, solution_set, status, message in rows]
 
 
-def test_run_lists_each_result_that_needs_a_look_with_its_message_uncut(capsys):
-    long_message = ("fails pkb's rule and upstream's: rank 0, case upstream, trial 0: out: 1012477 of 1048576 "
-                    "elements off (atol=0.0625, rtol=0.015625); largest abs error 8.598 at [337, 806]")
+def test_run_lists_each_result_that_needs_a_look_cut_between_words_with_an_ellipsis(capsys):
+    """The issue's block ended at `(expected 1.24219, g`: a message is now cut where a word or number ends, marked
+    with an ellipsis, and the run says where the whole of it is; one that fits is shown whole, its lines joined."""
+    from pkb.cli import MESSAGE_CHARS
+
+    head = ("fails pkb's rule and upstream's: rank 0, case upstream, trial 0: out: 1012477 of 1048576 "
+            "elements off (atol=0.0625, rtol=0.015625); largest abs error 8.598 at [337, 806]")
+    long_message = head + " " + "x" * (MESSAGE_CHARS - len(head) - 22) + " (expected 1.24219, got 0.535156)"
     rows = results_of(("allreduce", "reference", REFERENCE_SET, Status.OK, "ok"),
-                      ("allreduce", "local_only", "mine", Status.MISMATCH, long_message + "\nsecond line"),
-                      ("allgather", "fine", "mine", Status.OK, "ok"))
+                      ("allreduce", "local_only", "mine", Status.MISMATCH, long_message),
+                      ("allgather", "short", "mine", Status.TIMEOUT, "rank 1 hung\nin step 2"),
+                      ("broadcast", "fine", "mine", Status.OK, "ok"))
     print_run_summary(rows, None, "pkb-results.sqlite")
     out = capsys.readouterr().out
-    assert "  allreduce / local_only (mine): mismatch\n    " + long_message + "\n" in out and "second line" not in out
-    assert "`pkb report --problems 1-2 --html report.html` plots the 2 problems this run's sets cover" in out
+    shown = out.split("  allreduce / local_only (mine): mismatch\n    ")[1].splitlines()[0]
+    assert shown.endswith("(expected 1.24219\u2026") and shown == long_message[:len(shown) - 1] + "\u2026"
+    assert len(shown) <= MESSAGE_CHARS
+    assert "  allgather / short (mine): timeout\n    rank 1 hung in step 2\n" in out
+    assert "(a message ending in \u2026 is whole in `pkb report --format json --table rows`)" in out
+    assert "`pkb report --problems 1-3 --html report.html` plots the 3 problems this run's sets cover" in out
 
 
 def test_the_main_job_says_what_it_means_on_this_machine():
@@ -242,8 +306,8 @@ def test_the_main_job_says_what_it_means_on_this_machine():
                       ("hierarchical_allreduce", "reference", REFERENCE_SET, Status.SKIPPED, "runs at [4, 8], not 2"),
                       ("allreduce", "1_allreduce_cuda_peer", SHIPPED_SET, Status.SKIPPED, "needs a GPU"),
                       ("allreduce", "1_allreduce_two_step", SHIPPED_SET, Status.OK, "ok"))
-    said = " ".join(what_it_means(rows, EvalConfig(world_size=2, mode=Mode.CPU)).split())
-    assert "1 of the 1 references judged here passed against themselves (1 skipped" in said
-    assert "the suite and the harness work on this machine (cpu mode, W = 2)" in said
-    assert "2 worked examples, not a model's answers: 1 ok, 1 `skipped`" in said
-    assert "measures how few problems they cover" in said and "--mode cuda or shared-gpu" in said
+    said = what_it_means(rows, EvalConfig(world_size=2, mode=Mode.CPU))
+    assert said == ("what this means: 1 of 1 references passed against themselves here (1 skipped) (cpu mode, "
+                    "W = 2): the suite and the harness work; pkb shipped is 2 worked examples, not a model's answers "
+                    "(1 skipped: they need a GPU or more ranks). Score a model's files with `pkb run --solutions DIR`.")
+    assert "\n" not in said  # a sentence, not the three paragraphs the issue read on every run
