@@ -105,6 +105,9 @@ def cmd_show(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    if args.server is not None and not args.server.strip():  # `--server "$(cat url.txt)"` before the file exists
+        raise UsageError("--server is empty: give the URL `pkb serve` prints (or writes with --url-file), "
+                         "or leave --server out to evaluate here")
     if args.server:
         return _eval_on_server(args)
     path = None if args.candidate == "reference" else candidate_path(args.candidate)  # before torch is imported
@@ -381,6 +384,10 @@ class _Parser(argparse.ArgumentParser):
     ``unrecognized arguments: --world_size 4; did you mean --world-size? (`pkb eval --help` lists what it takes)``."""
 
     subcommands: argparse.Action | None = None
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # `--trial 1` is refused with `--trials` named, never taken as it
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         raise _ParseError(f"{message} (`{self.prog} --help` lists what it takes)", self.prog)

@@ -175,10 +175,10 @@ def _state_the_rules(result: EvalResult, upstream_unchecked: str | None) -> None
 def _trials_text(cases: tuple[Case, ...], config: EvalConfig) -> str:
     """e.g. ``5 cases x 3 trials on pkb's secret inputs; 1 upstream case x 5 trials on upstream's``."""
     upstream = sum(c.kind == "upstream" for c in cases)
-    text = f"{len(cases)} case{'s' * (len(cases) > 1)} x {config.trials} trials"
+    text = f"{len(cases)} case{'s' * (len(cases) > 1)} x {config.trials} trial{'s' * (config.trials != 1)}"
     if upstream:
         text += (f" on pkb's secret inputs; {upstream} upstream case{'s' * (upstream > 1)} x {config.upstream_trials} "
-                 "trials on upstream's")
+                 f"trial{'s' * (config.upstream_trials != 1)} on upstream's")
     return text
 
 

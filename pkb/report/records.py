@@ -322,10 +322,19 @@ def _records_in_groups(result_id: int, result: EvalResult, generations: list[Gen
         sample = rollout(result.solution) if is_rl_experiment(result.experiment) else result.solution
         return [Record(str(result_id), result_id, group, sample, category, result, _code(result, None),
                        paper_status=paper)]
-    return [Record(f"{result_id}-{g.id}", result_id,
-                   g.model if group_by == "model" else generated_set(g.model, g.run or ""),
-                   f"{g.run or 'run'} sample {g.sample}", category, result, _code(result, g), g.step, paper, run=g.run)
-            for g in generations]
+    records = [Record(f"{result_id}-{g.id}", result_id,
+                      g.model if group_by == "model" else generated_set(g.model, g.run or ""),
+                      f"{g.run or 'run'} sample {g.sample}", category, result, _code(result, g), g.step, paper,
+                      run=g.run)
+               for g in generations]
+    own_set = result.solution_set
+    if group_by != "model" and own_set and own_set not in {record.group for record in records}:
+        # a result stored under a set of its own (`pkb run --solutions`) that a generation later reused (a replay of
+        # the same file, judged the same way): it still belongs to that set too
+        sample = rollout(result.solution) if is_rl_experiment(result.experiment) else result.solution
+        records.append(Record(str(result_id), result_id, own_set, sample, category, result, _code(result, None),
+                              paper_status=paper))
+    return records
 
 
 def _code(result: EvalResult, generation: Generation | None) -> Code:

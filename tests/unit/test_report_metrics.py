@@ -14,7 +14,7 @@ import pytest
 from pkb.options import Status
 from pkb.report import metrics, records
 from pkb.store import db as store_db
-from pkb.store.db import ResultStore
+from pkb.store.db import ResultStore, generated_set
 from helpers.reports import (ALPHA_SANDBOX_NOTE, EXPECTED, EXPECTED_PAPER, KNOWN_ROWS, SANDBOX_ROWS, SELECTION, build,
                              make_result, write_db)
 
@@ -311,11 +311,26 @@ def test_generations_group_results_by_model_with_unbiased_pass_at_k(tmp_path):
     assert report.overall["m2"].fast_p[1] == pytest.approx({0.0: 0.5, 0.5: 0.0, 1.0: 0.0, 1.5: 0.0, 2.0: 0.0, 3.0: 0.0})
     code = {r.sample: r.code.text for r in loaded.records if r.group == "m1"}
     assert code["r1 sample 3"] == "# sample 3"
-    # by set (the default), a generated result belongs to its model's run, whatever set its row names
+    # by set (the default), a generated result belongs to its model's run (and to a named set its row was stored
+    # under by `pkb run`, below)
     by_set = records.load(path, "set", records.Filter(), selection)
     assert {r.group for r in by_set.records} == {"m1/r1", "m2/r2"}
     assert metrics.build_report(by_set.records, selection, "set", ks=(2,)).overall["m1/r1"].pass_at_k[2] == \
         pytest.approx(m1.pass_at_k[2])
+
+
+def test_a_sets_result_that_a_generation_reuses_stays_in_its_set(tmp_path):
+    """`pkb run --solutions runs/mine` stores a result under the set `mine`; a later `pkb generate --model
+    replay:runs/mine` judges the same file the same way and links its sample to that result. The result is then a
+    sample of the replay's run and still one of `mine`: the set does not vanish from the report."""
+    path = tmp_path / "reused.sqlite"
+    write_db(path, [make_result("allreduce", "mine/allreduce", Status.OK, 1.2, upstream_ok=True)])
+    add_generation(path, model="replay:runs/mine", run="replay-runs-mine-on-cpu", sample=0, step=0, result_id=1)
+    selection = {"allreduce": "collectives"}
+    by_set = records.load(path, "set", records.Filter(), selection)
+    assert {r.group for r in by_set.records} == {"mine", generated_set("replay:runs/mine", "replay-runs-mine-on-cpu")}
+    by_model = records.load(path, "model", records.Filter(), selection)
+    assert {r.group for r in by_model.records} == {"replay:runs/mine"}
 
 
 def test_an_agent_sample_counts_its_best_step(tmp_path):

@@ -11,7 +11,7 @@ from pkb.console import ELLIPSIS
 from pkb.options import Status
 from pkb.report import html as report_html
 from pkb.report import metrics, records, transcripts
-from pkb.store.db import ResultStore
+from pkb.store.db import ResultStore, generated_set
 from helpers.reports import SELECTION, make_result
 
 PROMPT = "Write `solution(tensor)`: an all-reduce over every rank.\n" + "Details of the problem. " * 60
@@ -29,9 +29,11 @@ def agent_db(path):
     """An agent's three steps on allreduce (a mismatch, a call that failed and was retried, then ok) and one
     generated sample of another run."""
     with ResultStore(path) as store:
-        wrong = store.add(make_result("allreduce", "refined/step_0", Status.MISMATCH, upstream_ok=False), "k0")
-        right = store.add(make_result("allreduce", "refined/step_1", Status.OK, 1.3, upstream_ok=True, mode="cpu"),
-                          "k1")
+        agents = generated_set("replay:answers", "refined")  # the set an agent stores its verdicts under
+        wrong = store.add(make_result("allreduce", "refined/step_0", Status.MISMATCH, upstream_ok=False,
+                                      solution_set=agents), "k0")
+        right = store.add(make_result("allreduce", "refined/step_1", Status.OK, 1.3, upstream_ok=True, mode="cpu",
+                                      solution_set=agents), "k1")
         store.add_generation(agent_row(0, PROMPT, "```python\n# wrong\n```", "mismatch", wrong))
         store.add_generation(agent_row(1, FEEDBACK, None, "api_error", None, error="HTTP 500: try again"))
         store.add_generation(agent_row(1, FEEDBACK, "```python\n# right\n```", "ok", right))

@@ -114,12 +114,19 @@ def test_a_directory_given_as_the_candidate_is_said_to_be_one(capsys, tmp_path):
     (["eval", "1", "x.py", "--tiemout=3"], "--timeout"),
     (["run", "--paralel", "2"], "--parallel"),
     (["generate", "--model", "replay:x", "--problems", "1", "--max_tokens", "9"], "--max-tokens"),
+    (["eval", "1", "x.py", "--trial", "1"], "--trials"),  # a prefix is not taken for the flag: it is named
+    (["run", "--problem", "1"], "--problems"),
 ])
 def test_an_unknown_flag_suggests_the_closest_flag_of_its_subcommand_and_its_own_help(capsys, argv, flag):
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == "" and err.count("\n") == 1
     assert err.startswith(f"pkb {argv[0]}: error: unrecognized arguments: ")
     assert f"; did you mean {flag}? (`pkb {argv[0]} --help` lists what it takes)" in err
+
+
+def test_an_empty_server_url_is_a_usage_error_not_a_local_evaluation(capsys):
+    code, out, err = run(capsys, "eval", "1", "x.py", "--server", "")
+    assert code == 2 and out == "" and "--server is empty: give the URL `pkb serve` prints" in err
 
 
 def test_a_flag_like_none_of_the_subcommands_is_refused_without_a_guess(capsys):
