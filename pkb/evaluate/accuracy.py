@@ -32,7 +32,9 @@ the values it rounds: its errors are spread over every element, of either sign, 
      about 8x), never by much; a lossy format (fp8 on the wire, bf16 or tf32 arithmetic in an fp32 run) is noisier by
      far more. The tolerance's share lets through what a problem accepts anyway where the reference's own error is
      tiny: in fp32, 170 unit roundoffs, a sequential sum of some 10^5 terms.
-   - **Outliers**: the share of elements with ``|z_i|`` beyond ``FAR_FACTOR`` times the median ``|z|`` must be at most
+   - **Outliers**: the share of elements with ``|z_i|`` beyond ``FAR_FACTOR`` times the median ``|z|`` (or times a
+     quarter of a rounding, ``FAR_LEAST``, where the median is smaller: a tensor whose values mostly come out exact)
+     must be at most
      ``max(FAR_REFERENCE_FACTOR`` times the reference's own share, ``FAR_SHARE)``: an honest error is a sum of many
      roundings (a bell on each element's scale, whatever its width), while dropping the entries under a threshold, a
      stale or garbage fraction, or a corrupted lane puts large errors on a few elements and none on the rest. The
@@ -80,6 +82,7 @@ RMS_FACTOR = 8.0  # how much noisier than the reference's (or one rounding's) an
 TOLERANCE_SHARE = 0.1  # an RMS error within this share of the tolerance's always passes (fp32: a long sequential sum)
 PERTURBATIONS = 8  # perturbed exact runs behind each sensitivity (pkb.runtime.exact)
 FAR_FACTOR, FAR_SHARE, FAR_REFERENCE_FACTOR = 8.0, 0.002, 2.0  # beyond 8 medians: 2x the reference's, or 0.2 %
+FAR_LEAST = 0.25  # in roundings: the least median the outlier test takes (8 x a quarter rounding: two roundings)
 BIAS_SIGMAS = 6.0  # a bias or offset within this many standard errors of zero is noise
 BIAS_FLOOR = 4.0  # times u^2: the second-order bias honest arithmetic may carry
 MIN_CLUSTER_INDICES = 16  # an axis with fewer indices is not cut into clusters (too few to estimate a variance)
@@ -372,9 +375,10 @@ class Pool:
             self.fit_reference.add(ex, ref_err, weights, clusterings)
         if sensitive and err.numel():
             z, z_ref = (err / scale.clamp_min(1e-300)).abs(), (ref_err / scale.clamp_min(1e-300)).abs()
+            least = FAR_LEAST * rounding / scale.clamp_min(1e-300)  # a median of exact zeros says nothing
             self.far["judged"] += err.numel()
-            self.far["found"] += _beyond_median(z)
-            self.far["reference"] += _beyond_median(z_ref)
+            self.far["found"] += _beyond_median(z, least)
+            self.far["reference"] += _beyond_median(z_ref, least)
 
     def rms(self, name: str) -> float:
         return math.sqrt(self.squares[name] / self.numel) if self.numel else 0.0
@@ -460,10 +464,11 @@ def _upper(expected: float) -> float:
     return expected + 4.0 * math.sqrt(expected) + 3.0
 
 
-def _beyond_median(z: torch.Tensor) -> int:
-    """How many of ``z`` (absolute scaled errors) exceed FAR_FACTOR times their median (none where it is 0)."""
+def _beyond_median(z: torch.Tensor, least: torch.Tensor) -> int:
+    """How many of ``z`` (absolute scaled errors) exceed FAR_FACTOR times their median, or times ``least`` where that
+    is larger (a quarter of a rounding: where more than half the elements come out exact, the median is no scale)."""
     median = float(z.median()) if z.numel() else 0.0
-    return int((z > FAR_FACTOR * median).sum()) if median > 0 else 0
+    return int((z > FAR_FACTOR * torch.clamp(least, min=median)).sum())
 
 
 # -- the bias and offset fit ------------------------------------------------------------------------------------
