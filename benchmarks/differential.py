@@ -86,7 +86,7 @@ def judge(files: list[Path], mode: Mode, world_size: int, arm: Arm, parallel: in
         if arm.side_by_side:
             print(f"executor: {executor.describe()}", flush=True)
     return {result.solution: {"status": result.status.value, "upstream_ok": result.upstream_ok,
-                              "rerun_alone": result.details.get("rerun_alone"), "message": result.message[:300]}
+                              "rerun_alone": result.details.rerun_alone, "message": result.message[:300]}
             for result in results}, most_at_once[0]
 
 

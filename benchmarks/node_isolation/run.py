@@ -93,14 +93,14 @@ def run(mode: Mode, world_size: int, nodes: int, out: Path, budget_s: float, ins
             status = result.status.value
             verdict = judged(status, expected, mode, name)
             failures += verdict == "FAIL"
-            reason = " ".join(str(result.details.get("error") or result.message).split())[:200]
+            reason = " ".join(str(result.details.error or result.message).split())[:200]
             print(f"W={world_size} nodes={nodes}  {name:36s} {how:30s} {status:14s} expected {expected:10s} {verdict:5s} "
                   f"{time.monotonic() - started:5.1f} s  {reason}", flush=True)
             records.write(json.dumps({"candidate": name, "how": how, "world_size": world_size, "nodes": nodes,
                                       "mode": mode.value, "status": status, "expected": expected, "verdict": verdict,
                                       "seconds": round(time.monotonic() - started, 2), "message": result.message[:2000],
                                       "collectives_used": result.collectives_used,
-                                      "sandbox": result.details.get("sandbox")}) + "\n")
+                                      "sandbox": result.details.sandbox}) + "\n")
     print(f"W={world_size} nodes={nodes}: {len(runs) - not_run} run, {failures} FAIL, {not_run} not run "
           f"({time.monotonic() - began:.0f} s)", flush=True)
     return 1 if failures or not_run else 0
