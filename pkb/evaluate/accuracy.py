@@ -14,9 +14,10 @@ candidate's, ``r`` the reference's, ``e = c - x`` and ``e_r = r - x`` their erro
 output's dtype and ``h'`` in the coarser of that and the run's precision, ``T = atol + rtol |x|`` the problem's
 tolerance, and ``sigma`` each element's sensitivity (the RMS of how far the exact answer moves when every input moves
 by one rounding of its dtype, over ``PERTURBATIONS`` perturbed runs: pkb.runtime.exact), the honest error scale of each
-element is ``s = sqrt(sigma^2 + max(h', h'_rms)^2 / 3)``: what rounding the inputs once and the result once costs
-there, and at least one rounding of the tensor's RMS value (``h'_rms``: an element whose exact value cancels to zero,
-as an FFT's structurally zero bins, is still computed from values of the tensor's size). An honest
+element is ``s = sqrt(sigma^2 + h'^2 / 3)``: what rounding the inputs once and the result once costs there (where
+the exact value is zero whatever the inputs, ``x`` and ``sigma`` at fp64's noise, as an FFT's structurally zero bins,
+``h'`` is one rounding of the tensor's RMS value: such an element is still computed from values of the tensor's
+size). An honest
 computation in any order or tree, at any precision at least the run's, errs by a sum of roundings, none larger than
 the values it rounds: its errors are spread over every element, of either sign, on each element's own scale.
 
@@ -315,10 +316,13 @@ class Pool:
         half_ulp = _half_ulp(magnitude, dtype)
         coarse = _coarser(dtype, self.run_dtype)
         rounding = half_ulp if coarse == dtype else _half_ulp(magnitude, coarse)
-        # an element whose exact value cancels to (near) zero is still computed from values of the tensor's size: one
-        # rounding of the tensor's RMS value is the least its honest scale can be (an FFT's structurally zero bins)
+        # an element that is exactly zero whatever the inputs (no sensitivity: an FFT's structurally zero bins) is still
+        # computed from values of the tensor's size: one rounding of the tensor's RMS value is its least honest scale
         typical = _half_ulp(magnitude.square().mean().sqrt().reshape(1), coarse) if magnitude.numel() else rounding
-        scale = (torch.maximum(rounding, typical).square() / 3 + (sens.square() if sens is not None else 0.0)).sqrt()
+        tiny = typical / 64  # fp64 noise: far below any rounding of the run's
+        structural = (magnitude <= tiny) & ((sens <= tiny) if sens is not None else True)
+        least = torch.where(structural, torch.maximum(rounding, typical), rounding)
+        scale = (least.square() / 3 + (sens.square() if sens is not None else 0.0)).sqrt()
         allowed_tolerance = tolerance.atol + tolerance.rtol * magnitude
         if exact is not None:
             allowance = (FACTOR * torch.maximum(half_ulp, ref_err.abs())
