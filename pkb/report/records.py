@@ -317,11 +317,14 @@ def _records_in_groups(result_id: int, result: EvalResult, generations: list[Gen
     if result.solution == REFERENCE:
         return [Record(str(result_id), result_id, REFERENCE, REFERENCE, category, result,
                        Code(None, "the problem's reference (`pkb show` prints it)"), paper_status=paper)]
-    if group_by == "solution" or not generations:
-        group = result.solution if group_by == "solution" else (result.solution_set or UNNAMED_SET)
+
+    def own(group: str) -> Record:  # the result as a sample of a group of its own (no generation's)
         sample = rollout(result.solution) if is_rl_experiment(result.experiment) else result.solution
-        return [Record(str(result_id), result_id, group, sample, category, result, _code(result, None),
-                       paper_status=paper)]
+        return Record(str(result_id), result_id, group, sample, category, result, _code(result, None),
+                      paper_status=paper)
+
+    if group_by == "solution" or not generations:
+        return [own(result.solution if group_by == "solution" else (result.solution_set or UNNAMED_SET))]
     records = [Record(f"{result_id}-{g.id}", result_id,
                       g.model if group_by == "model" else generated_set(g.model, g.run or ""),
                       f"{g.run or 'run'} sample {g.sample}", category, result, _code(result, g), g.step, paper,
@@ -331,9 +334,7 @@ def _records_in_groups(result_id: int, result: EvalResult, generations: list[Gen
     if group_by != "model" and own_set and own_set not in {record.group for record in records}:
         # a result stored under a set of its own (`pkb run --solutions`) that a generation later reused (a replay of
         # the same file, judged the same way): it still belongs to that set too
-        sample = rollout(result.solution) if is_rl_experiment(result.experiment) else result.solution
-        records.append(Record(str(result_id), result_id, own_set, sample, category, result, _code(result, None),
-                              paper_status=paper))
+        records.append(own(own_set))
     return records
 
 

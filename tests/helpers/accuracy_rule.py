@@ -3,16 +3,12 @@ alone: shared by tests/unit/test_accuracy_rule.py (W = 2) and the integration ti
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import torch
 
-_SPEC = importlib.util.spec_from_file_location("accuracy_rule", Path(__file__).resolve().parents[2] / "benchmarks"
-                                               / "accuracy_rule.py")
-SIM = sys.modules.setdefault("accuracy_rule", importlib.util.module_from_spec(_SPEC))  # dataclasses look it up
-_SPEC.loader.exec_module(SIM)
+from helpers.benchmarks import load
+
+SIM = load("accuracy_rule")
 
 
 def outcomes(scenario, settings, seed: int):

@@ -15,18 +15,13 @@ judged again alone.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
 from pkb.runtime.modes import Mode
+from helpers.benchmarks import load
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("differential", REPO / "benchmarks" / "differential.py")
-differential = sys.modules["differential"] = importlib.util.module_from_spec(_spec)  # its dataclasses look it up
-_spec.loader.exec_module(differential)
+differential = load("differential")
 
 FILES = sorted(differential.CORPUS.glob("*.py"))
 LARGEST_W_HERE = {"1_allreduce_compiled": 2, "1_allreduce_extension_per_rank": 4}  # the compiling files

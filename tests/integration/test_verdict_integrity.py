@@ -4,16 +4,13 @@ every wrong answer and every attempt to choose a status ends in the candidate's 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-_SPEC = importlib.util.spec_from_file_location("integrity_corpus", Path(__file__).resolve().parents[2]
-                                               / "benchmarks" / "integrity_corpus.py")
-CORPUS = sys.modules.setdefault("integrity_corpus", importlib.util.module_from_spec(_SPEC))  # dataclasses look it up
-_SPEC.loader.exec_module(CORPUS)
+from helpers.benchmarks import load
+
+CORPUS = load("integrity_corpus")
 
 ROWS = CORPUS.rows()
 

@@ -4,14 +4,10 @@ cpu mode: tests/integration/test_differential.py."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from helpers.benchmarks import load
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("differential", REPO / "benchmarks" / "differential.py")
-differential = sys.modules["differential"] = importlib.util.module_from_spec(_spec)  # its dataclasses look it up
-_spec.loader.exec_module(differential)
+
+differential = load("differential")
 
 
 def test_the_comparison_catches_a_verdict_that_moves_or_is_not_the_expected_one():
