@@ -216,12 +216,13 @@ class Ranks:
         compile_limit = None if self.group.num_runs else self.config.compile_limit_s
         key = self._key(case, which)
         expected = self.session.reference_outputs.get(key)
+        reference = self.reference if expected is None else None  # held: between submit and collect it is awaiting
         if expected is None:
-            self.reference.submit(jobs)
+            reference.submit(jobs)
         with candidate_failures(what, self.facts, case=case.name, trial=trial):
             self.group.submit(jobs)
         if expected is None:
-            expected = self._beside_the_candidate(lambda: self.reference.collect(self.config.timeout, RunReply),
+            expected = self._beside_the_candidate(lambda: reference.collect(self.config.timeout, RunReply),
                                                   jobs, RunReply, what)
             self.session.reference_outputs.put(key, expected)
         limit = min(MAX_MESSAGE_BYTES, REPLY_FACTOR * max(tensor_bytes([r.outputs, r.inputs_after]) for r in expected)

@@ -93,7 +93,10 @@ class Session:
         return self
 
     def _live_reference(self) -> RankGroup:
-        """The reference group, started anew where it has not started or has ended (trusted: never sandboxed)."""
+        """The reference group, started anew where it has not started, has ended, or was sent a job whose replies were
+        never read (an evaluation that ended between sending and reading: its next reply would be the stale one)."""
+        if self._reference is not None and self._reference.awaiting:
+            self._reference.kill()
         if self._reference is None or self._reference.closed:
             self._reference = RankGroup(self.mode, self.world_size, "reference", cpu_threads=self.cpu_threads,
                                         nodes=self.nodes).spawn()

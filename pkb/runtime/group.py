@@ -202,6 +202,7 @@ class RankGroup:
         self.ready = False
         self.closed = False
         self._pending_op = None
+        self.awaiting = False  # a job was sent whose replies were not read: the group's next reply would be stale
         self.num_runs = 0  # "run" jobs sent (its first call may build and compile: pkb.evaluate.evaluator._run_case)
         self._num_builds = 0  # build requests its ranks made (max_build_requests at most)
         self.limits_hit: list[str] = []  # pkb's own limits that refused something its ranks asked for
@@ -297,8 +298,13 @@ class RankGroup:
         """Send rank r ``jobs[r]`` without waiting; ``collect`` gathers the replies."""
         if self.closed:
             raise GroupFailure(f"the {self.role} group is closed")
+        if self.awaiting:  # its ranks would answer this job with the replies to the last one
+            self.kill()
+            raise GroupFailure(f"the {self.role} group was sent {jobs[0].get('op')!r} before its replies to "
+                               f"{self._pending_op!r} were read; its ranks were killed")
         self.wait_ready()
         self._pending_op = jobs[0].get("op")
+        self.awaiting = True
         self.num_runs += self._pending_op == "run"
         for member, job in zip(self.ranks, jobs):
             try:
@@ -316,8 +322,13 @@ class RankGroup:
         CPU (compilers, build tools: a first call that builds and compiles lazily), up to ``compile_limit`` seconds in
         all; a hang starts no such process. ``max_reply_bytes``: a larger reply is the sender's failure (a rank that
         tried to exhaust the parent's memory), RankCrashed."""
-        raw = self._collect(timeout, what=f"job {self._pending_op!r}", compile_limit=compile_limit,
-                            max_reply_bytes=max_reply_bytes)
+        try:
+            raw = self._collect(timeout, what=f"job {self._pending_op!r}", compile_limit=compile_limit,
+                                max_reply_bytes=max_reply_bytes)
+        except BaseException:  # replies left unread (an interrupt mid-wait): the group cannot be used again
+            self.kill()
+            raise
+        self.awaiting = False
         return [reply if isinstance(reply, RankFailure) else decode(reply, kind) for reply in raw]
 
     COMPILE_CHECK_S = 1.0  # how often the helpers' CPU time is read once ``timeout`` has passed

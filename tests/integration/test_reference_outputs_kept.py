@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
 from pkb.evaluate.evaluator import evaluate
 from pkb.evaluate.session import ReferenceOutputs, Session
 from pkb.options import Status
 from pkb.registry import get_problem
+from pkb.runtime.group import GroupFailure
+from pkb.runtime.messages import run_job
 from pkb.runtime.modes import Mode
 
 SOLUTIONS = Path(__file__).resolve().parents[2] / "pkb" / "solutions"
@@ -40,3 +44,23 @@ def test_the_second_candidate_of_a_problem_is_judged_against_the_kept_reference_
     assert [r.status for r in first] == [Status.OK, Status.OK, Status.MISMATCH]
     assert [(r.status, r.upstream_ok, r.message) for r in again] == [(r.status, r.upstream_ok, r.message) for r in first]
     assert [(r.status, r.upstream_ok, r.message) for r in again] == [(r.status, r.upstream_ok, r.message) for r in afresh]
+
+
+def test_a_reference_group_left_waiting_for_replies_is_started_anew_never_read_out_of_step():
+    """An evaluation that ends between sending the reference its job and reading the replies (the candidate's
+    group failed to take the same job) leaves replies in the reference's channels: the next problem's load must
+    not read them as its own (it did: "the rank's reply is not a Ack: unknown fields ['inputs_after', 'outputs']")."""
+    allreduce, allgather = get_problem("allreduce"), get_problem("allgather")
+    case = allreduce.cases("tests", 2)[0]
+    with Session(Mode.CPU, 2) as session:
+        left = session.reference_group(allreduce, 60)
+        left.submit([run_job(case.name, "bf16", None, (rank, 7)) for rank in range(2)])  # never collected
+        with pytest.raises(GroupFailure, match="before its replies to 'run' were read"):
+            left.submit([run_job(case.name, "bf16", None, (rank, 7)) for rank in range(2)])
+        assert left.closed
+        again = session.reference_group(allreduce, 60)
+        again.submit([run_job(case.name, "bf16", None, (rank, 7)) for rank in range(2)])  # never collected either
+        assert session.reference_group(allgather, 60) is not again and again.closed
+        result = evaluate(allgather, Candidate.reference_of(allgather),
+                          EvalConfig(world_size=2, mode=Mode.CPU, trials=1), session)
+    assert result.status is Status.OK, result.message
