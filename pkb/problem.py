@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -83,15 +84,21 @@ class Tolerance:
     """Elementwise closeness: ``|cand - ref| <= atol + rtol * |ref|``; NaNs must sit in the same places.
 
     ``Tolerance.exact()`` demands bit-equal values (data movement, integer outputs). Integer and bool
-    outputs are always compared exactly, whatever the tolerance says.
+    outputs are always compared exactly, whatever the tolerance says. ``accumulation``: the RMS error an
+    honest kernel's own order of a long local sum may reach in the run's arithmetic (a sequential fp32 loop
+    over 1,024 rows; ``reduction_tolerance``'s ``local_terms``): pkb's accuracy rule allows an element
+    ``ACCUMULATION_SIGMAS`` of it and an output's RMS error ``ACCUMULATION_RMS`` of it, however small the
+    error of rounding the inputs (pkb.evaluate.accuracy). 0: no such sum.
     """
 
     atol: float
     rtol: float
+    accumulation: float = 0.0
 
     def __post_init__(self):
-        if self.atol < 0 or self.rtol < 0:
-            raise ProblemError(f"Tolerance: atol and rtol must be >= 0, got atol={self.atol} rtol={self.rtol}")
+        if self.atol < 0 or self.rtol < 0 or self.accumulation < 0:
+            raise ProblemError(f"Tolerance: atol, rtol and accumulation must be >= 0, got atol={self.atol} "
+                               f"rtol={self.rtol} accumulation={self.accumulation}")
 
     @staticmethod
     def exact() -> "Tolerance":
@@ -384,11 +391,14 @@ class Problem:
 
 
 # The unit roundoff (half an ulp at 1.0) of each floating dtype.
+ACCUMULATION_SIGMAS = 6.0  # an element may be off by this many of an honest order's accumulation RMS error
+ACCUMULATION_RMS = 2.0  # and an output's RMS error this many (an honest order's is about one)
 _UNIT_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
-def reduction_tolerance(dtype: torch.dtype, num_terms: int, scale: float = 1.0) -> Tolerance:
-    """Tolerance for a sum of ``num_terms`` values of magnitude ``scale`` (e.g. one per rank) in ``dtype``.
+def reduction_tolerance(dtype: torch.dtype, num_terms: int, scale: float = 1.0, local_terms: int = 1) -> Tolerance:
+    """Tolerance for a sum of ``num_terms`` values of magnitude ``scale`` (e.g. one per rank) in ``dtype``, each
+    itself a local sum of ``local_terms`` terms (a GEMM's K shard, a column's rows).
 
     An honest kernel may accumulate in ``dtype`` in any order (a ring rounds after each of the
     ``num_terms - 1`` additions) while the reference rounds once from fp32, or itself sums in ``dtype``
@@ -397,12 +407,21 @@ def reduction_tolerance(dtype: torch.dtype, num_terms: int, scale: float = 1.0) 
     reference rounded once, and 0.031 at 4 and 0.086 at 8 between two bf16 orders; ``atol = u * n *
     (2 + sqrt(n)) * scale`` is about twice the first at each size, and a result missing even one term of
     magnitude ``scale`` is off by far more.
+
+    The local sums may run in any order too, in fp32 (bf16 and fp16 runs) or in the run's own arithmetic (fp32 and
+    fp64): a sequential loop rounds each running sum ``S_k`` once, a random walk to ``scale`` whose errors add up to
+    an RMS of ``u_acc * scale * sqrt((local_terms + 1) / 6)`` per local sum (``sqrt(num_terms)`` times that over the
+    ``num_terms``): ``Tolerance.accumulation``, and ``ACCUMULATION_SIGMAS`` of it are added to ``atol``. In fp32 at
+    1,024 rows that is some 13 unit roundoffs of the sum's size, where torch's blocked sum errs by about 2.
     """
     u = _UNIT_ROUNDOFF.get(dtype)
     if u is None:
         return Tolerance.exact()
     n = max(int(num_terms), 1)
-    return Tolerance(atol=u * n * (2.0 + n**0.5) * scale, rtol=4.0 * u)
+    u_acc = min(u, _UNIT_ROUNDOFF[torch.float32])
+    accumulation = u_acc * scale * math.sqrt(n * (local_terms + 1) / 6) if local_terms > 1 else 0.0
+    return Tolerance(atol=u * n * (2.0 + n**0.5) * scale + ACCUMULATION_SIGMAS * accumulation, rtol=4.0 * u,
+                     accumulation=accumulation)
 
 
 # Dtypes a tensor of the inputs is raised from, to the exact answer's dtype (fp8 payloads, integers and bools stay).

@@ -23,7 +23,9 @@ the values it rounds: its errors are spread over every element, of either sign, 
 
 1. **Element-wise**, per tensor: ``|e_i| <= FACTOR max(h_i, |e_r,i|) + min(T_i, Z_ELEMENT s_i)``: three roundings of
    the value or three times the reference's own error there, and the tolerance or 64 honest scales, whichever is
-   tighter (in bf16 the tolerance is a few honest scales wide; in fp32 thousands, and 64 scales is the bound). NaN and
+   tighter (in bf16 the tolerance is a few honest scales wide; in fp32 thousands, and 64 scales is the bound; where
+   the problem declares a long local sum, ``Tolerance.accumulation``, the scales never bind below
+   ``ACCUMULATION_SIGMAS`` of it: a sequential fp32 loop over K terms errs by about sqrt(K) / 2 honest scales). NaN and
    infinity must sit where the reference's or the correctly rounded exact answer's do. An input the reference leaves
    exactly as it was (its value is the exact answer's bit for bit) must come back bit for bit.
 2. The rest is pooled over every tensor of one output of one case (its ranks and trials; a replica once), so that an
@@ -32,7 +34,8 @@ the values it rounds: its errors are spread over every element, of either sign, 
      may be noisier than the reference's (a sequential fp32 sum of 1,024 rows is about 5x a blocked one, of 4,096
      about 8x), never by much; a lossy format (fp8 on the wire, bf16 or tf32 arithmetic in an fp32 run) is noisier by
      far more. The tolerance's share lets through what a problem accepts anyway where the reference's own error is
-     tiny: in fp32, 170 unit roundoffs, a sequential sum of some 10^5 terms.
+     tiny: in fp32, 170 unit roundoffs, a sequential sum of some 10^5 terms; and ``ACCUMULATION_RMS`` times the RMS
+     error the problem declares for its long local sums (``Tolerance.accumulation``).
    - **Outliers**: the share of elements with ``|z_i|`` beyond ``FAR_FACTOR`` times the median ``|z|`` (or times a
      quarter of a rounding, ``FAR_LEAST``, where the median is smaller: a tensor whose values mostly come out exact)
      must be at most
@@ -75,7 +78,7 @@ from typing import Any, Callable
 import torch
 
 from pkb.evaluate.compare import Leaf, Mismatch, at, real_shape, unravel, walk
-from pkb.problem import Tolerance
+from pkb.problem import ACCUMULATION_RMS, ACCUMULATION_SIGMAS, Tolerance
 
 FACTOR = 3.0  # how many roundings of an element, or of the reference's error there, an element may be off
 Z_ELEMENT = 64.0  # element-wise: at most this many honest scales off (where tighter than the tolerance)
@@ -281,7 +284,8 @@ class Pool:
         self.num_tensors = self.numel = 0
         self.seen: set[bytes] = set()  # the tensors pooled so far, by digest: a replica counts once
         self.against_exact = True  # False once a tensor of it was judged against the reference's output
-        self.squares = {"error": 0.0, "reference": 0.0, "rounding": 0.0, "tolerance": 0.0, "exact": 0.0}
+        self.squares = {"error": 0.0, "reference": 0.0, "rounding": 0.0, "tolerance": 0.0, "exact": 0.0,
+                        "accumulation": 0.0}
         self.far = {"judged": 0, "found": 0, "reference": 0}
         self.codes = {"judged": 0, "off": 0}
         self.fit, self.fit_reference = Regression(), Regression()
@@ -324,9 +328,9 @@ class Pool:
         least = torch.where(structural, torch.maximum(rounding, typical), rounding)
         scale = (least.square() / 3 + (sens.square() if sens is not None else 0.0)).sqrt()
         allowed_tolerance = tolerance.atol + tolerance.rtol * magnitude
-        if exact is not None:
-            allowance = (FACTOR * torch.maximum(half_ulp, ref_err.abs())
-                         + torch.minimum(allowed_tolerance, Z_ELEMENT * scale))
+        if exact is not None:  # the honest scales, or a long local sum's honest order (the problem's accumulation)
+            honest = (Z_ELEMENT * scale).clamp_min(ACCUMULATION_SIGMAS * tolerance.accumulation)
+            allowance = FACTOR * torch.maximum(half_ulp, ref_err.abs()) + torch.minimum(allowed_tolerance, honest)
         else:
             allowance = torch.maximum(allowed_tolerance, FACTOR * half_ulp)
         off = (err.abs() > allowance) & finite
@@ -340,6 +344,7 @@ class Pool:
         self.seen.add(digest)
         self._pool(err[finite], ref_err[finite], ex[finite], rounding[finite], allowed_tolerance[finite],
                    scale[finite], sens is not None, _clusterings(real_shape(expected), finite))
+        self.squares["accumulation"] += tolerance.accumulation**2 * int(finite.sum())
         if exact is None and self.recipe and (dtype in CODE_DTYPES or _coarser(dtype, torch.float32) == dtype
                                               and dtype != torch.float32):
             self.codes["judged"] += int(finite.sum())
@@ -416,13 +421,15 @@ class Pool:
     def _rms_test(self) -> str | None:
         scale = max(self.rms("reference"), self.rms("rounding"))
         share = TOLERANCE_SHARE * self.rms("tolerance")
-        allowed = max(RMS_FACTOR * scale, share)
+        accumulation = ACCUMULATION_RMS * self.rms("accumulation")
+        allowed = max(RMS_FACTOR * scale, share, accumulation)
         if self.rms("error") <= allowed:
             return None
         return (f"RMS error {self.rms('error'):.3g} is {self.rms_ratio:.3g}x the larger of the reference's "
                 f"({self.rms('reference'):.3g}) and one rounding's ({self.rms('rounding'):.3g}) over {self.numel} "
-                f"elements; at most {RMS_FACTOR:g}x passes (or a tenth of the tolerance's RMS, {share:.3g}): a noisier "
-                "answer than any honest order gives")
+                f"elements; at most {RMS_FACTOR:g}x passes (or a tenth of the tolerance's RMS, {share:.3g}"
+                + (f", or {ACCUMULATION_RMS:g}x a long local sum's honest order, {accumulation:.3g}" if accumulation else "")
+                + "): a noisier answer than any honest order gives")
 
     def _far_test(self) -> str | None:
         judged, found, reference = self.far["judged"], self.far["found"], self.far["reference"]

@@ -13,7 +13,7 @@ import torch
 
 from pkb.evaluate.accuracy import (RUN, Judge, Pool, Regression, Where, _clusterings, _half_ulp, judge_one,
                                    same_answer)
-from pkb.problem import Tolerance
+from pkb.problem import Tolerance, reduction_tolerance
 
 from helpers.accuracy_rule import SIM, outcomes, wrong_all_reduce_verdicts
 
@@ -172,3 +172,47 @@ def test_a_second_run_must_repeat_the_first():
     assert same_answer(a, [torch.tensor([1.0, 2.05])], lambda d: Tolerance(0.1, 0.1), deterministic=False) is None
     assert same_answer(a, [torch.tensor([1.0, 2.05])], lambda d: Tolerance(0.1, 0.1), deterministic=True) is not None
     assert math.isfinite(same_answer(a, [torch.tensor([1.0, 3.0])], lambda d: Tolerance(0.1, 0.1), False).max_abs_err)
+
+
+def _column_sums(rows: int, columns: int, seed: int):
+    """A column sum of ``rows`` N(0, 1) fp32 rows: the exact answer, its sensitivity (the RMS shift when every input
+    moves by one fp32 rounding, over 8 perturbations), torch's blocked sum and a plain sequential loop's."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, columns, generator=gen, dtype=torch.float64).float()
+    exact = x.double().sum(0)
+    u = 2.0**-24
+    shifts = [(x.double() * (1 + u * (2 * torch.rand(x.shape, generator=gen, dtype=torch.float64) - 1))).sum(0) - exact
+              for _ in range(8)]
+    sensitivity = torch.stack(shifts).square().mean(0).sqrt()
+    sequential = torch.zeros(columns, dtype=torch.float32)
+    for row in x:
+        sequential += row
+    return exact, sensitivity, x.sum(0), sequential
+
+
+def test_a_long_sequential_fp32_sum_passes_under_the_accumulation_the_problem_declares():
+    """A loop over 4,096 rows errs by about sqrt(K) / 2 honest scales (some 30, and 5 sigma of that on the worst
+    column): past the problem's tolerance for the rounding of the rows alone and past 64 scales. The problem declares
+    the local sum (``reduction_tolerance(..., local_terms=K)``) and the loop passes; 0.5 % of the columns pushed to
+    8 sigma of that accumulation still fail, and so does the loop judged without the declaration."""
+    rows = 4096
+    exact, sensitivity, blocked, sequential = _column_sums(rows, 2048, seed=5)
+    declared = reduction_tolerance(torch.float32, 1, scale=math.sqrt(rows), local_terms=rows)
+    assert declared.accumulation > 0
+    assert judge_one(blocked, sequential, exact, sensitivity, declared, torch.float32) is None
+    undeclared = reduction_tolerance(torch.float32, 1, scale=math.sqrt(rows))
+    assert undeclared.accumulation == 0
+    found = judge_one(blocked, sequential, exact, sensitivity, undeclared, torch.float32)
+    assert found is not None and "elements off the exact answer" in found.reason, found
+    pushed = sequential.double().clone()
+    pushed[::200] += 8 * declared.accumulation
+    found = judge_one(blocked, pushed.float(), exact, sensitivity, declared, torch.float32)
+    assert found is not None and "elements off the exact answer" in found.reason, found
+
+
+def test_a_bf16_run_declares_its_local_sums_in_fp32_arithmetic():
+    """bf16 and fp16 kernels sum locally in fp32 (torch's matmul and sum do): the accumulation they may add is fp32's,
+    next to nothing beside the bf16 tolerance."""
+    bf16 = reduction_tolerance(torch.bfloat16, 2, scale=1.0, local_terms=1024)
+    assert bf16.accumulation == pytest.approx(2.0**-24 * math.sqrt(2 * 1025 / 6))
+    assert bf16.atol == pytest.approx(reduction_tolerance(torch.bfloat16, 2).atol, rel=1e-3)

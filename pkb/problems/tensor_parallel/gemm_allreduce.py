@@ -52,7 +52,7 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="gemm_allreduce", version=2, upstream_id=13, category="tensor_parallel",
+    name="gemm_allreduce", version=3, upstream_id=13, category="tensor_parallel",
     source="Megatron-LM RowParallelLinear (input_is_parallel=True, no sequence parallelism)",
     world_sizes=(2, 4, 8),
     upstream=[Case("upstream", {"m": UPSTREAM_M, "k_per_rank": UPSTREAM_K, "n": UPSTREAM_N},

@@ -54,7 +54,7 @@ def cost(case, world_size):
 
 
 PROBLEM = Problem(
-    name="gemm_reducescatter", version=2, upstream_id=16, category="tensor_parallel",
+    name="gemm_reducescatter", version=3, upstream_id=16, category="tensor_parallel",
     source="Megatron-LM RowParallelLinear (sequence_parallel=True)",
     world_sizes=(2, 4, 8),
     upstream=[Case("upstream", {"m": UPSTREAM_M, "k": UPSTREAM_K, "n": UPSTREAM_N},
