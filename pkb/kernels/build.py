@@ -81,6 +81,33 @@ def extension_name(request: dict) -> str:
     return f"{request['name']}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
+BUILD_MEMORY = 2 << 30  # what one build may take: cc1plus over torch's headers reaches about 1.5 GiB
+MEMORY_WAIT_S = 300.0  # the longest a build waits for that much memory to be free before it starts anyway
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none to read)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def wait_for_memory(needed: int = BUILD_MEMORY, limit_s: float = MEMORY_WAIT_S) -> None:
+    """Wait (at most ``limit_s``) until ``needed`` bytes of memory are free: builds of every process on the machine
+    (ranks that each build, other evaluations, another pkb) at once took a 24 GiB machine out of memory."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        free = _available_memory()
+        if free is None or free >= needed:
+            return
+        time.sleep(0.5)
+
+
 def build_locally(request: dict, directory: Path):
     """Build ``request`` in ``directory`` (under an OS lock shared by the processes that build it) and load it."""
     from torch.utils.cpp_extension import load_inline
@@ -96,6 +123,8 @@ def build_locally(request: dict, directory: Path):
             if failure.is_file() and failure.stat().st_mtime >= waiting_since:
                 raise BuildError(failure.read_text())  # the build this rank waited for failed: same source, same error
             (directory / "lock").unlink(missing_ok=True)  # torch's lock, left by a build that was killed
+            if not any(directory.glob("*.so")):  # a build to run, not a library to load
+                wait_for_memory()
             try:
                 return load_inline(
                     name=full_name, cpp_sources=request["cpp_sources"],

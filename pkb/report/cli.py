@@ -99,7 +99,10 @@ def cmd_report(args) -> int:
         missing = [name for name in args.compare if name not in report.groups]
         known = f"the {report.group_by}s of these results: {', '.join(report.groups) or 'none'}"
         if missing:
-            raise UsageError(f"--compare: {', '.join(map(repr, missing))} is not one of {known}")
+            why = (" (the references are the suite's self-check, shown on the report's `references:` line, not a set "
+                   "to compare; the speedups of a set are already against them)"
+                   if any(name in ("reference", "references") for name in missing) else "")
+            raise UsageError(f"--compare: {', '.join(map(repr, missing))} is not one of {known}{why}")
         if args.compare[0] == args.compare[1]:
             raise UsageError(f"--compare takes two different {report.group_by}s; {known}")
         _write(args, *_comparison_output(report, args.compare, args.format))

@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from pkb.kernels.build import BuildError, cached_library, extension_name
+from pkb.kernels.build import BUILD_MEMORY, BuildError, cached_library, extension_name
 from pkb.runtime.channel import ChannelError, recv_reply
 from pkb.runtime.group import LIMIT_WORDS, RankGroup
 
@@ -34,6 +34,17 @@ BUILD_TIMEOUT_S = 900.0
 MAX_REQUEST_BYTES = 16 << 20
 _STRING_LISTS = ("cuda_sources", "cpp_sources", "extra_cuda_cflags", "extra_cflags", "extra_include_paths",
                  "extra_ldflags")
+
+
+def build_slots() -> int:
+    """How many builds every broker of this process runs at once, together: no more than the cores, nor than the
+    machine's memory holds at ``BUILD_MEMORY`` each with as much again left for the ranks (sessions side by side
+    each have a broker; their builds at once took a 24 GiB, 2-core machine out of memory)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1, min(os.cpu_count() or 1, total // (2 * BUILD_MEMORY)))
+
+
+_SLOTS = threading.BoundedSemaphore(build_slots())
 
 
 def broker_cache_root() -> Path:
@@ -71,8 +82,9 @@ def validated(request) -> dict:
 class BuildBroker:
     """Builds requested extensions in sandboxed build processes; one per session (its cache outlives it).
 
-    At most ``max_parallel`` builds run at once; the others wait in a queue, however many one evaluation
-    asks for (a solution that builds one extension per rank asks for W at once). The time a group's ranks
+    At most ``max_parallel`` builds run at once (and no more than ``build_slots`` over every broker of the process,
+    each started once the machine has ``BUILD_MEMORY`` free: pkb.kernels.build.build_locally); the others wait in a
+    queue, however many one evaluation asks for (a solution that builds one extension per rank asks for W at once). The time a group's ranks
     spend waiting for the broker, in its queue or while it builds, is not counted against them
     (``waiting_for``: their deadline stops meanwhile): how fast this machine builds, and how many other
     evaluations build beside them, is no part of a verdict. A build has its own limit, pkb's
@@ -161,6 +173,10 @@ class BuildBroker:
         return {"path": str(library)}
 
     def _build_sandboxed(self, full_name: str, request: dict) -> bytes:
+        with _SLOTS:  # the process's build slots (build_slots; the build process then waits for memory to be free)
+            return self._build_in_a_slot(full_name, request)
+
+    def _build_in_a_slot(self, full_name: str, request: dict) -> bytes:
         with self._lock:  # started and registered at once, so that ``release`` always finds it
             if not self._waiters.get(full_name):
                 raise BuildError("the evaluations that asked for this build have ended")

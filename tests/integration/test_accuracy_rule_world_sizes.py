@@ -9,6 +9,6 @@ import pytest
 from helpers.accuracy_rule import wrong_all_reduce_verdicts
 
 
-@pytest.mark.parametrize("world_size", [4, 8])
+@pytest.mark.parametrize("world_size", [4, pytest.param(8, marks=pytest.mark.slow)])  # W = 8: 80 s here
 def test_every_all_reduce_candidate_gets_the_verdict_it_deserves_at_larger_world_sizes(world_size):
     assert wrong_all_reduce_verdicts(world_size) == []

@@ -6,9 +6,9 @@ shared-gpu mode on a GPU).
 
 On this 2-core machine the two files that compile run where it costs least: ``torch.compile`` (half a
 minute of C++ compilation per evaluation here) at W = 2 in the two arms farthest apart, an extension per
-rank (a cold build per rank) at W = 2 and 4 (every W and arm under ``-m slow``). Every file runs in all four arms at W = 2 and 4; at W = 8 alone
-with the full sandbox and side by side with none (each property at W = 8; the four combinations under
-``-m slow``). Side by side means
+rank (a cold build per rank) at W = 2 and 4 (every W and arm under ``-m slow``). Every file runs in all four arms at
+W = 2 (three minutes here: the default tier) and 4; at W = 8 alone with the full sandbox and side by side with none
+(each property at W = 8; W = 4 and 8, and the four combinations at 8, under ``-m slow``). Side by side means
 three evaluations at once: more than the cores hold, so failures for want of the machine happen and are
 judged again alone.
 """
@@ -41,7 +41,8 @@ FEWEST_ARMS = {"1_allreduce_compiled": FARTHEST_APART}  # outside -m slow: a col
 
 
 @pytest.mark.parametrize("world_size, arms, every_file", [
-    (2, ALL_ARMS, False), (4, ALL_ARMS, False), (8, FARTHEST_APART, False),
+    (2, ALL_ARMS, False), pytest.param(4, ALL_ARMS, False, marks=pytest.mark.slow),
+    pytest.param(8, FARTHEST_APART, False, marks=pytest.mark.slow),
     pytest.param(4, ALL_ARMS, True, marks=pytest.mark.slow), pytest.param(8, ALL_ARMS, True, marks=pytest.mark.slow)])
 def test_every_arrangement_gives_the_same_verdict(world_size, arms, every_file, build_cache, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(build_cache))

@@ -5,8 +5,8 @@ boolean choices as in the run's precision (top-k, sorts, routing, masks: the cas
 precise computation cannot flip them), and the reference's own error against it stays within the problem's
 tolerance (so the tolerance, the element-wise allowance of pkb's accuracy rule, holds the reference itself).
 
-In cpu mode, every problem that has an exact answer, on its ``tests`` cases at W = 2 and 4 and its upstream case at
-W = 2 (where the CPU runs it in seconds), one trial of pkb's secret inputs each. A problem that cannot keep these
+In cpu mode, every problem that has an exact answer, on its ``tests`` cases at W = 2 and 4 (``-m slow``) and its
+upstream case at W = 2 (where the CPU runs it in seconds), one trial of pkb's secret inputs each. A problem that cannot keep these
 must say so in ``exact_dtype`` and ``exact_note`` (docs/paper-protocol.md).
 """
 
@@ -21,11 +21,12 @@ from pkb.registry import all_problems
 from pkb.runtime.messages import ExactReply, RankFailure, RunReply, run_job
 from pkb.runtime.modes import Mode
 
-WORLD_SIZES = (2, 4)
+WORLD_SIZES = (2, 4)  # W = 4 under ``-m slow`` (the two: 11 minutes of a 2-core machine)
 
 
 def _params():
-    return [pytest.param(problem.name, world_size, id=f"{problem.name}-{world_size}")
+    return [pytest.param(problem.name, world_size, id=f"{problem.name}-{world_size}",
+                         marks=[pytest.mark.slow] if world_size > 2 else [])
             for world_size in WORLD_SIZES for problem in all_problems().values()
             if problem.exact_dtype is not None and world_size in problem.world_sizes and problem.nodes == (1,)]
 

@@ -152,6 +152,8 @@ def test_report_compare_puts_two_sets_side_by_side_problem_by_problem(tmp_path):
 
     unknown = pkb("report", "--db", str(db), "--compare", "alpha", "gamma")
     assert unknown.returncode == 2 and "'gamma' is not one" in unknown.stderr and "alpha, beta" in unknown.stderr
+    references = pkb("report", "--db", str(db), "--compare", "alpha", "reference")
+    assert references.returncode == 2 and "the references are the suite's self-check" in references.stderr
 
 
 @pytest.mark.parametrize("file_format", ["csv", "json", "parquet"])

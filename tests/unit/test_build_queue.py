@@ -4,8 +4,11 @@ stand-ins that take a set time (threads, no build process)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+
+import pytest
 
 from pkb.runtime.builds import LIMIT_WORDS, BuildBroker
 
@@ -68,3 +71,21 @@ def test_past_pkbs_own_bound_the_refusal_says_it_is_pkbs_limit(tmp_path):
     assert len(refused) == 1 and refused[0]["error"].startswith(LIMIT_WORDS), refused
     assert refused[0]["limit"] == "extensions per evaluation"
     broker.close()
+
+
+def test_a_build_waits_for_free_memory_but_not_forever_and_builds_share_the_processs_slots():
+    """Builds at once, every process's, took a 24 GiB machine out of memory (cc1plus over torch's headers: about
+    1.5 GiB each): a build starts once ``BUILD_MEMORY`` is free, or after its wait's limit; and one process's brokers
+    share at most as many slots as its cores and memory hold."""
+    from pkb.kernels.build import _available_memory, wait_for_memory
+    from pkb.runtime.builds import BUILD_MEMORY, build_slots
+
+    if _available_memory() is None:
+        pytest.skip("no /proc/meminfo here")
+    began = time.monotonic()
+    wait_for_memory(needed=1)
+    assert time.monotonic() - began < 0.5
+    wait_for_memory(needed=1 << 62, limit_s=0.6)  # more than any machine has: the limit, then the build goes ahead
+    assert 0.6 <= time.monotonic() - began < 3
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 1 <= build_slots() <= max(1, min(os.cpu_count(), total // (2 * BUILD_MEMORY)))
