@@ -18,6 +18,7 @@ import inspect
 import json
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -468,7 +469,39 @@ def build_parser() -> argparse.ArgumentParser:
 COMMAND_MODULES: tuple[str, ...] = ("pkb.report.cli", "pkb.measure.cli", "pkb.generate.cli", "pkb.serve.cli")
 
 
+INTERRUPT_GRACE_S = 15.0  # after Ctrl-C: how long pkb may take to end its groups and say so before it just exits
+_INTERRUPTED_SAID = False  # main has said its line
+
+
+def _exit_after_an_interrupt_that_does_not_end_pkb() -> None:
+    """Ctrl-C raises KeyboardInterrupt in the main thread only when it runs Python: one stuck in a call into C (a
+    wait that retries on EINTR) would never see it, and pkb would go on with the evaluation. The signal's byte also
+    reaches a pipe (``signal.set_wakeup_fd``) that a thread of its own reads: ``INTERRUPT_GRACE_S`` after the first
+    Ctrl-C, if pkb has not ended, it says the one line and exits 130 (its rank processes die with it: PDEATHSIG)."""
+    import threading
+
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        signal.set_wakeup_fd(write_end)
+    except ValueError:  # not the main thread: nothing to watch
+        os.close(read_end), os.close(write_end)
+        return
+
+    def watch() -> None:
+        while signal.SIGINT not in os.read(read_end, 64):
+            pass
+        time.sleep(INTERRUPT_GRACE_S)
+        if not _INTERRUPTED_SAID:
+            os.write(2, b"\npkb: interrupted\n")
+        os._exit(130)
+
+    threading.Thread(target=watch, name="pkb-interrupt", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the `pkb` command (tests call main(argv) in their own process)
+        _exit_after_an_interrupt_that_does_not_end_pkb()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = None
     try:
@@ -481,7 +514,9 @@ def main(argv: list[str] | None = None) -> int:
         return _usage_error(str(exc.args[0]), "pkb", args, argv)
     except KeyboardInterrupt:
         stored = "; finished results are in the database, rerun to resume" if hasattr(args, "db") else ""
+        global _INTERRUPTED_SAID
         print(f"\npkb: interrupted{stored}", file=sys.stderr)
+        _INTERRUPTED_SAID = True
         return 130
     except BrokenPipeError:  # `pkb list | head`: the reader has gone, nothing to report
         sys.stderr.close()

@@ -246,3 +246,25 @@ def test_a_candidate_that_hangs_at_import_times_out_within_the_users_timeout(tmp
     result = json.loads(out.stdout)
     assert out.returncode == 1 and result["status"] == "timeout", out.stdout + out.stderr
     assert "loading the candidate" in result["message"] and "within 20 s" in result["message"]
+
+
+def test_ctrl_c_ends_pkb_even_where_its_main_thread_does_not_see_the_interrupt():
+    """A main thread stuck where the KeyboardInterrupt never reaches pkb's handler (here: swallowed) would let the
+    evaluation go on after Ctrl-C: pkb's own watcher says the line and exits 130 after its grace."""
+    script = ("import sys, time, pkb.cli as cli\n"
+              "cli.INTERRUPT_GRACE_S = 1.0\n"
+              "cli._exit_after_an_interrupt_that_does_not_end_pkb()\n"
+              "print('ready', flush=True)\n"
+              "while True:\n"
+              "    try:\n"
+              "        time.sleep(100)\n"
+              "    except KeyboardInterrupt:\n"
+              "        pass\n")
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    began = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130 and stderr.strip() == "pkb: interrupted", stderr
+    assert 1.0 <= time.monotonic() - began < 30
