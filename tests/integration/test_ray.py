@@ -75,7 +75,9 @@ def test_ray_gives_the_same_verdicts_as_this_machine(ray_cluster, tmp_path):
     assert sorted(verdicts(stored)) == sorted(verdicts(on_ray))  # every result reached the driver's store
     paths = {r.solution: r.details.solution_path for r in on_ray}  # the driver's file, not the node's copy
     assert paths["allreduce_raises"] == str((tmp_path / "allreduce_raises.py").resolve())
-    assert all(r.details.attempts == 1 and not r.details.infra_errors for r in on_ray)
+    # a node that failed to give an answer (on a loaded 2-core machine Ray's workers can) is retried, and says why
+    assert all((r.details.attempts == 1) == (not r.details.infra_errors) for r in on_ray), \
+        [(r.solution, r.details.attempts, r.details.infra_errors) for r in on_ray]
 
 
 def test_pkb_run_on_ray_prints_the_same_table(ray_cluster, tmp_path, capsys):

@@ -176,8 +176,14 @@ def _detach():
 
 _detach()
 
+def _name(pid):
+    try:
+        return open(f"/proc/{{pid}}/comm").read().strip()
+    except OSError:  # a process that ended between the listing and the read (without a PID namespace: any)
+        return None
+
 def solution(tensor):
-    alive = [p for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{{p}}/comm").read().strip() == MARKER]
+    alive = [p for p in os.listdir("/proc") if p.isdigit() and _name(p) == MARKER]
     if not alive:
         raise RuntimeError("the detached process did not start")
     out = tensor.clone()
