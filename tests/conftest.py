@@ -90,6 +90,11 @@ def _problem_name(number: int) -> str | None:
         return None
 
 
+# Sessions a test worker keeps warm at once: each holds its reference ranks and a spare candidate group, some
+# 400 MB a rank (W = 2, 4, 4 on 2 nodes and 8 at once, on two workers, took a 24 GiB machine out of memory).
+MAX_WARM_SESSIONS = 2
+
+
 @pytest.fixture(scope="session")
 def _warm_sessions():
     opened: dict[tuple[Mode, int, int], Session] = {}
@@ -111,11 +116,16 @@ def _gpu_sessions_end_with_their_module(_warm_sessions):
 def sessions(_warm_sessions):
     """``sessions(world_size, mode=Mode.CPU, nodes=1)``: the run's warm Session per (mode, world size, nodes),
     shared by every test that asks (an inter-node problem needs one of its nodes: ``nodes=problem.nodes[0]``);
-    closed at the end of the run, or of the module for a GPU mode."""
+    closed at the end of the run, or of the module for a GPU mode, or when ``MAX_WARM_SESSIONS`` others were used
+    since."""
     def get(world_size: int, mode: Mode = Mode.CPU, nodes: int = 1) -> Session:
-        if (mode, world_size, nodes) not in _warm_sessions:
-            _warm_sessions[(mode, world_size, nodes)] = Session(mode, world_size, nodes=nodes)
-        return _warm_sessions[(mode, world_size, nodes)]
+        key = (mode, world_size, nodes)
+        if key not in _warm_sessions:
+            while len(_warm_sessions) >= MAX_WARM_SESSIONS:  # the least recently used ends first
+                _warm_sessions.pop(next(iter(_warm_sessions))).close()
+            _warm_sessions[key] = Session(mode, world_size, nodes=nodes)
+        _warm_sessions[key] = _warm_sessions.pop(key)  # the most recently used last
+        return _warm_sessions[key]
 
     return get
 
