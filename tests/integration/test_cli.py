@@ -146,7 +146,8 @@ def test_run_resumes_and_stores_each_result(tmp_path):
 def test_an_interrupted_run_keeps_what_finished_and_resumes(tmp_path):
     db = tmp_path / "interrupted.sqlite"
     command = [sys.executable, "-m", "pkb.cli", "run", "--problems", "collectives", "--db", str(db), "--trials", "2"]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + 120
     count = 0
     while time.monotonic() < deadline and count < 2:
@@ -173,7 +174,8 @@ def test_ctrl_c_is_one_line_from_pkb_and_no_traceback_from_its_children(tmp_path
     hangs = tmp_path / "hangs.py"
     hangs.write_text("import time\n\n\ndef solution(tensor):\n    time.sleep(3600)\n")
     process = subprocess.Popen([sys.executable, "-m", "pkb", "eval", "1", str(hangs), "--timeout", "300"], cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not any("pkb.runtime.zygote" in line for line in command_lines_below(
             process.pid)):
@@ -182,6 +184,14 @@ def test_ctrl_c_is_one_line_from_pkb_and_no_traceback_from_its_children(tmp_path
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130 and stderr.rstrip().endswith("pkb: interrupted"), stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+
+
+def as_from_a_terminal() -> None:
+    """In the child before it runs: Ctrl-C's signal as a shell leaves it to a command it starts (default action, not
+    blocked). A test worker's own signal state is inherited otherwise: in the full suite's workers pkb started with
+    SIGINT never delivered (neither the KeyboardInterrupt nor a wakeup byte came), which no terminal does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
 def command_lines_below(pid: int) -> list[str]:
@@ -261,7 +271,7 @@ def test_ctrl_c_ends_pkb_even_where_its_main_thread_does_not_see_the_interrupt()
               "    except KeyboardInterrupt:\n"
               "        pass\n")
     process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal)
     assert process.stdout.readline().strip() == "ready"
     began = time.monotonic()
     process.send_signal(signal.SIGINT)

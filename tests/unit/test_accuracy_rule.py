@@ -194,7 +194,7 @@ def test_a_long_sequential_fp32_sum_passes_under_the_accumulation_the_problem_de
     """A loop over 4,096 rows errs by about sqrt(K) / 2 honest scales (some 30, and 5 sigma of that on the worst
     column): past the problem's tolerance for the rounding of the rows alone and past 64 scales. The problem declares
     the local sum (``reduction_tolerance(..., local_terms=K)``) and the loop passes; 0.5 % of the columns pushed to
-    8 sigma of that accumulation still fail, and so does the loop judged without the declaration."""
+    12 sigma of that accumulation still fail, and so does the loop judged without the declaration."""
     rows = 4096
     exact, sensitivity, blocked, sequential = _column_sums(rows, 2048, seed=5)
     declared = reduction_tolerance(torch.float32, 1, scale=math.sqrt(rows), local_terms=rows)
@@ -205,7 +205,7 @@ def test_a_long_sequential_fp32_sum_passes_under_the_accumulation_the_problem_de
     found = judge_one(blocked, sequential, exact, sensitivity, undeclared, torch.float32)
     assert found is not None and "elements off the exact answer" in found.reason, found
     pushed = sequential.double().clone()
-    pushed[::200] += 8 * declared.accumulation
+    pushed[::200] += 12 * declared.accumulation
     found = judge_one(blocked, pushed.float(), exact, sensitivity, declared, torch.float32)
     assert found is not None and "elements off the exact answer" in found.reason, found
 

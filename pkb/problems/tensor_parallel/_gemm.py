@@ -92,8 +92,11 @@ def k_sharded_inputs(case, world_size, gen):
 
 
 def partial_sum_tolerance(case, world_size):
-    """The sum over W ranks of partial products, each at most N(0, 1) (weights scaled 1/sqrt(K)) and each a local sum of
-    the rank's K shard (which an honest fp32 kernel may accumulate in any order: a K loop)."""
+    """The sum over W ranks of partial products, each a local sum of the rank's K shard (which an honest fp32 kernel may
+    accumulate in any order: a K loop): at most N(0, 1) on pkb's inputs (weights scaled 1/sqrt(K)), about
+    N(0, k_local) on the upstream factory's (A and B unscaled N(0, 1): ``upstream_randn``)."""
     from pkb.problem import reduction_tolerance
 
-    return reduction_tolerance(dtype_of(case), world_size, scale=1.0, local_terms=local_size(case, "k", world_size))
+    k_local = local_size(case, "k", world_size)
+    scale = math.sqrt(k_local) if case.kind == "upstream" else 1.0
+    return reduction_tolerance(dtype_of(case), world_size, scale=scale, local_terms=k_local)
