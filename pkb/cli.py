@@ -37,6 +37,9 @@ HARNESS_FAILURE = 3  # pkb itself failed: no verdict on the candidate
 # -- list / show -----------------------------------------------------------------------------------
 
 
+LIST_SOURCE_WIDTH = 60  # `pkb list` fits a terminal; the whole source is in --json and `pkb show`
+
+
 def cmd_list(args) -> int:
     from pkb.registry import all_problems
 
@@ -51,9 +54,10 @@ def cmd_list(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print_table(rows, ["upstream_id", "name", "category", "version", "world_sizes", "source"],
+    shown = [{**row, "source": shorten(row["source"], LIST_SOURCE_WIDTH)} for row in rows]
+    print_table(shown, ["upstream_id", "name", "category", "version", "world_sizes", "source"],
                 headers=["#", "problem", "category", "v", "world sizes", "source"])
-    print(f"\n{len(rows)} problems")
+    print(f"\n{len(rows)} problems (each source whole: `pkb show PROBLEM` or `pkb list --json`)")
     return 0
 
 
