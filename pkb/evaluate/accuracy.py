@@ -342,8 +342,11 @@ class Pool:
         if digest in self.seen:  # another rank's replica of a tensor pooled already: the same observation
             return None
         self.seen.add(digest)
+        # below the dtype's smallest normal value rounding steps are absolute, and values of one sign (a sum of
+        # squares: Adam's second moment in fp16) round toward zero as often as not: no bias or offset fit there
+        subnormal = (magnitude > 0) & (magnitude < torch.finfo(coarse).tiny)
         self._pool(err[finite], ref_err[finite], ex[finite], rounding[finite], allowed_tolerance[finite],
-                   scale[finite], sens is not None, _clusterings(real_shape(expected), finite))
+                   scale[finite], sens is not None, _clusterings(real_shape(expected), finite), subnormal[finite])
         self.squares["accumulation"] += tolerance.accumulation**2 * int(finite.sum())
         if exact is None and self.recipe and (dtype in CODE_DTYPES or _coarser(dtype, torch.float32) == dtype
                                               and dtype != torch.float32):
@@ -372,13 +375,13 @@ class Pool:
                         float(err[worst].abs()) / max(abs(value), 1e-300), unravel(worst, real_shape(expected)), value,
                         float(cand[worst]), against="exact" if self.against_exact else "reference")
 
-    def _pool(self, err, ref_err, ex, rounding, allowed, scale, sensitive, clusterings) -> None:
+    def _pool(self, err, ref_err, ex, rounding, allowed, scale, sensitive, clusterings, subnormal) -> None:
         self.num_tensors += 1
         self.numel += err.numel()
         for name, values in (("error", err), ("reference", ref_err), ("rounding", rounding / math.sqrt(3)),
                              ("tolerance", allowed), ("exact", ex)):
             self.squares[name] += float(values.square().sum())
-        weights = 1.0 / scale.clamp_min(1e-300).square()
+        weights = torch.where(subnormal, 0.0, 1.0 / scale.clamp_min(1e-300).square())
         self.fit.add(ex, err, weights, clusterings)
         if self.against_exact:
             self.fit_reference.add(ex, ref_err, weights, clusterings)
