@@ -4,7 +4,9 @@ the same bits.
 An all-reduce's output, an all-gather's, a broadcast's, parameters replicated across data-parallel ranks after an
 optimizer step: NCCL gives every rank the same bits, and replicas that drift apart are a training bug even where each
 rank's copy is accurate. Which values are replicated is read off the reference's own replies to pkb's random inputs
-(values equal on several ranks cannot be so by chance), value by value; a problem whose ranks may legitimately
+(tensors of ``MIN_REPLICA_ELEMENTS`` or more equal on several ranks cannot be so by chance; a scalar can: two ranks'
+own bf16 losses of similar size fall on the same of its 256 values per octave often enough, and upstream's SigLIP
+loss at W = 4 differed from the reference's ranks that way), value by value; a problem whose ranks may legitimately
 differ there says so and why (``Problem.replicas_may_differ``). Equal means equal values, NaN where NaN (+0 and -0
 alike).
 """
@@ -37,13 +39,16 @@ def disagreement(expected: list[Any], got: list[Any], path: str) -> Mismatch | N
     return None
 
 
+MIN_REPLICA_ELEMENTS = 8  # fewer equal elements on two ranks may be chance (a scalar loss each rank computes)
+
+
 def _replicated(replies: list[Any], keys: tuple) -> list[tuple[int, ...]]:
-    """The groups of two or more ranks whose reference replies hold equal tensors at ``keys`` (an empty tensor is
-    no evidence of replication)."""
+    """The groups of two or more ranks whose reference replies hold equal tensors at ``keys`` (a tensor of fewer than
+    ``MIN_REPLICA_ELEMENTS`` is no evidence of replication)."""
     values = [at(reply, keys) for reply in replies]
     groups: list[list[int]] = []
     for rank, value in enumerate(values):
-        if not isinstance(value, torch.Tensor) or value.numel() == 0:
+        if not isinstance(value, torch.Tensor) or value.numel() < MIN_REPLICA_ELEMENTS:
             continue
         for group in groups:
             if _same(values[group[0]], value):

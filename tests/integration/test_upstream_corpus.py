@@ -27,6 +27,15 @@ NEEDS_A_GPU = {  # the files cpu mode cannot run, and why: there should be only 
     20: "a Triton kernel",
 }
 
+# Upstream files pkb's rule still fails, each with why: an open contract failure, reported by the test (xfail) and in
+# the closing notes, and a failure of the test as soon as pkb's verdict on it changes.
+KNOWN_MISMATCHES = {
+    (52, "bf16", 4): ("its bf16 reduce-scatter sums the ranks' dequantized gradients in gloo's order, pkb's reference "
+                      "in fp32 rounded once: a third of the bf16 values differ by an ulp at W = 4, and the problem's "
+                      "recipe rule (at most 1 % of coarse values may differ from the reference's) counts them; a "
+                      "rule for recipe outputs that are sums over ranks is still to be written"),
+}
+
 pytestmark = pytest.mark.skipif(not FILES, reason=f"no upstream corpus at {CORPUS}")
 
 
@@ -51,6 +60,10 @@ def test_the_upstream_reference_is_ok_on_every_case(number, precision, world_siz
         assert number in NEEDS_A_GPU, f"{FILES[number].name} was skipped in cpu mode: {result.message}"
         assert "needs a GPU" in result.message, result.message
         return
+    known = KNOWN_MISMATCHES.get((number, precision, world_size))
+    if known is not None:
+        assert result.status is Status.MISMATCH and "quantised values" in result.message, result.message
+        pytest.xfail(known)
     assert result.status is Status.OK, (f"{FILES[number].name} W={world_size} {precision}: {result.status.value}: "
                                         f"{result.message}")
     if any(not c.slow_on_cpu for c in problem.cases("upstream", world_size)):  # else checked in cuda mode only
