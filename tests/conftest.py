@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pkb.evaluate.session import Session
+from pkb.evaluate.session import ReferenceOutputs, Session
 from pkb.runtime.modes import Mode
 
 TESTS = Path(__file__).parent
@@ -93,6 +93,9 @@ def _problem_name(number: int) -> str | None:
 # Sessions a test worker keeps warm at once: each holds its reference ranks and a spare candidate group, some
 # 400 MB a rank (W = 2, 4, 4 on 2 nodes and 8 at once, on two workers, took a 24 GiB machine out of memory).
 MAX_WARM_SESSIONS = 2
+# and keeps at most this much of the reference's answers per session (a user's default: 512 MiB): a worker that kept
+# 512 MiB per session beside the replies of a large case grew past 3 GiB and was the OOM killer's choice
+TEST_REFERENCE_OUTPUTS_BYTES = 128 << 20
 
 
 @pytest.fixture(scope="session")
@@ -124,6 +127,7 @@ def sessions(_warm_sessions):
             while len(_warm_sessions) >= MAX_WARM_SESSIONS:  # the least recently used ends first
                 _warm_sessions.pop(next(iter(_warm_sessions))).close()
             _warm_sessions[key] = Session(mode, world_size, nodes=nodes)
+            _warm_sessions[key].reference_outputs = ReferenceOutputs(max_bytes=TEST_REFERENCE_OUTPUTS_BYTES)
         _warm_sessions[key] = _warm_sessions.pop(key)  # the most recently used last
         return _warm_sessions[key]
 

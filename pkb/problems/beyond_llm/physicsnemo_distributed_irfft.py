@@ -90,15 +90,17 @@ def cost(case, world_size):
                 hbm_bytes=in_bytes + points / world_size * 4, pattern="all_to_all")
 
 
-def _case(name, global_shape, dim=(-2, -1), note="", tags=(), **extra):
-    return Case(name, {"global_shape": global_shape, "dim": dim, **extra}, note=note, tags=tags)
+def _case(name, global_shape, dim=(-2, -1), note="", tags=(), slow_on_cpu=False, **extra):
+    return Case(name, {"global_shape": global_shape, "dim": dim, **extra}, note=note, tags=tags, slow_on_cpu=slow_on_cpu)
 
 
 PROBLEM = Problem(
-    name="physicsnemo_distributed_irfft", version=2, upstream_id=60, category="beyond_llm",
+    name="physicsnemo_distributed_irfft", version=3, upstream_id=60, category="beyond_llm",
     source="NVIDIA PhysicsNeMo distributed FFT (DistributedIRFFT2)",
     world_sizes=(2, 4, 8),
-    upstream=[_case("upstream", (2, 10, 720, 1440))],
+    # 20.7M fp32 outputs per rank: judged against the exact answer (fp64, 8 perturbed runs) it takes several GB in the
+    # ranks and the parent at once, which took a 24 GiB 2-core test machine out of memory beside other evaluations
+    upstream=[_case("upstream", (2, 10, 720, 1440), slow_on_cpu=True)],
     tests=[
         _case("odd_freqs_4d", (2, 3, 16, 24), note="13 frequencies: column chunks are padded",
               tags=("odd_sizes", "layout")),
