@@ -8,8 +8,8 @@ seems, stock routes past ``--policy``, and tries to choose a status that is not 
 kernels that are right in another order or precision, many of them real library code. ``manifest.tsv`` gives each
 file's allowed statuses, the extra ``pkb eval`` flags (``--mode cpu`` and the problem's smallest world size unless
 named) and whether the integration tier runs it once in CI (``ci``), or only here (``full``) for its time; a
-``known`` row is a wrong answer that pkb still judges ``ok`` (an open hole, docs/paper-protocol.md): run and
-reported here, apart, and not counted in the exit status.
+``known`` row is an open hole (docs/paper-protocol.md): a wrong answer that pkb still judges ``ok``, or an honest one
+it still fails at times: run and reported here, apart, and not counted in the exit status.
 
     python benchmarks/integrity_corpus.py [--runs 5] [--jobs 2] [--only GLOB] [--ci] [--mode cpu] [--out r.json]
 
@@ -46,7 +46,7 @@ class Row:
     path: str  # relative to CORPUS
     allowed: tuple[str, ...]
     flags: str
-    tier: str  # "ci": also run once by the integration tier; "full": here only; "known": an open hole (below)
+    tier: str  # "ci": also run once by the integration tier; "full": here only; "known": an open hole (either way)
     needs: tuple[str, ...]  # Python modules, or "gpu"
 
     @property
