@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -141,25 +141,50 @@ def _eta(values: torch.Tensor, seed: int, ordinal: int) -> torch.Tensor:
     return ((unit - 0.5) * math.sqrt(12.0)).reshape(values.shape)
 
 
-def sensitivity(exact: Any, moved_runs: list[Any]) -> Any:
+def sensitivity(exact: Any, moved_runs: Iterable[Any]) -> Any:
     """Per floating tensor of ``exact`` (plain data), the RMS over ``moved_runs`` (the same structure) of how far each
     element moved, in fp64 (0 where the value is not finite); None for a tensor whose shape a perturbation changed (a
-    discrete choice flipped: its sensitivity is unbounded there) and for values that are not floating tensors."""
+    discrete choice flipped: its sensitivity is unbounded there) and for values that are not floating tensors, and
+    None where there was no run. ``moved_runs`` may be a generator: each run is folded in and dropped before the next
+    is made, so that a large case holds one perturbed answer at a time, not all of them."""
+    squares, count = None, 0
+    for run in moved_runs:
+        squares = _fold(exact, run, squares)
+        count += 1
+    return _finish(squares, count) if count else None
+
+
+_CHANGED = object()  # a tensor whose shape a perturbation changed, or that a run lacks
+
+
+def _fold(exact: Any, run: Any, squares: Any) -> Any:
+    """``squares`` (None before the first run) with ``run``'s squared moves from ``exact`` added, tensor by tensor."""
     if isinstance(exact, torch.Tensor):
         if not (exact.is_floating_point() or exact.is_complex()):
             return None
-        base = _real64(exact)
-        moved = [_real64(run) if isinstance(run, torch.Tensor) else None for run in moved_runs]
-        if any(run is None or run.shape != base.shape for run in moved):
-            return None
-        squares = torch.zeros_like(base)
-        for run in moved:
-            squares += torch.where(torch.isfinite(run) & torch.isfinite(base), run - base, 0.0).square()
-        return (squares / max(len(moved), 1)).sqrt()
+        if squares is _CHANGED or not isinstance(run, torch.Tensor):
+            return _CHANGED
+        base, moved = _real64(exact), _real64(run)
+        if moved.shape != base.shape:
+            return _CHANGED
+        step = torch.where(torch.isfinite(moved) & torch.isfinite(base), moved - base, 0.0).square()
+        return step if squares is None else squares.add_(step)
     if isinstance(exact, (list, tuple)):
-        return [sensitivity(item, [_child(run, index) for run in moved_runs]) for index, item in enumerate(exact)]
+        return [_fold(item, _child(run, index), None if squares is None else squares[index])
+                for index, item in enumerate(exact)]
     if isinstance(exact, dict):
-        return {key: sensitivity(item, [_child(run, key) for run in moved_runs]) for key, item in exact.items()}
+        return {key: _fold(item, _child(run, key), None if squares is None else squares[key])
+                for key, item in exact.items()}
+    return None
+
+
+def _finish(squares: Any, count: int) -> Any:
+    if isinstance(squares, torch.Tensor):
+        return (squares / count).sqrt()
+    if isinstance(squares, list):
+        return [_finish(item, count) for item in squares]
+    if isinstance(squares, dict):
+        return {key: _finish(item, count) for key, item in squares.items()}
     return None
 
 

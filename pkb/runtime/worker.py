@@ -204,10 +204,9 @@ class Worker:
                 return to_plain(list(self._called(inputs)))
 
         answer = exactly(raised(make(), torch.float64))
-        moved = [exactly(perturbed(make(), job["precision"], job["perturbation_seed"] + k))
-                 for k in range(job.get("perturbations", 0))]
-        return {"status": "ok", "outputs": answer[0], "inputs_after": answer[1],
-                "sensitivity": sensitivity(answer, moved) if moved else None}
+        moved = (exactly(perturbed(make(), job["precision"], job["perturbation_seed"] + k))
+                 for k in range(job.get("perturbations", 0)))  # one perturbed answer in memory at a time
+        return {"status": "ok", "outputs": answer[0], "inputs_after": answer[1], "sensitivity": sensitivity(answer, moved)}
 
     def _too_large_to_raise(self, inputs: tuple) -> str | None:
         """Why no rank computes the exact answer (every rank agrees: the largest rank's inputs decide), or None."""
