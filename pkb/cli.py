@@ -489,7 +489,8 @@ def _exit_after_an_interrupt_that_does_not_end_pkb() -> None:
     try:
         signal.set_wakeup_fd(write_end)
     except ValueError:  # not the main thread: nothing to watch
-        os.close(read_end), os.close(write_end)
+        os.close(read_end)
+        os.close(write_end)
         return
 
     def watch() -> None:

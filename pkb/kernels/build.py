@@ -85,15 +85,14 @@ BUILD_MEMORY = 2 << 30  # what one build may take: cc1plus over torch's headers 
 MEMORY_WAIT_S = 300.0  # the longest a build waits for that much memory to be free before it starts anyway
 
 
-def _available_memory() -> int | None:
-    """MemAvailable of /proc/meminfo in bytes (None where there is none to read)."""
+def meminfo_bytes(key: str) -> int | None:
+    """The line ``key`` of /proc/meminfo (``MemTotal``, ``MemAvailable``) in bytes, or None where there is none."""
     try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
     except OSError:
-        return None
+        pass
     return None
 
 
@@ -102,7 +101,7 @@ def wait_for_memory(needed: int = BUILD_MEMORY, limit_s: float = MEMORY_WAIT_S) 
     (ranks that each build, other evaluations, another pkb) at once took a 24 GiB machine out of memory."""
     end = time.monotonic() + limit_s
     while time.monotonic() < end:
-        free = _available_memory()
+        free = meminfo_bytes("MemAvailable")
         if free is None or free >= needed:
             return
         time.sleep(0.5)

@@ -42,6 +42,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pkb.kernels.build import meminfo_bytes
 from pkb.options import SANDBOX_LEVELS
 
 PROTECTIONS = {
@@ -251,7 +252,7 @@ def new_plan(level: str, scratch: str, world_size: int, cpu_mode: bool, cache_ro
     uid = CANDIDATE_UIDS[0] + secrets.randbelow(CANDIDATE_UIDS[1]) if os.geteuid() == 0 else None
     # Every limit follows from the machine's size and W, never from its load (what is free now): a limit
     # that shrinks while other evaluations run would fail beside them what passes alone.
-    memory = _meminfo_bytes("MemTotal") or (16 << 30)
+    memory = meminfo_bytes("MemTotal") or (16 << 30)
     return SandboxPlan(
         level=level, scratch=scratch, uid=uid, readable=readable_paths(cache_roots), devices=device_paths(),
         scratch_bytes=min(4 << 30, memory // 8), shm_bytes=max(64 << 20, memory // 4),
@@ -404,16 +405,6 @@ def remove_tree(path: str) -> None:
             pass
 
     shutil.rmtree(path, onerror=unlock)
-
-
-def _meminfo_bytes(key: str) -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 # -- seccomp: the system calls candidates never need (pkb.runtime.confine.seccomp_program refuses them) ------

@@ -77,10 +77,10 @@ def test_a_build_waits_for_free_memory_but_not_forever_and_builds_share_the_proc
     """Builds at once, every process's, took a 24 GiB machine out of memory (cc1plus over torch's headers: about
     1.5 GiB each): a build starts once ``BUILD_MEMORY`` is free, or after its wait's limit; and one process's brokers
     share at most as many slots as its cores and memory hold."""
-    from pkb.kernels.build import _available_memory, wait_for_memory
+    from pkb.kernels.build import meminfo_bytes, wait_for_memory
     from pkb.runtime.builds import BUILD_MEMORY, build_slots
 
-    if _available_memory() is None:
+    if meminfo_bytes("MemAvailable") is None:
         pytest.skip("no /proc/meminfo here")
     began = time.monotonic()
     wait_for_memory(needed=1)
