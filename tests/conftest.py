@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,27 @@ def pytest_collection_modifyitems(config, items):
     items[:] = problem_major(items)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(worker_group(item)))
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the run's own process (with -n, xdist's controller), not a worker
+        config.pluginmanager.register(FailuresAsTheyHappen(config), "pkb-failures-as-they-happen")
+
+
+class FailuresAsTheyHappen:
+    """A line naming each failed test as it fails, not only in the summary at the end: a run that is stopped
+    (a CI limit, a Ctrl-C, a lost worker) still says which tests failed before it."""
+
+    def __init__(self, config):
+        self.config = config
+        self.started = time.monotonic()
+
+    def pytest_runtest_logreport(self, report):
+        if report.failed:
+            terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+            if terminal is not None:
+                minutes, seconds = divmod(int(time.monotonic() - self.started), 60)
+                terminal.write_line(f"\nFAILED ({report.when}, {minutes}m{seconds:02d}s into the run) {report.nodeid}")
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without xdist, not called

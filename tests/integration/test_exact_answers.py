@@ -5,8 +5,9 @@ boolean choices as in the run's precision (top-k, sorts, routing, masks: the cas
 precise computation cannot flip them), and the reference's own error against it stays within the problem's
 tolerance (so the tolerance, the element-wise allowance of pkb's accuracy rule, holds the reference itself).
 
-In cpu mode, every problem that has an exact answer, on its ``tests`` cases at W = 2 and 4 (``-m slow``) and its
-upstream case at W = 2 (where the CPU runs it in seconds), one trial of pkb's secret inputs each. A problem that cannot keep these
+In cpu mode, every problem that has an exact answer, on its ``tests`` cases at W = 2, and under ``-m slow`` at W = 4 and
+on its upstream case at W = 2 (upstream's sizes: the fp64 answer and its eight perturbed runs of the three largest took
+over a minute each of a 2-core machine), one trial of pkb's secret inputs each. A problem that cannot keep these
 must say so in ``exact_dtype`` and ``exact_note`` (docs/paper-protocol.md).
 """
 
@@ -21,13 +22,14 @@ from pkb.registry import all_problems
 from pkb.runtime.messages import ExactReply, RankFailure, RunReply, run_job
 from pkb.runtime.modes import Mode
 
-WORLD_SIZES = (2, 4)  # W = 4 under ``-m slow`` (the two: 11 minutes of a 2-core machine)
+# (world size, the cases' tier): the first in the default tier, the others under ``-m slow``
+RUNS = (2, "tests"), (4, "tests"), (2, "upstream")
 
 
 def _params():
-    return [pytest.param(problem.name, world_size, id=f"{problem.name}-{world_size}",
-                         marks=[pytest.mark.slow] if world_size > 2 else [])
-            for world_size in WORLD_SIZES for problem in all_problems().values()
+    return [pytest.param(problem.name, world_size, tier, id=f"{problem.name}-{world_size}-{tier}",
+                         marks=[pytest.mark.slow] if (world_size, tier) != RUNS[0] else [])
+            for world_size, tier in RUNS for problem in all_problems().values()
             if problem.exact_dtype is not None and world_size in problem.world_sizes and problem.nodes == (1,)]
 
 
@@ -90,15 +92,14 @@ def _disagreements(problem, case, world_size, rank, expected: RunReply, exact: E
     return found
 
 
-@pytest.mark.parametrize("name,world_size", _params())
-def test_the_exact_answer_keeps_the_references_choices_and_its_tolerance_holds_the_reference(name, world_size,
+@pytest.mark.parametrize("name,world_size,tier", _params())
+def test_the_exact_answer_keeps_the_references_choices_and_its_tolerance_holds_the_reference(name, world_size, tier,
                                                                                            reference_sessions):
     problem = all_problems()[name]
     session = reference_sessions(world_size)
     group = session.reference_group(problem, 600.0)
-    cases = problem.cases("tests", world_size) + (problem.cases("upstream", world_size) if world_size == 2 else ())
     found = []
-    for case in cases:
+    for case in problem.cases(tier, world_size):
         if case.slow_on_cpu:
             continue
         jobs = [run_job(case.name, "bf16", None, (7919 * rank + 1, 104729)) for rank in range(world_size)]
