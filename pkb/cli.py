@@ -89,7 +89,7 @@ def cmd_show(args) -> int:
               + (f" ({problem.exact_note})" if problem.exact_note else "") + f": at most {FACTOR:g}x the reference's "
               "error (docs/paper-protocol.md)")
     for kind in CASE_KINDS:
-        print(f"# {kind}: " + (", ".join(c.name + (f" (W={','.join(map(str, c.world_sizes))})" if c.world_sizes else "")
+        print(f"# {kind} cases: " + (", ".join(c.name + (f" (W={','.join(map(str, c.world_sizes))})" if c.world_sizes else "")
                                          for c in getattr(problem, kind)) or "-"))
     print()
     print(inspect.getsource(module))

@@ -46,7 +46,8 @@ the values it rounds: its errors are spread over every element, of either sign, 
      many degrees of freedom): the floor leaves room for them.
    - **Bias and offset**: the weighted least-squares fit ``e_i ~ alpha + beta x_i`` (weights ``1 / s_i^2``) gives an
      additive offset ``alpha`` and a multiplicative bias ``beta``, each tested against its own statistical noise:
-     ``|beta| <= BIAS_SIGMAS SE(beta) + max(FACTOR |beta_r|, FACTOR u_s, BIAS_FLOOR u^2)`` (``u`` the run's unit
+     ``|beta| <= BIAS_SIGMAS SE(beta) + max(FACTOR |beta_r|, FACTOR u_s, BIAS_FLOOR u^2, b)`` (``b`` the problem's
+     ``Tolerance.bias``: a term of that relative size that honest arithmetic in the run's dtype loses; ``u`` the run's unit
      roundoff, ``u_s`` the finer of it and fp32's: a scalar kept in fp32, a scale or a reciprocal, shifts every element
      by one rounding of itself; ``u^2`` bounds the second-order bias of honest non-linear arithmetic), and the same for
      ``alpha`` (its floors scaled by the RMS of ``x``). The standard error is the largest of the model's (every element
@@ -56,6 +57,13 @@ the values it rounds: its errors are spread over every element, of either sign, 
      of rows, so that noise a candidate adds per block of rows to widen the standard error does not: it would need a
      different error on every row, which the RMS test bounds. Truncating instead of rounding to nearest (about half
      an ulp), a gain of +0.28 %, a stale constant added: each is hundreds of standard errors from zero.
+     Values below the smallest normal of the run's dtype (or the output's, if coarser) are fitted apart, weighted
+     alike: there rounding steps are absolute (``SUBNORMAL_STEP``, the smallest subnormal), and honest arithmetic on
+     values of one sign errs to one side (Adam's second moment in fp16: ``beta2 v`` rounds back to ``v``, a product
+     below half a step to zero), by up to about a step over two kernels. Their offset may be ``BIAS_SIGMAS`` standard
+     errors plus ``SUBNORMAL_STEPS`` steps, their gain as much over the RMS of their values (an offset or gain that
+     moves them by more, or an offset confined to them, fails; truncation, half a step, passes as fp16 arithmetic
+     does).
    - **Quantised values** (a recipe's output, judged against the reference's: ``Problem.exact_dtype`` None): at most
      ``OFF_SHARE`` of the fp8 codes, and of the values of any dtype coarser than fp32, may differ from the reference's
      at all. The recipe's arithmetic (fp32) in another order moves a handful of them one step; rounding toward zero,
@@ -89,6 +97,8 @@ FAR_FACTOR, FAR_SHARE, FAR_REFERENCE_FACTOR = 8.0, 0.002, 2.0  # beyond 8 median
 FAR_LEAST = 0.25  # in roundings: the least median the outlier test takes (8 x a quarter rounding: two roundings)
 BIAS_SIGMAS = 6.0  # a bias or offset within this many standard errors of zero is noise
 BIAS_FLOOR = 4.0  # times u^2: the second-order bias honest arithmetic may carry
+SUBNORMAL_STEPS = 1.5  # the offset honest arithmetic may carry below the smallest normal, in subnormal steps (two
+# kernels of fp16 Adam: 0.8)
 MIN_CLUSTER_INDICES = 16  # an axis with fewer indices is not cut into clusters (too few to estimate a variance)
 RUN = 64  # a flat tensor's clusters: runs of this many elements
 OFF_SHARE = 0.01  # a recipe's quantised values: the share that may differ from the reference's
@@ -288,7 +298,12 @@ class Pool:
                         "accumulation": 0.0}
         self.far = {"judged": 0, "found": 0, "reference": 0}
         self.codes = {"judged": 0, "off": 0}
+        self.declared_bias = 0.0  # the largest Tolerance.bias of its tensors
         self.fit, self.fit_reference = Regression(), Regression()
+        # the values below the smallest normal, fitted apart (the module's docstring): their count, the sum of their
+        # squares and the step
+        self.subnormal = {"numel": 0, "squares": 0.0, "step": 0.0}
+        self.fit_subnormal, self.fit_subnormal_reference = Regression(), Regression()
 
     def add(self, expected: torch.Tensor, got: torch.Tensor, exact: torch.Tensor | None,
             sensitivity: torch.Tensor | None, tolerance: Tolerance, where: Where,
@@ -306,8 +321,9 @@ class Pool:
         sized = exact is not None and sensitivity is not None and sensitivity.numel() == ex.numel()
         sens = _flat64(sensitivity) if sized else None
         finite = torch.isfinite(cand) & torch.isfinite(ref) & torch.isfinite(ex)
-        misplaced = None
+        misplaced, special = None, None
         if not bool(finite.all()):
+            special = torch.where(torch.isfinite(ex), ref, ex)  # the exact answer's NaN or inf, else the reference's
             rounded = torch.where(torch.isfinite(ex), ex.to(dtype).double(), ex)
             special_ok = _same_special(cand, ref) | _same_special(cand, rounded)
             misplaced = (~torch.isfinite(cand) & ~special_ok) | (torch.isfinite(cand) & ~torch.isfinite(ref)
@@ -337,17 +353,20 @@ class Pool:
         if misplaced is not None:
             off |= misplaced
         if bool(off.any()):
-            return self._element_failure(off, misplaced, err, ex, cand, allowance, expected, where)
+            return self._element_failure(off, misplaced, err, ex if special is None else torch.where(finite, ex, special),
+                                         cand, allowance, expected, where)
         digest = hashlib.blake2b(_bytes(got) + _bytes(ex), digest_size=16).digest()
         if digest in self.seen:  # another rank's replica of a tensor pooled already: the same observation
             return None
         self.seen.add(digest)
-        # below the dtype's smallest normal value rounding steps are absolute, and values of one sign (a sum of
-        # squares: Adam's second moment in fp16) round toward zero as often as not: no bias or offset fit there
+        # below the dtype's smallest normal value rounding steps are absolute: fitted apart (the module's docstring)
         subnormal = (magnitude > 0) & (magnitude < torch.finfo(coarse).tiny)
+        if bool(subnormal.any()):
+            self.subnormal["step"] = float(torch.finfo(coarse).tiny * torch.finfo(coarse).eps)
         self._pool(err[finite], ref_err[finite], ex[finite], rounding[finite], allowed_tolerance[finite],
                    scale[finite], sens is not None, _clusterings(real_shape(expected), finite), subnormal[finite])
         self.squares["accumulation"] += tolerance.accumulation**2 * int(finite.sum())
+        self.declared_bias = max(self.declared_bias, tolerance.bias)
         if exact is None and self.recipe and (dtype in CODE_DTYPES or _coarser(dtype, torch.float32) == dtype
                                               and dtype != torch.float32):
             self.codes["judged"] += int(finite.sum())
@@ -360,8 +379,10 @@ class Pool:
             ratio = torch.where(misplaced, math.inf, ratio)
         worst = int(ratio.argmax())
         against = "the exact answer" if self.against_exact else "the reference's output"
-        if misplaced is not None and bool(misplaced[worst]):
+        if misplaced is not None and bool(misplaced[worst]) and not math.isfinite(float(cand[worst])):
             what = "NaN or inf where neither the reference nor the exact answer has one"
+        elif misplaced is not None and bool(misplaced[worst]):
+            what = "off: finite where the reference and the exact answer hold NaN or inf"
         elif self.against_exact:
             what = (f"off {against} by more than {FACTOR:g} roundings of the value or {FACTOR:g}x the reference's error "
                     f"there, plus the problem's tolerance or {Z_ELEMENT:g} honest scales, whichever is tighter (allowed "
@@ -385,6 +406,13 @@ class Pool:
         self.fit.add(ex, err, weights, clusterings)
         if self.against_exact:
             self.fit_reference.add(ex, ref_err, weights, clusterings)
+        if bool(subnormal.any()):
+            alike = torch.where(subnormal, 1.0 / self.subnormal["step"] ** 2, 0.0)
+            self.fit_subnormal.add(ex, err, alike, clusterings)
+            if self.against_exact:
+                self.fit_subnormal_reference.add(ex, ref_err, alike, clusterings)
+            self.subnormal["numel"] += int(subnormal.sum())
+            self.subnormal["squares"] += float(ex[subnormal].square().sum())
         if sensitive and err.numel():
             z, z_ref = (err / scale.clamp_min(1e-300)).abs(), (ref_err / scale.clamp_min(1e-300)).abs()
             least = FAR_LEAST * rounding / scale.clamp_min(1e-300)  # a median of exact zeros says nothing
@@ -414,7 +442,7 @@ class Pool:
         """The first aggregate test (the module's docstring, test 2) this output fails, or None."""
         if not self.numel:
             return None
-        for test in (self._rms_test, self._far_test, self._bias_test, self._codes_test):
+        for test in (self._rms_test, self._far_test, self._bias_test, self._subnormal_test, self._codes_test):
             reason = test()
             if reason is not None:
                 where = f"{self.path} (case {self.case}, {self.num_tensors} tensors of all ranks and trials pooled)"
@@ -452,7 +480,8 @@ class Pool:
         u_scalar = min(u, float(torch.finfo(torch.float32).eps) / 2)
         rms_x = self.rms("exact")
         for name, estimate, reference, floor, unit in (
-                ("a multiplicative bias", beta, beta_ref, max(FACTOR * u_scalar, BIAS_FLOOR * u * u), "relative"),
+                ("a multiplicative bias", beta, beta_ref, max(FACTOR * u_scalar, BIAS_FLOOR * u * u,
+                                                               self.declared_bias), "relative"),
                 ("an additive offset", alpha, alpha_ref, max(FACTOR * u_scalar, BIAS_FLOOR * u * u) * rms_x,
                  "absolute")):
             allowed = BIAS_SIGMAS * estimate.se + max(FACTOR * abs(reference.value), floor)
@@ -461,7 +490,31 @@ class Pool:
                         f"{self.numel} elements, {abs(estimate.value) / max(estimate.se, 1e-300):.3g} standard errors "
                         f"from zero (standard error {estimate.se:.3g}: the largest of the model's and the "
                         f"cluster-robust ones); at most {allowed:.3g} passes ({BIAS_SIGMAS:g} standard errors, and "
-                        f"{FACTOR:g}x the reference's or {floor:.3g}): an honest rounding is as often above as below")
+                        f"{FACTOR:g}x the reference's or {floor:.3g}"
+                        + (", the problem's declared bias" if unit == "relative" and floor == self.declared_bias
+                           and floor else "") + "): an honest rounding is as often above as below")
+        return None
+
+    def _subnormal_test(self) -> str | None:
+        numel, step = self.subnormal["numel"], self.subnormal["step"]
+        if not numel:
+            return None
+        beta, alpha = self.fit_subnormal.estimate()
+        beta_ref, alpha_ref = (self.fit_subnormal_reference.estimate() if self.against_exact
+                               else (_Estimate(), _Estimate()))
+        rms_x = math.sqrt(self.subnormal["squares"] / numel)
+        for name, estimate, reference, floor, unit in (
+                ("a multiplicative bias", beta, beta_ref, SUBNORMAL_STEPS * step / max(rms_x, step), "relative"),
+                ("an additive offset", alpha, alpha_ref, SUBNORMAL_STEPS * step, "absolute")):
+            allowed = BIAS_SIGMAS * estimate.se + max(FACTOR * abs(reference.value), floor)
+            if abs(estimate.value) > allowed:
+                return (f"{name} on the {numel} values below the smallest normal (steps of {step:.3g}): "
+                        f"{estimate.value:+.3g} ({unit}; the reference's {reference.value:+.3g}), "
+                        f"{abs(estimate.value) / max(estimate.se, 1e-300):.3g} standard errors from zero; at most "
+                        f"{allowed:.3g} passes ({BIAS_SIGMAS:g} standard errors, and {FACTOR:g}x the reference's or "
+                        f"{SUBNORMAL_STEPS:g} step{'s' * (SUBNORMAL_STEPS != 1)}"
+                        + (" over their RMS value" if unit == "relative" else "")
+                        + "): honest arithmetic there errs by less")
         return None
 
     def _codes_test(self) -> str | None:

@@ -238,10 +238,20 @@ def _strict_verdict(ranks: Ranks, replies: Replies, case: Case, trial, judge: Ju
     if problem.replicas_may_differ:
         return
     for part, prefix in (("outputs", "out"), ("inputs_after", "input")):
-        found = disagreement([getattr(r, part) for r in replies.expected], [getattr(r, part) for r in replies.got], prefix)
+        exact_part = None if exact is None else functools.partial(_exact_part, exact, part)
+        found = disagreement([getattr(r, part) for r in replies.expected], [getattr(r, part) for r in replies.got], prefix,
+                             exact_part)
         if found is not None:
             found = found if part == "outputs" else _input_mismatch(found, problem)
             _fail(_placed(found, f"case {case.name}, trial {trial}"), case=case.name, trial=trial)
+
+
+def _exact_part(exact, part: str) -> list | None:
+    """Every rank's exact answer to ``part`` of its reply, or None where a rank has none."""
+    answers = exact()
+    if any(answer.unavailable is not None for answer in answers):
+        return None
+    return [getattr(answer, part) for answer in answers]
 
 
 def _fail(mismatch: Mismatch, **where) -> None:

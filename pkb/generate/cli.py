@@ -321,10 +321,13 @@ def _summary(results, run_dir: Path, db: str) -> str:
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
     fresh = [r for r in results if not r.resumed]
+    answered = [r for r in fresh if r.status not in UNANSWERED]  # an API error or a missing replay file is no answer
     tokens_in = sum(r.tokens_in or 0 for r in fresh)
     tokens_out = sum(r.tokens_out or 0 for r in fresh)
-    costs = [r.cost_usd for r in fresh if r.status not in UNANSWERED]
+    costs = [r.cost_usd for r in answered]
     cost = "unknown cost" if None in costs else f"${sum(costs):.4f}"
+    unanswered = len(fresh) - len(answered)
     return (f"\n{len(results)} samples: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-            + f"\nthis call: {len(fresh)} model answers, {tokens_in} tokens in, {tokens_out} out, {cost}"
+            + f"\nthis call: {len(answered)} model answers" + (f" ({unanswered} asked, no answer)" if unanswered else "")
+            + f", {tokens_in} tokens in, {tokens_out} out, {cost}"
             + f"\nfiles in {run_dir}, rows in {db}")

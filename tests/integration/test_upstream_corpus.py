@@ -2,7 +2,7 @@
 
 Each ``../shared/upstream/reference/<n>_<name>.py`` is by definition a correct solution of problem n:
 pkb asks for the same function (docs/architecture.md, "Compatibility is the contract"). In ``cpu`` mode, in bf16 at
-W = 2 and 4 and in fp32 at W = 2 (fp16, fp32 at W = 4 and W = 8 under ``slow``) every file must be ``ok``, except the few that need a GPU (listed in
+W = 2 and 4 (fp32 and fp16 at W = 2 and 4, and W = 8, under ``slow``) every file must be ``ok``, except the few that need a GPU (listed in
 ``NEEDS_A_GPU``, each with why), which are ``skipped`` with the reason printed; any other file skipped
 fails. Skipped where the folder is absent (a user's clone has no ../shared). That every problem has its
 file: tests/unit/test_upstream_files.py.
@@ -39,7 +39,8 @@ KNOWN_MISMATCHES = {
 pytestmark = pytest.mark.skipif(not FILES, reason=f"no upstream corpus at {CORPUS}")
 
 
-PRECISION_RUNS = [("bf16", 2), ("bf16", 4), ("fp32", 2), pytest.param("fp16", 2, marks=pytest.mark.slow),
+PRECISION_RUNS = [("bf16", 2), ("bf16", 4), pytest.param("fp32", 2, marks=pytest.mark.slow),
+                  pytest.param("fp16", 2, marks=pytest.mark.slow),
                   pytest.param("bf16", 8, marks=pytest.mark.slow),
                   pytest.param("fp32", 4, marks=pytest.mark.slow), pytest.param("fp16", 4, marks=pytest.mark.slow)]
 

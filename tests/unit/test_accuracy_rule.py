@@ -238,3 +238,50 @@ def test_fp16_arithmetic_whose_small_positive_values_underflow_is_honest_and_tru
                             truncated)
     found = judge_one(normal.half(), truncated, normal, torch.zeros_like(normal), tolerance, torch.float16)
     assert found is not None and "a multiplicative bias" in found.reason, found
+
+
+@pytest.mark.parametrize("run_dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_a_lost_weight_decay_passes_only_where_the_runs_dtype_loses_it(run_dtype):
+    """fsdp_step_e2e's AdamW decay, lr * wd = 1e-5 of every parameter: upstream's own separate add in fp16 (or bf16)
+    leaves the parameter as it was, and the problem declares that bias (``Tolerance.bias``). In fp32 the add keeps
+    it, the problem declares nothing, and a kernel that skips the decay fails."""
+    from pkb.registry import get_problem
+
+    problem = get_problem("fsdp_step_e2e")
+    case = problem.cases("tests", 2)[0]
+    tolerance = problem.tolerance_for(case, 2, run_dtype)
+    declared = 1e-5 if run_dtype != torch.float32 else 0.0
+    assert tolerance.bias == pytest.approx(declared)
+    gen = torch.Generator().manual_seed(7)
+    n = 1 << 16
+    # parameters ~ N(0, 0.05) after one AdamW step; exact: the decay applied in fp64
+    theta = torch.randn(n, generator=gen, dtype=torch.float64) * 0.05
+    exact = theta * (1 - 1e-5)
+    reference = exact.to(run_dtype)
+    sensitivity = exact.abs() * torch.finfo(run_dtype).eps / 2 / math.sqrt(3)
+    decay_lost = theta.to(run_dtype)  # the decay's add rounds back to theta in the run's dtype, or is skipped
+    found = judge_one(reference, decay_lost, exact, sensitivity, tolerance, run_dtype)
+    if run_dtype == torch.float32:
+        assert found is not None, "a skipped decay passed in fp32"  # caught element-wise: 5 roundings on every element
+        return
+    assert found is None, found
+    if run_dtype == torch.float16:  # a gain of 4x the declared bias beyond the decay still fails in fp16
+        found = judge_one(reference, (theta * (1 + 3e-5)).to(run_dtype), exact, sensitivity, tolerance, run_dtype)
+        assert found is not None and "multiplicative bias" in found.reason, found
+
+
+def test_a_finite_value_where_the_answer_is_infinite_is_named_as_such():
+    """A log-probability's -inf (a masked entry) answered with a finite value: the message says the candidate is
+    finite there and shows the -inf, not 'NaN or inf where neither has one' with the -inf printed as 0."""
+    exact = torch.tensor([1.0, float("-inf"), 2.0, 3.0], dtype=torch.float64)
+    reference = exact.to(torch.bfloat16)
+    got = reference.clone()
+    got[1] = 0.0
+    found = judge_one(reference, got, exact, None, Tolerance(1e-2, 1e-2), torch.bfloat16)
+    assert found is not None and "1 of 4 elements off: finite where the reference and the exact answer hold NaN or inf" \
+        in found.reason, found
+    assert found.expected == float("-inf") and found.got == 0.0, found
+    got = reference.clone()
+    got[0] = float("nan")
+    found = judge_one(reference, got, exact, None, Tolerance(1e-2, 1e-2), torch.bfloat16)
+    assert found is not None and "NaN or inf where neither the reference nor the exact answer has one" in found.reason

@@ -254,3 +254,19 @@ def test_a_default_run_name_says_what_ran():
     assert default_run_name(gpt5, "cuda", None, None) == "openai-gpt-5-cuda"  # --no-eval: not judged anywhere
     assert default_run_name(answers, "cuda", Mode.CPU, None) == "replay-runs-mine-on-cpu"  # files answer, no backend
     assert default_run_name(answers, "cuda", Mode.CUDA, None) == "replay-runs-mine"
+
+
+def test_the_summary_counts_only_answers_that_came_as_model_answers(tmp_path):
+    """A missing replay file or an API error is asked again by a rerun and cost nothing: the summary's count of model
+    answers and its cost leave them out, and says how many were asked without an answer."""
+    from pkb.generate.cli import _summary
+    from pkb.generate.sampler import GenStatus, SampleResult
+
+    results = [SampleResult("allreduce", 0, "ok", tokens_in=10, tokens_out=20, cost_usd=0.5),
+               SampleResult("allreduce", 1, "mismatch", tokens_in=10, tokens_out=30, cost_usd=0.25),
+               SampleResult("allgather", 0, str(GenStatus.NO_REPLAY_FILE)),
+               SampleResult("allgather", 1, str(GenStatus.API_ERROR)),
+               SampleResult("broadcast", 0, "ok", tokens_in=5, tokens_out=5, cost_usd=1.0, resumed=True)]
+    text = _summary(results, tmp_path, "r.sqlite")
+    assert "5 samples" in text
+    assert "this call: 2 model answers (2 asked, no answer), 20 tokens in, 50 out, $0.7500" in text, text

@@ -156,18 +156,20 @@ def cost(case, world_size):
 
 
 def _case(name, latent, tile, spatial_overlap, temporal_overlap, spatial_upsample, temporal_upsample, **extra):
-    note, tags = extra.pop("note", ""), extra.pop("tags", ())
+    note, tags, slow_on_cpu = extra.pop("note", ""), extra.pop("tags", ()), extra.pop("slow_on_cpu", False)
     return Case(name, {"latent": latent, "tile": tile, "spatial_overlap": spatial_overlap,
                        "temporal_overlap": temporal_overlap, "spatial_upsample": spatial_upsample,
-                       "temporal_upsample": temporal_upsample, **extra}, note=note, tags=tags)
+                       "temporal_upsample": temporal_upsample, **extra}, note=note, tags=tags, slow_on_cpu=slow_on_cpu)
 
 
 PROBLEM = Problem(
-    name="magi1_tile_parallel_vae_decode", version=3, upstream_id=78, category="beyond_llm",
+    name="magi1_tile_parallel_vae_decode", version=4, upstream_id=78, category="beyond_llm",
     source="MAGI-1 (Sand AI) VAE tiled_decode with tile parallelism (decoder replaced by trilinear upsampling)",
     world_sizes=(2, 4, 8),
+    # 37.3M outputs a rank: judged against the exact answer (fp64, 8 perturbed runs) the parent held 9.4 GB for it, and
+    # the OOM killer ended a 24 GiB 2-core test machine's worker (dmesg): checked in shared-gpu and cuda modes
     upstream=[
-        _case("upstream", (1, 16, 6, 90, 90), (3, 32, 32), 0.25, 0.0, 8, 4,
+        _case("upstream", (1, 16, 6, 90, 90), (3, 32, 32), 0.25, 0.0, 8, 4, slow_on_cpu=True,
               note="the upstream factory at its defaults: 32 tiles, a 24 x 720 x 720 video"),
     ],
     tests=[
