@@ -474,47 +474,43 @@ class Pool:
                 "element")
 
     def _bias_test(self) -> str | None:
-        beta, alpha = self.fit.estimate()
-        beta_ref, alpha_ref = self.fit_reference.estimate() if self.against_exact else (_Estimate(), _Estimate())
         u = float(torch.finfo(self.run_dtype).eps) / 2
         u_scalar = min(u, float(torch.finfo(torch.float32).eps) / 2)
-        rms_x = self.rms("exact")
-        for name, estimate, reference, floor, unit in (
-                ("a multiplicative bias", beta, beta_ref, max(FACTOR * u_scalar, BIAS_FLOOR * u * u,
-                                                               self.declared_bias), "relative"),
-                ("an additive offset", alpha, alpha_ref, max(FACTOR * u_scalar, BIAS_FLOOR * u * u) * rms_x,
-                 "absolute")):
-            allowed = BIAS_SIGMAS * estimate.se + max(FACTOR * abs(reference.value), floor)
-            if abs(estimate.value) > allowed:
-                return (f"{name}: {estimate.value:+.3g} ({unit}; the reference's {reference.value:+.3g}) over "
-                        f"{self.numel} elements, {abs(estimate.value) / max(estimate.se, 1e-300):.3g} standard errors "
-                        f"from zero (standard error {estimate.se:.3g}: the largest of the model's and the "
-                        f"cluster-robust ones); at most {allowed:.3g} passes ({BIAS_SIGMAS:g} standard errors, and "
-                        f"{FACTOR:g}x the reference's or {floor:.3g}"
-                        + (", the problem's declared bias" if unit == "relative" and floor == self.declared_bias
-                           and floor else "") + "): an honest rounding is as often above as below")
-        return None
+        floor = max(FACTOR * u_scalar, BIAS_FLOOR * u * u)
+        bias_floor = max(floor, self.declared_bias)
+        declared = ", the problem's declared bias" if bias_floor == self.declared_bias > 0 else ""
+        return self._beyond(self.fit, self.fit_reference, (bias_floor, floor * self.rms("exact")),
+                            f"over {self.numel} elements",
+                            (f"{bias_floor:.3g}{declared}", f"{floor * self.rms('exact'):.3g}"),
+                            "an honest rounding is as often above as below")
 
     def _subnormal_test(self) -> str | None:
         numel, step = self.subnormal["numel"], self.subnormal["step"]
         if not numel:
             return None
-        beta, alpha = self.fit_subnormal.estimate()
-        beta_ref, alpha_ref = (self.fit_subnormal_reference.estimate() if self.against_exact
-                               else (_Estimate(), _Estimate()))
         rms_x = math.sqrt(self.subnormal["squares"] / numel)
-        for name, estimate, reference, floor, unit in (
-                ("a multiplicative bias", beta, beta_ref, SUBNORMAL_STEPS * step / max(rms_x, step), "relative"),
-                ("an additive offset", alpha, alpha_ref, SUBNORMAL_STEPS * step, "absolute")):
+        steps = f"{SUBNORMAL_STEPS:g} step{'s' * (SUBNORMAL_STEPS != 1)}"
+        return self._beyond(self.fit_subnormal, self.fit_subnormal_reference,
+                            (SUBNORMAL_STEPS * step / max(rms_x, step), SUBNORMAL_STEPS * step),
+                            f"on the {numel} values below the smallest normal (steps of {step:.3g})",
+                            (f"{steps} over their RMS value", steps), "honest arithmetic there errs by less")
+
+    def _beyond(self, fit: "Regression", fit_reference: "Regression", floors: tuple[float, float], over: str,
+                floor_texts: tuple[str, str], why: str) -> str | None:
+        """Why the fit's multiplicative bias or additive offset is beyond ``BIAS_SIGMAS`` standard errors plus the larger
+        of ``FACTOR`` x the reference's and its floor (``floors``: the bias's, the offset's); None where both are within."""
+        beta, alpha = fit.estimate()
+        beta_ref, alpha_ref = fit_reference.estimate() if self.against_exact else (_Estimate(), _Estimate())
+        for (name, unit), estimate, reference, floor, floor_text in zip(
+                (("a multiplicative bias", "relative"), ("an additive offset", "absolute")),
+                (beta, alpha), (beta_ref, alpha_ref), floors, floor_texts):
             allowed = BIAS_SIGMAS * estimate.se + max(FACTOR * abs(reference.value), floor)
             if abs(estimate.value) > allowed:
-                return (f"{name} on the {numel} values below the smallest normal (steps of {step:.3g}): "
-                        f"{estimate.value:+.3g} ({unit}; the reference's {reference.value:+.3g}), "
-                        f"{abs(estimate.value) / max(estimate.se, 1e-300):.3g} standard errors from zero; at most "
+                return (f"{name}: {estimate.value:+.3g} ({unit}; the reference's {reference.value:+.3g}) {over}, "
+                        f"{abs(estimate.value) / max(estimate.se, 1e-300):.3g} standard errors from zero (standard "
+                        f"error {estimate.se:.3g}: the largest of the model's and the cluster-robust ones); at most "
                         f"{allowed:.3g} passes ({BIAS_SIGMAS:g} standard errors, and {FACTOR:g}x the reference's or "
-                        f"{SUBNORMAL_STEPS:g} step{'s' * (SUBNORMAL_STEPS != 1)}"
-                        + (" over their RMS value" if unit == "relative" else "")
-                        + "): honest arithmetic there errs by less")
+                        f"{floor_text}): {why}")
         return None
 
     def _codes_test(self) -> str | None:

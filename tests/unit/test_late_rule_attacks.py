@@ -57,6 +57,12 @@ def _old_rule(expected, got, exact, sensitivity, tolerance, run_dtype):
     return pool.add(expected, got, exact, sensitivity, tolerance, Where(0, "one", 0)) or pool.verdict()
 
 
+def _caught_now(reference, got, exact, sensitivity, tolerance) -> bool:
+    """Whether the rule fails ``got`` in an fp16 run; the fit as it was before the subnormal exclusion must have."""
+    _require(_old_rule(reference, got, exact, sensitivity, tolerance, H) is not None, "the old fit caught it")
+    return judge_one(reference, got, exact, sensitivity, tolerance, H) is not None
+
+
 def _second_moment(sigma: float, seed: int = 13):
     """0.001 g^2 for fp16 gradients g ~ N(0, sigma) (the term Adam adds to exp_avg_sq), as the unit test of the change
     sets it up: (g, exact fp64, reference fp32 math rounded once, sensitivity to fp16 inputs)."""
@@ -92,8 +98,7 @@ def test_a_two_step_offset_on_subnormal_values_under_the_adam_tolerance_is_caugh
     errors. Their own fit (SUBNORMAL_STEPS) catches it."""
     g, exact, reference, sensitivity = _second_moment(1e-2)
     shifted = torch.where(g != 0, reference.double() + 2 * STEP, 0.0).half()
-    _require(_old_rule(reference, shifted, exact, sensitivity, MLP_FP16, H) is not None, "the old fit caught it")
-    assert judge_one(reference, shifted, exact, sensitivity, MLP_FP16, H) is not None
+    assert _caught_now(reference, shifted, exact, sensitivity, MLP_FP16)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
@@ -104,8 +109,7 @@ def test_a_two_step_offset_on_subnormal_values_under_the_adam_tolerance_is_caugh
 def test_a_ten_percent_gain_on_subnormal_values_is_caught():
     _, exact, reference, sensitivity = _second_moment(1e-2)
     gained = (1.1 * exact).half()
-    _require(_old_rule(reference, gained, exact, sensitivity, FP16_DEFAULT, H) is not None, "the old fit caught it")
-    assert judge_one(reference, gained, exact, sensitivity, FP16_DEFAULT, H) is not None
+    assert _caught_now(reference, gained, exact, sensitivity, FP16_DEFAULT)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
@@ -117,8 +121,7 @@ def test_truncating_subnormal_values_is_caught():
     _, exact, reference, sensitivity = _second_moment(1e-2)
     subnormal = (exact > 0) & (exact < TINY)
     truncated = torch.where(subnormal, (exact / STEP).floor() * STEP, reference.double()).half()
-    _require(_old_rule(reference, truncated, exact, sensitivity, MLP_FP16, H) is not None, "the old fit caught it")
-    assert judge_one(reference, truncated, exact, sensitivity, MLP_FP16, H) is not None
+    assert _caught_now(reference, truncated, exact, sensitivity, MLP_FP16)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
@@ -129,8 +132,7 @@ def test_truncating_subnormal_values_is_caught():
 def test_flushing_values_below_two_subnormal_steps_is_caught():
     _, exact, reference, sensitivity = _second_moment(1e-2)
     flushed = torch.where(exact < 2 * STEP, 0.0, reference.double()).half()
-    _require(_old_rule(reference, flushed, exact, sensitivity, MLP_FP16, H) is not None, "the old fit caught it")
-    assert judge_one(reference, flushed, exact, sensitivity, MLP_FP16, H) is not None
+    assert _caught_now(reference, flushed, exact, sensitivity, MLP_FP16)
 
 
 def test_an_offset_on_the_subnormal_part_of_a_mixed_output_is_caught():
@@ -142,8 +144,7 @@ def test_an_offset_on_the_subnormal_part_of_a_mixed_output_is_caught():
     subnormal = (exact > 0) & (exact < TINY)
     _require(0.4 < float(subnormal.double().mean()) < 0.8, "about half the values subnormal")
     shifted = torch.where(subnormal, reference.double() + 2 * STEP, reference.double()).half()
-    _require(_old_rule(reference, shifted, exact, sensitivity, MLP_FP16, H) is not None, "the old fit caught it")
-    assert judge_one(reference, shifted, exact, sensitivity, MLP_FP16, H) is not None
+    assert _caught_now(reference, shifted, exact, sensitivity, MLP_FP16)
 
 
 def test_a_gain_on_small_fp32_outputs_of_an_fp16_run_is_caught():
