@@ -88,21 +88,23 @@ class Tolerance:
     honest kernel's own order of a long local sum may reach in the run's arithmetic (a sequential fp32 loop
     over 1,024 rows; ``reduction_tolerance``'s ``local_terms``): pkb's accuracy rule allows an element
     ``ACCUMULATION_SIGMAS`` of it and an output's RMS error ``ACCUMULATION_RMS`` of it, however small the
-    error of rounding the inputs (pkb.evaluate.accuracy). 0: no such sum. ``bias``: the relative bias an
-    honest kernel in the run's arithmetic may carry because a term of that relative size, added on its own in
-    the run's dtype, is lost (AdamW's decoupled weight decay, ``lr * wd``, below half an ulp of fp16 or bf16):
-    pkb's bias test allows it beside its own floors. 0: none.
+    error of rounding the inputs (pkb.evaluate.accuracy). 0: no such sum. ``bias``: the relative bias, with its
+    sign, an honest kernel in the run's arithmetic may carry because a term of that relative size, added on its
+    own in the run's dtype, is lost (AdamW's decoupled weight decay, ``lr * wd`` below half an ulp of fp16 or
+    bf16, leaves the parameter larger: +lr * wd); pkb's bias test allows a bias between 0 and it, on the outputs
+    named in ``bias_on`` (pkb's paths: ``out[0]``) or, where that is empty, on every output. 0: none.
     """
 
     atol: float
     rtol: float
     accumulation: float = 0.0
     bias: float = 0.0
+    bias_on: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if self.atol < 0 or self.rtol < 0 or self.accumulation < 0 or self.bias < 0:
-            raise ProblemError(f"Tolerance: atol, rtol, accumulation and bias must be >= 0, got atol={self.atol} "
-                               f"rtol={self.rtol} accumulation={self.accumulation} bias={self.bias}")
+        if self.atol < 0 or self.rtol < 0 or self.accumulation < 0:
+            raise ProblemError(f"Tolerance: atol, rtol and accumulation must be >= 0, got atol={self.atol} "
+                               f"rtol={self.rtol} accumulation={self.accumulation}")
 
     @staticmethod
     def exact() -> "Tolerance":

@@ -260,13 +260,14 @@ def test_a_lost_weight_decay_passes_only_where_the_runs_dtype_loses_it(run_dtype
     reference = exact.to(run_dtype)
     sensitivity = exact.abs() * torch.finfo(run_dtype).eps / 2 / math.sqrt(3)
     decay_lost = theta.to(run_dtype)  # the decay's add rounds back to theta in the run's dtype, or is skipped
-    found = judge_one(reference, decay_lost, exact, sensitivity, tolerance, run_dtype)
+    found = judge_one(reference, decay_lost, exact, sensitivity, tolerance, run_dtype, path="out[0]")
     if run_dtype == torch.float32:
         assert found is not None, "a skipped decay passed in fp32"  # caught element-wise: 5 roundings on every element
         return
     assert found is None, found
     if run_dtype == torch.float16:  # a gain of 4x the declared bias beyond the decay still fails in fp16
-        found = judge_one(reference, (theta * (1 + 3e-5)).to(run_dtype), exact, sensitivity, tolerance, run_dtype)
+        found = judge_one(reference, (theta * (1 + 3e-5)).to(run_dtype), exact, sensitivity, tolerance, run_dtype,
+                          path="out[0]")
         assert found is not None and "multiplicative bias" in found.reason, found
 
 

@@ -43,7 +43,7 @@ def test_contract_violations_name_the_problem_and_the_field(field, value, messag
 def test_cost_and_tolerance_reject_negative_numbers():
     with pytest.raises(ProblemError, match="Cost.link_bytes"):
         Cost(link_bytes=-1)
-    with pytest.raises(ProblemError, match="atol, rtol, accumulation and bias must be >= 0, got atol=-0.001"):
+    with pytest.raises(ProblemError, match="atol, rtol and accumulation must be >= 0, got atol=-0.001"):
         Tolerance(-1e-3, 0)
     with pytest.raises(ProblemError, match="accumulation=-1"):
         Tolerance(0.0, 0.0, accumulation=-1.0)
