@@ -60,17 +60,8 @@ def _replicated(replies: list[Any], keys: tuple) -> list[tuple[int, ...]]:
     """The groups of two or more ranks whose reference replies hold equal tensors at ``keys`` (equal maybe by chance:
     ``_replicas`` asks the exact answers, or the size)."""
     values = [_tensor(at(reply, keys)) for reply in replies]
-    groups: list[list[int]] = []
-    for rank, value in enumerate(values):
-        if not isinstance(value, torch.Tensor):
-            continue
-        for group in groups:
-            if _same(values[group[0]], value):
-                group.append(rank)
-                break
-        else:
-            groups.append([rank])
-    return [tuple(group) for group in groups if len(group) > 1]
+    held = [rank for rank, value in enumerate(values) if isinstance(value, torch.Tensor)]
+    return _classes(held, [values[rank] for rank in held], _same)
 
 
 def _replicas(exact: Callable[[], list[Any] | None] | None, ranks: tuple[int, ...], keys: tuple,
@@ -82,15 +73,21 @@ def _replicas(exact: Callable[[], list[Any] | None] | None, ranks: tuple[int, ..
     values = [_tensor(at(answers[rank], keys)) for rank in ranks] if answers is not None else []
     if not values or not all(isinstance(value, torch.Tensor) for value in values):
         return [(ranks, False)] if numel >= MIN_REPLICA_ELEMENTS else []
-    classes: list[list[int]] = []
+    return [(group, True) for group in _classes(ranks, values, _agree)]
+
+
+def _classes(ranks, values: list, same: Callable[[Any, Any], bool]) -> list[tuple[int, ...]]:
+    """``ranks`` grouped by ``same`` on their ``values`` (each compared with its class's first): the classes of two or
+    more."""
+    classes: list[list[tuple[int, Any]]] = []
     for rank, value in zip(ranks, values):
         for group in classes:
-            if _agree(values[ranks.index(group[0])], value):
-                group.append(rank)
+            if same(group[0][1], value):
+                group.append((rank, value))
                 break
         else:
-            classes.append([rank])
-    return [(tuple(group), True) for group in classes if len(group) > 1]
+            classes.append([(rank, value)])
+    return [tuple(rank for rank, _ in group) for group in classes if len(group) > 1]
 
 
 def _agree(a: torch.Tensor, b: torch.Tensor) -> bool:
