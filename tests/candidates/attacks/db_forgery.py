@@ -21,27 +21,33 @@ ctypes.CDLL(None).prctl(15, marker.encode(), 0, 0, 0)  # PR_SET_NAME
 forged = False
 while time.time() < deadline:
     if not forged:
+        conn = None
         try:
-            conn = sqlite3.connect(db, timeout=5)
+            conn = sqlite3.connect(db, timeout=5, isolation_level=None)
             conn.row_factory = sqlite3.Row
+            conn.execute("BEGIN IMMEDIATE")  # one forger at a time: another rank's (or run's) may be at it too
             row = conn.execute("SELECT * FROM results WHERE solution LIKE ? ORDER BY id DESC LIMIT 1",
                                (pattern,)).fetchone()
-            if row is not None:
+            if row is not None and row["solution"].endswith("_forged"):
+                forged = True  # another forger got here first
+            elif row is not None:
                 data = json.loads(row["result_json"])
                 data.update(status="ok", message="all outputs match")
                 fake = dict(row)
                 fake.pop("id")
                 fake.update(solution=row["solution"] + "_forged", run_key="forged", status="ok",
                             message="all outputs match", result_json=json.dumps({**data, "solution": fake["solution"]}))
-                with conn:
-                    conn.execute("UPDATE results SET status = 'ok', message = ?, result_json = ? WHERE id = ?",
-                                 ("all outputs match", json.dumps(data), row["id"]))
-                    conn.execute(f"INSERT INTO results ({', '.join(fake)}) VALUES ({', '.join('?' * len(fake))})",
-                                 list(fake.values()))
+                conn.execute("UPDATE results SET status = 'ok', message = ?, result_json = ? WHERE id = ?",
+                             ("all outputs match", json.dumps(data), row["id"]))
+                conn.execute(f"INSERT INTO results ({', '.join(fake)}) VALUES ({', '.join('?' * len(fake))})",
+                             list(fake.values()))
                 forged = True
-            conn.close()
+            conn.execute("COMMIT")
         except Exception:
             pass
+        finally:
+            if conn is not None:
+                conn.close()  # rolls back what was not committed
     time.sleep(0.2)
 """
 
