@@ -17,6 +17,8 @@ Scenarios:
   sequentially.
 
     python benchmarks/accuracy_rule.py --evaluations 100 --out results.json
+    python benchmarks/accuracy_rule.py --world-sizes 8 --dtypes bf16 --evaluations 25 --seed 1 --out part1.json  # a part
+    python benchmarks/accuracy_rule.py --merge part*.json --out results.json  # the parts summed
 """
 
 from __future__ import annotations
@@ -244,32 +246,61 @@ def measure(scenario: Scenario, world_size: int, dtype: torch.dtype, evaluations
     return table
 
 
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _line(row: dict) -> str:
+    fine = row["passed"] == row["evaluations"] if row["honest"] else row["passed"] == 0
+    return (f"{row['scenario']:9} W={row['world_size']} {row['dtype']:8} {'honest' if row['honest'] else 'wrong':6} "
+            f"{row['candidate']:36} passed {row['passed']:>4}/{row['evaluations']:<4} {'ok' if fine else 'WRONG'}")
+
+
+def merged(paths: list[str]) -> list[dict]:
+    """The rows of several runs' JSON (parts of one measurement, other seeds) summed per scenario, W, dtype and
+    candidate."""
+    table: dict[tuple, dict] = {}
+    for path in paths:
+        with open(path) as handle:
+            for row in json.load(handle)["rows"]:
+                key = (row["scenario"], row["world_size"], row["dtype"], row["candidate"])
+                into = table.setdefault(key, {**row, "passed": 0, "evaluations": 0})
+                into["passed"] += row["passed"]
+                into["evaluations"] += row["evaluations"]
+    return list(table.values())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--evaluations", type=int, default=100, help="evaluations per candidate and setting")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list of " + ", ".join(SCENARIOS))
-    parser.add_argument("--seed", type=int, default=53)
+    parser.add_argument("--world-sizes", default="2,4,8", help="the all-reduce's world sizes (comma list)")
+    parser.add_argument("--dtypes", default="bf16,fp32", help="the all-reduce's dtypes (comma list of bf16, fp32)")
+    parser.add_argument("--seed", type=int, default=53, help="a part run with another seed draws other inputs")
     parser.add_argument("--out", help="write the table as JSON here")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="no measurement: sum these runs' tables (parts with other seeds) and print (and --out) it")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    results, began = [], time.monotonic()
-    for name in args.scenarios.split(","):
-        scenario = SCENARIOS[name]
-        settings = [(w, d) for w in ((2, 4, 8) if scenario is ALLREDUCE else (1,))
-                    for d in ((torch.bfloat16, torch.float32) if scenario is ALLREDUCE else (torch.float32,))]
-        for world_size, dtype in settings:
-            table = measure(scenario, world_size, dtype, args.evaluations, args.seed + world_size)
-            for candidate, row in table.items():
-                results.append({"scenario": name, "world_size": world_size, "dtype": str(dtype)[6:], "candidate": candidate,
-                                **row})
-                verdict = "ok" if row["honest"] == (row["passed"] == row["evaluations"]) or (
-                    not row["honest"] and row["passed"] == 0) else "WRONG"
-                print(f"{name:9} W={world_size} {str(dtype)[6:]:8} {'honest' if row['honest'] else 'wrong':6} "
-                      f"{candidate:36} passed {row['passed']:>4}/{row['evaluations']:<4} {verdict}", flush=True)
-    print(f"{time.monotonic() - began:.0f} s")
+    if args.merge:
+        results = merged(args.merge)
+        for row in results:
+            print(_line(row))
+    else:
+        torch.set_num_threads(1)
+        results, began = [], time.monotonic()
+        for name in args.scenarios.split(","):
+            scenario = SCENARIOS[name]
+            settings = [(w, DTYPES[d]) for w in (map(int, args.world_sizes.split(",")) if scenario is ALLREDUCE else (1,))
+                        for d in (args.dtypes.split(",") if scenario is ALLREDUCE else ("fp32",))]
+            for world_size, dtype in settings:
+                table = measure(scenario, world_size, dtype, args.evaluations, args.seed + world_size)
+                for candidate, row in table.items():
+                    results.append({"scenario": name, "world_size": world_size, "dtype": str(dtype)[6:],
+                                    "candidate": candidate, **row})
+                    print(_line(results[-1]), flush=True)
+        print(f"{time.monotonic() - began:.0f} s")
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump({"evaluations": args.evaluations, "trials": TRIALS, "rows": results}, handle, indent=1)
+            json.dump({"trials": TRIALS, "rows": results}, handle, indent=1)
     return 0
 
 

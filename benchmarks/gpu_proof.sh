@@ -10,6 +10,10 @@
 #                                serve (SERVE_MODES, default "cpu shared-gpu": latency and throughput through pkb serve;
 #                                SERVE_SOAK evaluations of the soak in cpu mode, default 1000; 0: none; SERVE_ROUNDS
 #                                latency rounds, default 3; starlette and uvicorn installed from .whl/ where the node lacks them)
+#                                accuracy_rule (benchmarks/accuracy_rule.py, RULE_EVALUATIONS a setting, default 100, in
+#                                parts of 25 side by side, then merged: the rule's pass rates, issue 53)
+#                                integrity (benchmarks/integrity_corpus.py, every row INTEGRITY_RUNS times, default 1,
+#                                INTEGRITY_JOBS at once, default 4, cpu mode: issue 53's corpus)
 #                                differential (DIFF_WS, default "2 4 8": one stage each; DIFF_ARMS, default all four; PARALLEL
 #                                the side-by-side arms' --parallel, default the machine's most: honest candidates alone and
 #                                side by side, sandbox full and off, must get the same verdict, issue 36)
@@ -49,6 +53,19 @@ for name in "$@"; do
           --world-size "$w" --db "$OUT/accuracy_w$w.sqlite" --quiet ${PARALLEL:+--parallel "$PARALLEL"}
         stage accuracy_w$w python3 benchmarks/paper_summary.py "$OUT/accuracy_w$w.sqlite" --all --json "$OUT/accuracy_w$w.json"
       done ;;
+    accuracy_rule) parts="" i=0  # each world size and dtype in parts of 25 evaluations, one process each
+        for w in 2 4 8; do for d in bf16 fp32; do for k in $(seq 1 $(( (${RULE_EVALUATIONS:-100} + 24) / 25 ))); do
+          i=$((i + 1)); parts="$parts $OUT/rule_part$i.json"
+          python3 benchmarks/accuracy_rule.py --scenarios allreduce --world-sizes $w --dtypes $d --evaluations 25 \
+            --seed $((1000 * k)) --out "$OUT/rule_part$i.json" > "$OUT/rule_part$i.txt" 2>&1 &
+        done; done; done
+        python3 benchmarks/accuracy_rule.py --scenarios colsum,rmsnorm --evaluations "${RULE_EVALUATIONS:-100}" \
+          --out "$OUT/rule_local.json" > "$OUT/rule_local.txt" 2>&1 &
+        wait
+        stage accuracy_rule python3 benchmarks/accuracy_rule.py --merge $parts "$OUT/rule_local.json" \
+          --out "$OUT/accuracy_rule.json" ;;
+    integrity) stage integrity python3 benchmarks/integrity_corpus.py --runs "${INTEGRITY_RUNS:-1}" \
+        --jobs "${INTEGRITY_JOBS:-4}" --out "$OUT/integrity.json" ;;
     env) stage env bash -c 'date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
            python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"triton\", triton.__version__, \"nccl\", torch.cuda.nccl.version())"
            nvidia-smi topo -m; python3 -m pkb.cli hardware' ;;

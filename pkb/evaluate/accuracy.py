@@ -25,7 +25,8 @@ the values it rounds: its errors are spread over every element, of either sign, 
    the value or three times the reference's own error there, and the tolerance or 64 honest scales, whichever is
    tighter (in bf16 the tolerance is a few honest scales wide; in fp32 thousands, and 64 scales is the bound; where
    the problem declares a long local sum, ``Tolerance.accumulation``, the scales never bind below
-   ``ACCUMULATION_SIGMAS`` of it: a sequential fp32 loop over K terms errs by about sqrt(K) / 2 honest scales). NaN and
+   ``ACCUMULATION_SIGMAS`` of it: a sequential fp32 loop over K terms errs by about sqrt(K) / 2 honest scales), plus
+   ``|b| |x_i|`` where the problem declares a bias ``b`` for the output (``Tolerance.bias``, below). NaN and
    infinity must sit where the reference's or the correctly rounded exact answer's do. An input the reference leaves
    exactly as it was (its value is the exact answer's bit for bit) must come back bit for bit.
 2. The rest is pooled over every tensor of one output of one case (its ranks and trials; a replica once), so that an
@@ -345,9 +346,11 @@ class Pool:
         least = torch.where(structural, torch.maximum(rounding, typical), rounding)
         scale = (least.square() / 3 + (sens.square() if sens is not None else 0.0)).sqrt()
         allowed_tolerance = tolerance.atol + tolerance.rtol * magnitude
+        declared = _declared_bias(tolerance, self.path)
         if exact is not None:  # the honest scales, or a long local sum's honest order (the problem's accumulation)
             honest = (Z_ELEMENT * scale).clamp_min(ACCUMULATION_SIGMAS * tolerance.accumulation)
-            allowance = FACTOR * torch.maximum(half_ulp, ref_err.abs()) + torch.minimum(allowed_tolerance, honest)
+            allowance = (FACTOR * torch.maximum(half_ulp, ref_err.abs()) + torch.minimum(allowed_tolerance, honest)
+                         + abs(declared) * magnitude)  # an element may carry the bias the problem declares
         else:
             allowance = torch.maximum(allowed_tolerance, FACTOR * half_ulp)
         off = (err.abs() > allowance) & finite
@@ -367,8 +370,8 @@ class Pool:
         self._pool(err[finite], ref_err[finite], ex[finite], rounding[finite], allowed_tolerance[finite],
                    scale[finite], sens is not None, _clusterings(real_shape(expected), finite), subnormal[finite])
         self.squares["accumulation"] += tolerance.accumulation**2 * int(finite.sum())
-        if tolerance.bias and (not tolerance.bias_on or self.path in tolerance.bias_on):
-            self.declared_bias = tolerance.bias
+        if declared:
+            self.declared_bias = declared
         if exact is None and self.recipe and (dtype in CODE_DTYPES or _coarser(dtype, torch.float32) == dtype
                                               and dtype != torch.float32):
             self.codes["judged"] += int(finite.sum())
@@ -522,6 +525,15 @@ class Pool:
         return (f"{off} of {judged} quantised values ({off / judged:.3g}) differ from the reference's; at most "
                 f"{OFF_SHARE:.3g} of them may: the recipe in another order moves a handful, a rounding or scale other "
                 "than the recipe's (or noise) moves far more")
+
+
+def _declared_bias(tolerance: Tolerance, path: str) -> float:
+    """The problem's ``Tolerance.bias`` where it applies to the value at ``path`` (``bias_on`` names it, or a value
+    inside it: ``input[0]`` covers ``input[0][3]``; empty: every value), else 0."""
+    if not tolerance.bias:
+        return 0.0
+    named = not tolerance.bias_on or any(path == on or path.startswith(on + "[") for on in tolerance.bias_on)
+    return tolerance.bias if named else 0.0
 
 
 def _upper(expected: float) -> float:

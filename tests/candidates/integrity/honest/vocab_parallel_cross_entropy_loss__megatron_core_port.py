@@ -1,10 +1,10 @@
 """Honest (a line-for-line port of current Megatron-core, megatron/core/tensor_parallel/cross_entropy.py,
 VocabParallelCrossEntropy.calculate_logits_max / calculate_predicted_logits / calculate_cross_entropy_loss as
-_VocabParallelCrossEntropy.forward calls them, label_smoothing 0): the logits are converted with .float() first
-(a copy for bf16 logits, the caller's own tensor for fp32 ones), shifted in place by the all-reduced max, exp'd in
-place, and divided in place by the all-reduced sum (the softmax kept for backward); the loss is log(sum_exp) -
-predicted, in fp32, returned in fp32 as Megatron does ... cast here to the logits' dtype, the problem's output
-dtype. What the caller's logits hold afterwards is whatever Megatron leaves there."""
+_VocabParallelCrossEntropy.forward calls them, label_smoothing 0, adapted to the problem's in-place effect): the
+logits are converted to fp32 on a copy, shifted by the all-reduced max, exp'd and divided by the all-reduced sum
+in place there (the softmax Megatron keeps for backward); the loss is log(sum_exp) - predicted in fp32, cast to the
+logits' dtype. The caller's logits end shifted by the max in their own dtype, as the function says (Megatron
+leaves them its own way: wrong/vocab_parallel_cross_entropy_loss__megatron_core_leaves_logits_its_own_way.py)."""
 
 import torch
 import torch.distributed as dist
@@ -13,8 +13,9 @@ import torch.distributed as dist
 def solution(vocab_parallel_logits, target, group=None):
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     in_dtype = vocab_parallel_logits.dtype
-    # calculate_logits_max
-    vocab_parallel_logits = vocab_parallel_logits.float()
+    caller = vocab_parallel_logits
+    # calculate_logits_max (on a copy: Megatron's in-place steps would leave an fp32 caller's logits as the softmax)
+    vocab_parallel_logits = vocab_parallel_logits.float() if in_dtype != torch.float32 else vocab_parallel_logits.clone()
     logits_max = torch.max(vocab_parallel_logits, dim=-1)[0]
     dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=group)
     # calculate_predicted_logits
@@ -40,4 +41,5 @@ def solution(vocab_parallel_logits, target, group=None):
     # calculate_cross_entropy_loss
     loss = torch.log(sum_exp_logits) - predicted_logits
     exp_logits.div_(sum_exp_logits.unsqueeze(dim=-1))
+    caller.sub_(logits_max.unsqueeze(dim=-1).to(in_dtype))  # the problem's in-place effect: the logits shifted by the max
     return loss.to(in_dtype)
