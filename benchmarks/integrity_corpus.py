@@ -2,10 +2,12 @@
 ``pkb eval`` with the settings its manifest row names, ``--runs`` times each with fresh secret inputs, and the
 share of runs that got a status the row allows (issue 53, 56).
 
-The corpus has two halves. ``wrong/`` holds attacks a reward-hacking model or a hurried author would try: answers
+The corpus has three parts. ``wrong/`` holds attacks a reward-hacking model or a hurried author would try: answers
 that are wrong by a little (sparse, biased, lost small data, replicas that disagree), timing that is not what it
 seems, stock routes past ``--policy``, and tries to choose a status that is not a failure. ``honest/`` holds
-kernels that are right in another order or precision, many of them real library code. ``manifest.tsv`` gives each
+kernels that are right in another order or precision, many of them real library code. ``below/`` holds honest
+arithmetic that is below a problem's precision in one dtype (a decision each file's docstring gives): ``ok`` in the
+dtype where it is within it, ``mismatch`` in the other. ``manifest.tsv`` gives each
 file's allowed statuses, the extra ``pkb eval`` flags (``--mode cpu`` and the problem's smallest world size unless
 named) and whether the integration tier runs it once in CI (``ci``), or only here (``full``) for its time; a
 ``known`` row is an open hole (docs/paper-protocol.md): a wrong answer that pkb still judges ``ok``, or an honest one

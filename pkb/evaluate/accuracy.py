@@ -21,9 +21,15 @@ size). An honest
 computation in any order or tree, at any precision at least the run's, errs by a sum of roundings, none larger than
 the values it rounds: its errors are spread over every element, of either sign, on each element's own scale.
 
-1. **Element-wise**, per tensor: ``|e_i| <= FACTOR max(h_i, |e_r,i|) + min(T_i, Z_ELEMENT s_i)``: three roundings of
-   the value or three times the reference's own error there, and the tolerance or 64 honest scales, whichever is
-   tighter (in bf16 the tolerance is a few honest scales wide; in fp32 thousands, and 64 scales is the bound; where
+1. **Element-wise**, per tensor: ``|e_i| <= FACTOR max(h_i, |e_r,i|) + min(T_i, Z_ELEMENT s'_i)``, with
+   ``s'_i = sqrt(s_i^2 + m_i)``, ``m_i`` the mean of ``e_r^2`` over the tensor's elements of no larger binade than
+   ``x_i`` (at least ``MIN_REFERENCE_ELEMENTS`` of them): what the reference's own intermediate roundings cost on
+   values of that size (an exp and a log of a softmax, a bf16 activation stored between two GEMMs), which the
+   inputs' sensitivity does not see. An element near zero amid larger ones may err as its computation's
+   intermediates do, measured on the reference's elements of its size (never learnt from larger values, and averaged:
+   one element's or one row's error is a single draw, near zero by chance as often as not). Three
+   roundings of the value or three times the reference's own error there, and the tolerance or 64 honest scales,
+   whichever is tighter (in bf16 the tolerance is a few honest scales wide; in fp32 thousands, and 64 scales is the bound; where
    the problem declares a long local sum, ``Tolerance.accumulation``, the scales never bind below
    ``ACCUMULATION_SIGMAS`` of it: a sequential fp32 loop over K terms errs by about sqrt(K) / 2 honest scales), plus
    ``|b| |x_i|`` where the problem declares a bias ``b`` for the output (``Tolerance.bias``, below). NaN and
@@ -37,7 +43,8 @@ the values it rounds: its errors are spread over every element, of either sign, 
      far more. The tolerance's share lets through what a problem accepts anyway where the reference's own error is
      tiny: in fp32, 170 unit roundoffs, a sequential sum of some 10^5 terms; and ``ACCUMULATION_RMS`` times the RMS
      error the problem declares for its long local sums (``Tolerance.accumulation``).
-   - **Outliers**: the share of elements with ``|z_i|`` beyond ``FAR_FACTOR`` times the median ``|z|`` (or times a
+   - **Outliers**: with ``z'_i = e_i / s'_i`` (test 1: the honest scale with the reference's error), the share
+     of elements with ``|z'_i|`` beyond ``FAR_FACTOR`` times the median ``|z'|`` (or times a
      quarter of a rounding, ``FAR_LEAST``, where the median is smaller: a tensor whose values mostly come out exact)
      must be at most
      ``max(FAR_REFERENCE_FACTOR`` times the reference's own share, ``FAR_SHARE)``: an honest error is a sum of many
@@ -101,6 +108,7 @@ BIAS_SIGMAS = 6.0  # a bias or offset within this many standard errors of zero i
 BIAS_FLOOR = 4.0  # times u^2: the second-order bias honest arithmetic may carry
 SUBNORMAL_STEPS = 1.0  # the offset honest arithmetic may carry below the smallest normal, in subnormal steps (the
 # intercept of two kernels of fp16 Adam: 0.8; six honest kernels of a red-team's: a mean of 0.31 at most)
+MIN_REFERENCE_ELEMENTS = 32  # the reference's error is averaged over at least this many elements of no larger size
 MIN_CLUSTER_INDICES = 16  # an axis with fewer indices is not cut into clusters (too few to estimate a variance)
 RUN = 64  # a flat tensor's clusters: runs of this many elements
 OFF_SHARE = 0.01  # a recipe's quantised values: the share that may differ from the reference's
@@ -347,8 +355,10 @@ class Pool:
         scale = (least.square() / 3 + (sens.square() if sens is not None else 0.0)).sqrt()
         allowed_tolerance = tolerance.atol + tolerance.rtol * magnitude
         declared = _declared_bias(tolerance, self.path)
+        # with the rounding the reference's own intermediate steps cost in this tensor (the module's docstring)
+        wide_scale = (scale.square() + _reference_mean_square(ref_err, magnitude)).sqrt()
         if exact is not None:  # the honest scales, or a long local sum's honest order (the problem's accumulation)
-            honest = (Z_ELEMENT * scale).clamp_min(ACCUMULATION_SIGMAS * tolerance.accumulation)
+            honest = (Z_ELEMENT * wide_scale).clamp_min(ACCUMULATION_SIGMAS * tolerance.accumulation)
             allowance = (FACTOR * torch.maximum(half_ulp, ref_err.abs()) + torch.minimum(allowed_tolerance, honest)
                          + abs(declared) * magnitude)  # an element may carry the bias the problem declares
         else:
@@ -368,7 +378,8 @@ class Pool:
         if bool(subnormal.any()):
             self.subnormal["step"] = float(torch.finfo(coarse).tiny * torch.finfo(coarse).eps)
         self._pool(err[finite], ref_err[finite], ex[finite], rounding[finite], allowed_tolerance[finite],
-                   scale[finite], sens is not None, _clusterings(real_shape(expected), finite), subnormal[finite])
+                   scale[finite], wide_scale[finite], sens is not None, _clusterings(real_shape(expected), finite),
+                   subnormal[finite])
         self.squares["accumulation"] += tolerance.accumulation**2 * int(finite.sum())
         if declared:
             self.declared_bias = declared
@@ -401,7 +412,7 @@ class Pool:
                         float(err[worst].abs()) / max(abs(value), 1e-300), unravel(worst, real_shape(expected)), value,
                         float(cand[worst]), against="exact" if self.against_exact else "reference")
 
-    def _pool(self, err, ref_err, ex, rounding, allowed, scale, sensitive, clusterings, subnormal) -> None:
+    def _pool(self, err, ref_err, ex, rounding, allowed, scale, wide_scale, sensitive, clusterings, subnormal) -> None:
         self.num_tensors += 1
         self.numel += err.numel()
         for name, values in (("error", err), ("reference", ref_err), ("rounding", rounding / math.sqrt(3)),
@@ -419,8 +430,8 @@ class Pool:
             self.subnormal["numel"] += int(subnormal.sum())
             self.subnormal["squares"] += float(ex[subnormal].square().sum())
         if sensitive and err.numel():
-            z, z_ref = (err / scale.clamp_min(1e-300)).abs(), (ref_err / scale.clamp_min(1e-300)).abs()
-            least = FAR_LEAST * rounding / scale.clamp_min(1e-300)  # a median of exact zeros says nothing
+            z, z_ref = (err / wide_scale.clamp_min(1e-300)).abs(), (ref_err / wide_scale.clamp_min(1e-300)).abs()
+            least = FAR_LEAST * rounding / wide_scale.clamp_min(1e-300)  # a median of exact zeros says nothing
             self.far["judged"] += err.numel()
             self.far["found"] += _beyond_median(z, least)
             self.far["reference"] += _beyond_median(z_ref, least)
@@ -609,6 +620,22 @@ class Regression:
         variance = torch.maximum(robust, model).clamp_min(0.0)
         return (_Estimate(float(theta[1]), math.sqrt(float(variance[1]))),
                 _Estimate(float(theta[0]), math.sqrt(float(variance[0]))))
+
+
+def _reference_mean_square(ref_err: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
+    """For each element, the mean of the reference's squared error over the elements of this tensor whose exact value
+    is no larger in binade (``floor(log2 |x|)``, exact zeros the lowest), from the smallest binade up to the first that
+    gathers ``MIN_REFERENCE_ELEMENTS``; a tensor of fewer: its mean. Elements of one size share one honest scale for
+    the reference's intermediate roundings, and never one learnt from larger values."""
+    if ref_err.numel() < MIN_REFERENCE_ELEMENTS:
+        return ref_err.square().mean().expand_as(ref_err) if ref_err.numel() else ref_err
+    binades, where = torch.unique(torch.floor(torch.log2(magnitude.clamp_min(1e-300))), return_inverse=True)
+    sums = torch.zeros(binades.numel(), dtype=ref_err.dtype).index_add_(0, where, ref_err.square()).cumsum(0)
+    counts = torch.bincount(where, minlength=binades.numel()).cumsum(0)
+    means = sums / counts
+    enough = counts >= MIN_REFERENCE_ELEMENTS
+    means = torch.where(enough, means, means[int(enough.nonzero()[0])])  # the smallest binades: with the first enough
+    return means[where]
 
 
 def _clusterings(shape: tuple[int, ...], kept: torch.Tensor) -> list[torch.Tensor]:

@@ -21,6 +21,12 @@ def test_every_corpus_file_has_a_row_and_the_ci_rows_cover_both_halves_and_every
     kinds = {flag for row in ci for flag in ("--perf", "--policy", "--world-size 4", "--cases") if flag in row.flags}
     assert kinds == {"--perf", "--policy", "--world-size 4", "--cases"}
     assert all(row.allowed == ("ok",) for row in ROWS if row.path.startswith("honest/"))
+    # below/: honest arithmetic below the problem's precision in one dtype, decided per file (its docstring): one
+    # status in each dtype, `ok` where it is within the precision, `mismatch` where it is not
+    below = [row for row in ROWS if row.path.startswith("below/")]
+    assert below and all(row.allowed in (("ok",), ("mismatch",)) for row in below)
+    assert all({row.allowed for row in below if row.path == path} == {("ok",), ("mismatch",)}
+               for path in {row.path for row in below})
     # `skipped` is allowed only where the candidate's own code needs a GPU (counted as not passed: docs/reports.md)
     assert not any("ok" in row.allowed or "harness_error" in row.allowed or "infra_error" in row.allowed
                    or ("skipped" in row.allowed and "dead_cuda_code" not in row.path)

@@ -1,9 +1,13 @@
-"""Honest (recomputation instead of caching): the context-parallel attention backward without the saved softmax
-statistics: all-gather K and V over the CP group, recompute this rank's attention probabilities P and output O in
-fp32 from q and k (not from the given LSE and out), delta = rowsum(dO * O), dS = P * (dO V^T - delta), dQ = scale
-dS K, and the K/V gradients of the whole sequence, reduce-scattered over the CP group in fp32 so each rank gets its
-block's; rounded to the inputs' dtype and averaged over the DP group in that dtype as the reference does. The exact
-gradient of the forward, recomputed rather than read back."""
+"""Wrong for this problem (it ignores two of its arguments): the context-parallel attention backward that
+recomputes instead of reading its `out` and `lse`: all-gather K and V over the CP group, recompute this rank's
+attention probabilities P and output O in fp32 from q and k, delta = rowsum(dO * O), dS = P * (dO V^T - delta),
+dQ = scale dS K, and the K/V gradients of the whole sequence, reduce-scattered over the CP group in fp32 so each rank
+gets its block's; rounded to the inputs' dtype and averaged over the DP group in that dtype as the reference does.
+The function is the gradient given the forward's saved `out` and `lse` (FlashAttention's backward reads the saved O
+for delta, as upstream's reference does); this one answers for the unrounded forward instead. In bf16 the two differ
+by the rounding of `out`, concentrated where delta moves a whole row: 0.36-0.40 % of dq beyond 8 median errors where
+the reference has 0.02 % (`mismatch`, the outlier test, every run). In fp32 the difference is near the noise: it
+fails most runs (0.56-0.91 % on the causal case) and passes some (a `known` row)."""
 
 import torch
 import torch.distributed as dist
