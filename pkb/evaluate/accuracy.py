@@ -22,17 +22,19 @@ computation in any order or tree, at any precision at least the run's, errs by a
 the values it rounds: its errors are spread over every element, of either sign, on each element's own scale.
 
 1. **Element-wise**, per tensor: ``|e_i| <= FACTOR max(h_i, |e_r,i|) + min(T_i, Z_ELEMENT s'_i)``, with
-   ``s'_i = sqrt(s_i^2 + m_i)``, ``m_i`` the mean of ``e_r^2`` over the tensor's elements of no larger binade than
-   ``x_i`` (at least ``MIN_REFERENCE_ELEMENTS`` of them): what the reference's own intermediate roundings cost on
-   values of that size (an exp and a log of a softmax, a bf16 activation stored between two GEMMs), which the
-   inputs' sensitivity does not see. An element near zero amid larger ones may err as its computation's
-   intermediates do, measured on the reference's elements of its size (never learnt from larger values, and averaged:
-   one element's or one row's error is a single draw, near zero by chance as often as not). Three
+   ``s'_i = sqrt(s_i^2 + m_i)``, ``m_i`` the mean of ``e_r^2`` over the tensor's elements of ``x_i``'s binade
+   (``floor(log2 |x|)``) where it holds at least ``MIN_REFERENCE_ELEMENTS``, else 0: what the reference's own
+   intermediate roundings cost on values of that size (an exp and a log of a softmax, a bf16 activation stored
+   between two GEMMs), which the inputs' sensitivity does not see. An element near zero amid larger ones may err as
+   its computation's intermediates do, measured on the reference's elements of its size: never learnt from larger
+   or smaller values (a few small values among large ones keep their own scale), and averaged (one element's or one
+   row's error is a single draw, near zero by chance as often as not). Three
    roundings of the value or three times the reference's own error there, and the tolerance or 64 honest scales,
    whichever is tighter (in bf16 the tolerance is a few honest scales wide; in fp32 thousands, and 64 scales is the bound; where
    the problem declares a long local sum, ``Tolerance.accumulation``, the scales never bind below
-   ``ACCUMULATION_SIGMAS`` of it: a sequential fp32 loop over K terms errs by about sqrt(K) / 2 honest scales), plus
-   ``|b| |x_i|`` where the problem declares a bias ``b`` for the output (``Tolerance.bias``, below). NaN and
+   ``ACCUMULATION_SIGMAS`` of it: a sequential fp32 loop over K terms errs by about sqrt(K) / 2 honest scales), the
+   error measured from the range 0 to ``b x_i`` where the problem declares a bias ``b`` for the output
+   (``Tolerance.bias``, below: with its sign). NaN and
    infinity must sit where the reference's or the correctly rounded exact answer's do. An input the reference leaves
    exactly as it was (its value is the exact answer's bit for bit) must come back bit for bit.
 2. The rest is pooled over every tensor of one output of one case (its ranks and trials; a replica once), so that an
@@ -108,7 +110,7 @@ BIAS_SIGMAS = 6.0  # a bias or offset within this many standard errors of zero i
 BIAS_FLOOR = 4.0  # times u^2: the second-order bias honest arithmetic may carry
 SUBNORMAL_STEPS = 1.0  # the offset honest arithmetic may carry below the smallest normal, in subnormal steps (the
 # intercept of two kernels of fp16 Adam: 0.8; six honest kernels of a red-team's: a mean of 0.31 at most)
-MIN_REFERENCE_ELEMENTS = 32  # the reference's error is averaged over at least this many elements of no larger size
+MIN_REFERENCE_ELEMENTS = 32  # the reference's error is averaged over at least this many elements of one binade
 MIN_CLUSTER_INDICES = 16  # an axis with fewer indices is not cut into clusters (too few to estimate a variance)
 RUN = 64  # a flat tensor's clusters: runs of this many elements
 OFF_SHARE = 0.01  # a recipe's quantised values: the share that may differ from the reference's
@@ -359,11 +361,13 @@ class Pool:
         wide_scale = (scale.square() + _reference_mean_square(ref_err, magnitude)).sqrt()
         if exact is not None:  # the honest scales, or a long local sum's honest order (the problem's accumulation)
             honest = (Z_ELEMENT * wide_scale).clamp_min(ACCUMULATION_SIGMAS * tolerance.accumulation)
-            allowance = (FACTOR * torch.maximum(half_ulp, ref_err.abs()) + torch.minimum(allowed_tolerance, honest)
-                         + abs(declared) * magnitude)  # an element may carry the bias the problem declares
+            allowance = FACTOR * torch.maximum(half_ulp, ref_err.abs()) + torch.minimum(allowed_tolerance, honest)
         else:
             allowance = torch.maximum(allowed_tolerance, FACTOR * half_ulp)
-        off = (err.abs() > allowance) & finite
+        band = declared * ex  # an element may carry the bias the problem declares, with its sign: from 0 to b x
+        zero = torch.zeros_like(band)
+        beyond = err - err.clamp(torch.minimum(band, zero), torch.maximum(band, zero))
+        off = (beyond.abs() > allowance) & finite
         if misplaced is not None:
             off |= misplaced
         if bool(off.any()):
@@ -623,18 +627,16 @@ class Regression:
 
 
 def _reference_mean_square(ref_err: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
-    """For each element, the mean of the reference's squared error over the elements of this tensor whose exact value
-    is no larger in binade (``floor(log2 |x|)``, exact zeros the lowest), from the smallest binade up to the first that
-    gathers ``MIN_REFERENCE_ELEMENTS``; a tensor of fewer: its mean. Elements of one size share one honest scale for
-    the reference's intermediate roundings, and never one learnt from larger values."""
-    if ref_err.numel() < MIN_REFERENCE_ELEMENTS:
-        return ref_err.square().mean().expand_as(ref_err) if ref_err.numel() else ref_err
+    """For each element, the mean of the reference's squared error over the elements of this tensor in its binade
+    (``floor(log2 |x|)``, exact zeros apart) where that binade holds at least ``MIN_REFERENCE_ELEMENTS``, else 0:
+    elements of one size share one honest scale for the reference's intermediate roundings, learnt from neither larger
+    nor smaller values, nor from a handful (an element's own error is a single draw)."""
+    if not ref_err.numel():
+        return ref_err
     binades, where = torch.unique(torch.floor(torch.log2(magnitude.clamp_min(1e-300))), return_inverse=True)
-    sums = torch.zeros(binades.numel(), dtype=ref_err.dtype).index_add_(0, where, ref_err.square()).cumsum(0)
-    counts = torch.bincount(where, minlength=binades.numel()).cumsum(0)
-    means = sums / counts
-    enough = counts >= MIN_REFERENCE_ELEMENTS
-    means = torch.where(enough, means, means[int(enough.nonzero()[0])])  # the smallest binades: with the first enough
+    sums = torch.zeros(binades.numel(), dtype=ref_err.dtype).index_add_(0, where, ref_err.square())
+    counts = torch.bincount(where, minlength=binades.numel())
+    means = torch.where(counts >= MIN_REFERENCE_ELEMENTS, sums / counts.clamp_min(1), 0.0)
     return means[where]
 
 

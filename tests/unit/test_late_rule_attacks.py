@@ -168,12 +168,15 @@ def test_a_gain_on_small_fp32_outputs_of_an_fp16_run_is_caught():
 # -- change 1: what the rule still stops --------------------------------------------------------------------------
 
 
-def test_flushing_every_subnormal_value_to_zero_is_caught_element_wise():
+def test_flushing_every_subnormal_value_to_zero_is_caught_element_wise_or_by_the_far_test():
+    """Element-wise, or (where the reference's own error on values of that binade widens the element's scale) as
+    outliers: 5.8 % of the elements beyond 8 medians."""
     _, exact, reference, sensitivity = _second_moment(1e-2)
     flushed = torch.where(reference.double() < TINY, 0.0, reference.double()).half()
     for tolerance in (FP16_DEFAULT, MLP_FP16):
         found = judge_one(reference, flushed, exact, sensitivity, tolerance, H)
-        assert found is not None and "elements off the exact answer" in found.reason, found
+        assert found is not None and ("elements off the exact answer" in found.reason
+                                      or "median error" in found.reason), found
 
 
 def test_flushing_below_four_steps_is_caught_by_the_far_test_or_element_wise():
