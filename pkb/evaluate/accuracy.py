@@ -45,8 +45,8 @@ the values it rounds: its errors are spread over every element, of either sign, 
      far more. The tolerance's share lets through what a problem accepts anyway where the reference's own error is
      tiny: in fp32, 170 unit roundoffs, a sequential sum of some 10^5 terms; and ``ACCUMULATION_RMS`` times the RMS
      error the problem declares for its long local sums (``Tolerance.accumulation``).
-   - **Outliers**: the share of elements far under both scales, ``|z_i| = |e_i| / s_i`` beyond ``FAR_FACTOR`` times
-     the median ``|z|`` and ``|z'_i| = |e_i| / s'_i`` (test 1) beyond as many times the median ``|z'|`` (each or times a
+   - **Outliers**: with ``z'_i = e_i / s'_i`` (test 1: the honest scale with the reference's error), the share
+     of elements with ``|z'_i|`` beyond ``FAR_FACTOR`` times the median ``|z'|`` (or times a
      quarter of a rounding, ``FAR_LEAST``, where the median is smaller: a tensor whose values mostly come out exact)
      must be at most
      ``max(FAR_REFERENCE_FACTOR`` times the reference's own share, ``FAR_SHARE)``: an honest error is a sum of many
@@ -434,10 +434,10 @@ class Pool:
             self.subnormal["numel"] += int(subnormal.sum())
             self.subnormal["squares"] += float(ex[subnormal].square().sum())
         if sensitive and err.numel():
-            scales = (scale.clamp_min(1e-300), wide_scale.clamp_min(1e-300))
+            wide = wide_scale.clamp_min(1e-300)
             self.far["judged"] += err.numel()
-            self.far["found"] += _beyond_median(err, rounding, scales)
-            self.far["reference"] += _beyond_median(ref_err, rounding, scales)
+            self.far["found"] += _beyond_median(err, rounding, wide)
+            self.far["reference"] += _beyond_median(ref_err, rounding, wide)
 
     def rms(self, name: str) -> float:
         return math.sqrt(self.squares[name] / self.numel) if self.numel else 0.0
@@ -555,19 +555,13 @@ def _upper(expected: float) -> float:
     return expected + 4.0 * math.sqrt(expected) + 3.0
 
 
-def _beyond_median(err: torch.Tensor, rounding: torch.Tensor, scales: tuple[torch.Tensor, ...]) -> int:
-    """How many of ``err`` are far under every one of ``scales`` (the honest scale ``s`` and ``s'``): ``|err| / scale``
-    beyond FAR_FACTOR times its median, or times a quarter of a rounding in that scale where that is larger (where
-    more than half the elements come out exact, the median is no scale). Under ``s`` alone the reference's own
-    intermediate roundings look far; under ``s'`` alone, on values where the reference is lossy, an answer more
-    accurate than it has a small median and its ordinary errors elsewhere look far: a lost or corrupted element is far
-    under both."""
-    far = torch.ones_like(err, dtype=torch.bool)
-    for scale in scales:
-        z = (err / scale).abs()
-        median = float(z.median()) if z.numel() else 0.0
-        far &= z > FAR_FACTOR * torch.clamp(FAR_LEAST * rounding / scale, min=median)
-    return int(far.sum())
+def _beyond_median(err: torch.Tensor, rounding: torch.Tensor, scale: torch.Tensor) -> int:
+    """How many of ``err`` are far in ``scale`` (``s'``): ``|err| / scale`` beyond FAR_FACTOR times its median, or times
+    a quarter of a rounding in that scale where that is larger (where more than half the elements come out exact, the
+    median is no scale)."""
+    z = (err / scale).abs()
+    median = float(z.median()) if z.numel() else 0.0
+    return int((z > FAR_FACTOR * torch.clamp(FAR_LEAST * rounding / scale, min=median)).sum())
 
 
 # -- the bias and offset fit ------------------------------------------------------------------------------------

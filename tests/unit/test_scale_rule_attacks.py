@@ -7,10 +7,10 @@ pkb.evaluate.accuracy scales each element by ``s'_i = sqrt(s_i^2 + m_i)`` in the
 inside a named path). The rule's first version learnt ``m_i`` cumulatively from the smallest binade up to the first
 that gathered 32 elements, and widened each element by ``|b| |x_i|`` both ways: this round found five wrong answers
 passing through that (the ``# Closed`` tests), closed by taking ``m_i`` from the element's own binade only, where it
-holds ``MIN_REFERENCE_ELEMENTS``, and by the signed range; and one honest answer failing the far test on ``s'``
-(more accurate than a lossy reference), closed by counting an element as far only where it is far under both ``s``
-and ``s'``. They are ordinary tests now; a precondition that no longer holds raises ``RuntimeError`` and fails the
-test outright. ``_old_rule`` replays the element-wise bound and far test as they were before the change (``m_i = 0``, no
+holds ``MIN_REFERENCE_ELEMENTS``, and by the signed range: they are ordinary tests now. One honest answer failing
+the far test on ``s'`` (more accurate than a lossy reference) is still open: ``xfail(strict=True,
+raises=AssertionError)``, its final assertion stating what the judge should do. A precondition that no longer holds
+raises ``RuntimeError`` and fails the test outright. ``_old_rule`` replays the element-wise bound and far test as they were before the change (``m_i = 0``, no
 declared bias) by patching the module's two helpers; the closed holes' preconditions check that it failed them.
 """
 
@@ -137,13 +137,16 @@ def test_large_accurate_values_do_not_inherit_the_cancellation_error_of_smaller_
 # -- honest answers and the far test's new median ----------------------------------------------------------------------
 
 
-# Closed (the far test now counts an element only where it is far under both s and s'): honest answer fails: 90 % of
-# an fp32 tensor (|x| in [1, 2)) pass through a lossy step of the reference (reference error 10 u |x|, sensitivity u
-# |x|), 10 % are small values from a cancellation (|x| ~ 1.5e-3, sensitivity 20 roundings) that the reference
-# computes accurately (0.3 sensitivity). A candidate more accurate than the reference on the bulk (1.5 u |x|) and
-# erring exactly its honest scale on the small ones (N(0, sigma^2)) fails the far test: 146 of 4096 (3.6 %) beyond 8
-# medians, the reference 0: s' on the bulk (~12 u) drags the median |z'| to ~0.09, and the small values' z' ~ 1 are
-# 'far'. With the reference at 30 u: 310 (7.6 %); at 5 u: 25. The old rule (z = e / s) passes all three
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "honest answer fails: 90 % of an fp32 tensor (|x| in [1, 2)) pass through a lossy step of the "
+    "reference (reference error 10 u |x|, sensitivity u |x|), 10 % are small values from a cancellation "
+    "(|x| ~ 1.5e-3, sensitivity 20 roundings) that the reference computes accurately (0.3 sensitivity). A "
+    "candidate more accurate than the reference on the bulk (1.5 u |x|) and erring exactly its honest "
+    "scale on the small ones (N(0, sigma^2)) fails the far test: 146 of 4096 (3.6 %) beyond 8 medians, "
+    "the reference 0: s' on the bulk (~12 u) drags the median |z'| to ~0.09, and the small values' z' ~ 1 "
+    "are 'far'. With the reference at 30 u: 310 (7.6 %); at 5 u: 25. The old rule (z = e / s) passes all "
+    "three. Counting only elements far under both s and s' closed it but let every rank's drop of inputs "
+    "below 0.01 through at W = 4 (caught under s' alone): reverted, open"))
 def test_an_answer_more_accurate_than_a_lossy_reference_on_most_values_passes():
     gen = torch.Generator().manual_seed(7)
     n = 4096
