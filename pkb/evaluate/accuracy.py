@@ -357,16 +357,18 @@ class Pool:
         scale = (least.square() / 3 + (sens.square() if sens is not None else 0.0)).sqrt()
         allowed_tolerance = tolerance.atol + tolerance.rtol * magnitude
         declared = _declared_bias(tolerance, self.path)
-        # with the rounding the reference's own intermediate steps cost in this tensor (the module's docstring)
-        wide_scale = (scale.square() + _reference_mean_square(ref_err, magnitude)).sqrt()
+        # with the rounding the reference's own intermediate steps cost in this tensor (the module's docstring); against
+        # the reference's own output its error is nothing
+        wide_scale = (scale.square() + _reference_mean_square(ref_err, magnitude)).sqrt() if exact is not None else scale
         if exact is not None:  # the honest scales, or a long local sum's honest order (the problem's accumulation)
             honest = (Z_ELEMENT * wide_scale).clamp_min(ACCUMULATION_SIGMAS * tolerance.accumulation)
             allowance = FACTOR * torch.maximum(half_ulp, ref_err.abs()) + torch.minimum(allowed_tolerance, honest)
         else:
             allowance = torch.maximum(allowed_tolerance, FACTOR * half_ulp)
-        band = declared * ex  # an element may carry the bias the problem declares, with its sign: from 0 to b x
-        zero = torch.zeros_like(band)
-        beyond = err - err.clamp(torch.minimum(band, zero), torch.maximum(band, zero))
+        beyond = err
+        if declared:  # an element may carry the bias the problem declares, with its sign: from 0 to b x
+            band = declared * ex
+            beyond = err - err.clamp(band.clamp(max=0.0), band.clamp(min=0.0))
         off = (beyond.abs() > allowance) & finite
         if misplaced is not None:
             off |= misplaced
