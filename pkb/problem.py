@@ -93,8 +93,8 @@ class Tolerance:
     own in the run's dtype, is lost (AdamW's decoupled weight decay, ``lr * wd`` below half an ulp of fp16 or
     bf16, leaves the parameter larger: +lr * wd; torch's clip coefficient max_norm / (norm + 1e-6) where the function
     divides by the norm alone); pkb's bias test allows a bias between 0 and it, and each element an error from 0 to
-    that much of its value, on the values named in ``bias_on`` (pkb's paths: ``out[0]``, ``input[0]``, and the values inside them) or,
-    where that is empty, on every value. 0: none.
+    that much of its value, on the values named in ``bias_on`` (pkb's paths: ``out[0]``, ``input[0]``, and the
+    values inside them) or, where that is empty, on every value. 0: none.
     """
 
     atol: float
