@@ -332,7 +332,10 @@ class Pool:
                                                                     "back bit for bit")
         sized = exact is not None and sensitivity is not None and sensitivity.numel() == ex.numel()
         sens = _flat64(sensitivity) if sized else None
-        finite = torch.isfinite(cand) & torch.isfinite(ref) & torch.isfinite(ex)
+        # element-wise, every element where the candidate and the exact answer are finite is judged (where the reference
+        # overflowed, against the exact answer alone); the pooled tests take those where the reference is finite too
+        judged = torch.isfinite(cand) & torch.isfinite(ex)
+        finite = judged & torch.isfinite(ref)
         misplaced, special = None, None
         if not bool(finite.all()):
             special = torch.where(torch.isfinite(ex), ref, ex)  # the exact answer's NaN or inf, else the reference's
@@ -340,9 +343,9 @@ class Pool:
             special_ok = _same_special(cand, ref) | _same_special(cand, rounded)
             misplaced = (~torch.isfinite(cand) & ~special_ok) | (torch.isfinite(cand) & ~torch.isfinite(ref)
                                                                    & ~torch.isfinite(rounded))
-            ex = torch.where(finite, ex, 0.0)
-            sens = None if sens is None else torch.where(finite, sens, 0.0)
-        err = torch.where(finite, cand - ex, 0.0)
+            ex = torch.where(judged, ex, 0.0)
+            sens = None if sens is None else torch.where(judged, sens, 0.0)
+        err = torch.where(judged, cand - ex, 0.0)
         ref_err = torch.where(finite, ref - ex, 0.0)
         magnitude = ex.abs()
         half_ulp = _half_ulp(magnitude, dtype)
@@ -369,7 +372,7 @@ class Pool:
         if declared:  # an element may carry the bias the problem declares, with its sign: from 0 to b x
             band = declared * ex
             beyond = err - err.clamp(band.clamp(max=0.0), band.clamp(min=0.0))
-        off = (beyond.abs() > allowance) & finite
+        off = (beyond.abs() > allowance) & judged
         if misplaced is not None:
             off |= misplaced
         if bool(off.any()):
@@ -383,9 +386,11 @@ class Pool:
         subnormal = (magnitude > 0) & (magnitude < torch.finfo(coarse).tiny)
         if bool(subnormal.any()):
             self.subnormal["step"] = float(torch.finfo(coarse).tiny * torch.finfo(coarse).eps)
+        # the fit's honest noise: each element's scale, and the problem's long local sums where it declares them
+        fit_scale = (scale.square() + tolerance.accumulation**2).sqrt() if tolerance.accumulation else scale
         self._pool(err[finite], ref_err[finite], ex[finite], rounding[finite], allowed_tolerance[finite],
-                   scale[finite], wide_scale[finite], sens is not None, _clusterings(real_shape(expected), finite),
-                   subnormal[finite])
+                   fit_scale[finite], wide_scale[finite], sens is not None, _clusterings(real_shape(expected), finite),
+                   subnormal[finite], structural[finite])
         self.squares["accumulation"] += tolerance.accumulation**2 * int(finite.sum())
         if declared:
             self.declared_bias = declared
@@ -418,7 +423,8 @@ class Pool:
                         float(err[worst].abs()) / max(abs(value), 1e-300), unravel(worst, real_shape(expected)), value,
                         float(cand[worst]), against="exact" if self.against_exact else "reference")
 
-    def _pool(self, err, ref_err, ex, rounding, allowed, scale, wide_scale, sensitive, clusterings, subnormal) -> None:
+    def _pool(self, err, ref_err, ex, rounding, allowed, scale, wide_scale, sensitive, clusterings, subnormal,
+              structural) -> None:
         self.num_tensors += 1
         self.numel += err.numel()
         for name, values in (("error", err), ("reference", ref_err), ("rounding", rounding / math.sqrt(3)),
@@ -438,8 +444,8 @@ class Pool:
         if sensitive and err.numel():
             wide = wide_scale.clamp_min(1e-300)
             self.far["judged"] += err.numel()
-            self.far["found"] += _beyond_median(err, rounding, wide)
-            self.far["reference"] += _beyond_median(ref_err, rounding, wide)
+            self.far["found"] += _beyond_median(err, rounding, wide, ~structural)
+            self.far["reference"] += _beyond_median(ref_err, rounding, wide, ~structural)
 
     def rms(self, name: str) -> float:
         return math.sqrt(self.squares[name] / self.numel) if self.numel else 0.0
@@ -557,12 +563,15 @@ def _upper(expected: float) -> float:
     return expected + 4.0 * math.sqrt(expected) + 3.0
 
 
-def _beyond_median(err: torch.Tensor, rounding: torch.Tensor, scale: torch.Tensor) -> int:
-    """How many of ``err`` are far in ``scale`` (``s'``): ``|err| / scale`` beyond FAR_FACTOR times its median, or times
-    a quarter of a rounding in that scale where that is larger (where more than half the elements come out exact, the
-    median is no scale)."""
+def _beyond_median(err: torch.Tensor, rounding: torch.Tensor, scale: torch.Tensor, informative: torch.Tensor) -> int:
+    """How many of ``err`` are far in ``scale`` (``s'``): ``|err| / scale`` beyond FAR_FACTOR times its median over the
+    ``informative`` elements, or times a quarter of a rounding in that scale where that is larger (where more than half
+    the elements come out exact, the median is no scale). An element zero whatever the inputs (a gradient's row no
+    token touched, ReLU's negative side) errs by nothing when honest: it is counted, never part of the median, which
+    it would drag to zero."""
     z = (err / scale).abs()
-    median = float(z.median()) if z.numel() else 0.0
+    median_of = z[informative] if bool(informative.any()) else z
+    median = float(median_of.median()) if median_of.numel() else 0.0
     return int((z > FAR_FACTOR * torch.clamp(FAR_LEAST * rounding / scale, min=median)).sum())
 
 
@@ -636,11 +645,17 @@ def _reference_mean_square(ref_err: torch.Tensor, magnitude: torch.Tensor) -> to
     nor smaller values, nor from a handful (an element's own error is a single draw)."""
     if not ref_err.numel():
         return ref_err
-    binades, where = torch.unique(torch.floor(torch.log2(magnitude.clamp_min(1e-300))), return_inverse=True)
-    sums = torch.zeros(binades.numel(), dtype=ref_err.dtype).index_add_(0, where, ref_err.square())
-    counts = torch.bincount(where, minlength=binades.numel())
+    exponent = torch.frexp(magnitude).exponent.long()  # |x| = m 2^exponent, m in [0.5, 1): the binade, exactly
+    binade = torch.where(magnitude > 0, exponent, _ZEROS_BINADE)
+    binade = torch.where(torch.isfinite(magnitude), binade, _NOT_FINITE_BINADE)
+    where = binade - _ZEROS_BINADE  # no sort: a count per binade
+    counts = torch.bincount(where)
+    sums = torch.zeros(counts.numel(), dtype=ref_err.dtype).index_add_(0, where, ref_err.square())
     means = torch.where(counts >= MIN_REFERENCE_ELEMENTS, sums / counts.clamp_min(1), 0.0)
     return means[where]
+
+
+_ZEROS_BINADE, _NOT_FINITE_BINADE = -1100, 1100  # beyond fp64's exponents (-1073 to 1024): exact zeros, inf and NaN
 
 
 def _clusterings(shape: tuple[int, ...], kept: torch.Tensor) -> list[torch.Tensor]:
@@ -668,14 +683,18 @@ def _clusterings(shape: tuple[int, ...], kept: torch.Tensor) -> list[torch.Tenso
 
 def bit_equal(expected: torch.Tensor, got: torch.Tensor) -> bool:
     """Whether two tensors of one shape and dtype hold the same values, NaN where NaN (a dtype without arithmetic:
-    the same bytes)."""
+    the same bytes); tensors of other shapes or dtypes never do."""
+    if expected.shape != got.shape or expected.dtype != got.dtype:  # torch.equal would promote: 2^53 + 1 == 2.0^53
+        return False
     try:
         if torch.equal(expected, got):
             return True
         if not (expected.is_floating_point() or expected.is_complex()):
             return False
-        e, g = _flat64(expected), _flat64(got)
-        return bool(((e == g) | (torch.isnan(e) & torch.isnan(g))).all())
+        if expected.is_complex():  # a complex number's parts one by one
+            expected, got = torch.view_as_real(expected.resolve_conj()), torch.view_as_real(got.resolve_conj())
+        # in the tensors' own dtype: no fp64 copy of a large output (a replica's inputs differ on every rank)
+        return bool(((expected == got) | (torch.isnan(expected) & torch.isnan(got))).all())
     except (RuntimeError, TypeError):
         return _bytes(expected) == _bytes(got)
 

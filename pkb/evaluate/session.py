@@ -22,12 +22,18 @@ class ReferenceOutputs:
     problem, case and trial: candidates of one problem (a model's k samples, a folder and the references)
     are judged against the reference's answer without running it again. A trial's inputs follow from the
     session's seeds, so a reply is the same whoever it is compared with. The least recently used go
-    first once the replies' tensors pass ``max_bytes``; none is kept that alone is larger."""
+    first once the replies' tensors pass ``max_bytes``; none is kept that alone is larger than ``max_one`` (a
+    eighth of it unless given): a few large answers (an upstream case's exact answers, 128 MiB for each trial
+    of a 1024 x 1024 all-reduce at W = 4) would push out every small one, and candidates evaluated one after
+    another, each asking for more than fits, would then find none kept (the least recently used is always the
+    next one asked for)."""
 
     MAX_BYTES = 512 << 20
+    ONE_SHARE = 8  # none kept larger than max_bytes / ONE_SHARE, unless max_one says otherwise
 
-    def __init__(self, max_bytes: int = MAX_BYTES):
+    def __init__(self, max_bytes: int = MAX_BYTES, max_one: int | None = None):
         self.max_bytes = max_bytes
+        self.max_one = max_bytes // self.ONE_SHARE if max_one is None else min(max_one, max_bytes)
         self.num_bytes = 0
         self.hits = self.misses = 0
         self._replies: OrderedDict[tuple, tuple[list, int]] = OrderedDict()
@@ -43,7 +49,7 @@ class ReferenceOutputs:
 
     def put(self, key: tuple, replies: list) -> None:
         size = tensor_bytes([getattr(reply, "__dict__", reply) for reply in replies])  # typed replies, or exact answers
-        if size > self.max_bytes or key in self._replies:
+        if size > self.max_one or key in self._replies:
             return
         self._replies[key] = (replies, size)
         self.num_bytes += size

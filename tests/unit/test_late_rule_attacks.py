@@ -48,8 +48,8 @@ class _OldPool(Pool):
     """The fit as it was before the subnormal exclusion: every finite element weighted 1 / s^2."""
 
     def _pool(self, *args):
-        *rest, subnormal = args
-        return super()._pool(*rest, torch.zeros_like(subnormal))
+        *rest, subnormal, structural = args
+        return super()._pool(*rest, torch.zeros_like(subnormal), structural)
 
 
 def _old_rule(expected, got, exact, sensitivity, tolerance, run_dtype):

@@ -1,5 +1,5 @@
 """The reference's replies a session keeps (``pkb.evaluate.session.ReferenceOutputs``): by key, the least
-recently used dropped first once their tensors pass the limit, none kept that alone is larger."""
+recently used dropped first once their tensors pass the limit, none kept that alone is larger than its share."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def replies(megabytes: int) -> list[dict]:
 
 
 def test_replies_are_kept_by_key_and_the_least_recently_used_go_first():
-    kept = ReferenceOutputs(max_bytes=3 << 20)
+    kept = ReferenceOutputs(max_bytes=3 << 20, max_one=2 << 20)
     first, second = replies(1), replies(1)
     kept.put(("p", 1, "case", "bf16", 1, 0), first)
     kept.put(("p", 1, "case", "bf16", 1, 1), second)
@@ -29,3 +29,17 @@ def test_a_reply_larger_than_the_limit_is_not_kept():
     kept = ReferenceOutputs(max_bytes=1 << 20)
     kept.put(("p", 1, "case", "bf16", 1, 0), replies(2))
     assert kept.get(("p", 1, "case", "bf16", 1, 0)) is None and kept.num_bytes == 0
+
+
+def test_large_answers_do_not_push_out_the_small_ones_in_turn():
+    """Candidates evaluated one after another on cases whose answers together pass the limit: an eighth of it at most
+    for one, so that the small answers stay kept (with no share each put would drop the next one asked for)."""
+    kept = ReferenceOutputs(max_bytes=16 << 20)
+    keys = [("p", 1, case, "bf16", 1, 0) for case in ("large", "small", "large2", "small2")]
+    for _ in range(2):  # two candidates, each asking for every case in turn
+        for key in keys:
+            if kept.get(key) is None:
+                kept.put(key, replies(9 if key[2].startswith("large") else 1))
+    assert (kept.hits, kept.misses) == (2, 6)  # the small ones kept for the second candidate, the large never
+    assert kept.num_bytes == 2 << 20
+    assert ReferenceOutputs(max_bytes=8 << 20, max_one=8 << 20).max_one == 8 << 20
