@@ -116,8 +116,7 @@ def _problem_name(number: int) -> str | None:
 # 400 MB a rank (W = 2, 4, 4 on 2 nodes and 8 at once, on two workers, took a 24 GiB machine out of memory).
 MAX_WARM_SESSIONS = 2
 # and keeps at most this much of the reference's answers per session (a user's default: 512 MiB): a worker that kept
-# 512 MiB per session beside the replies of a large case grew past 3 GiB and was the OOM killer's choice; any one
-# answer up to all of it (tests rarely ask for one case twice in a row, and the suite's time was measured so)
+# 512 MiB per session beside the replies of a large case grew past 3 GiB and was the OOM killer's choice
 TEST_REFERENCE_OUTPUTS_BYTES = 128 << 20
 
 
@@ -150,8 +149,7 @@ def sessions(_warm_sessions):
             while len(_warm_sessions) >= MAX_WARM_SESSIONS:  # the least recently used ends first
                 _warm_sessions.pop(next(iter(_warm_sessions))).close()
             _warm_sessions[key] = Session(mode, world_size, nodes=nodes)
-            _warm_sessions[key].reference_outputs = ReferenceOutputs(max_bytes=TEST_REFERENCE_OUTPUTS_BYTES,
-                                                                     max_one=TEST_REFERENCE_OUTPUTS_BYTES)
+            _warm_sessions[key].reference_outputs = ReferenceOutputs(max_bytes=TEST_REFERENCE_OUTPUTS_BYTES)
         _warm_sessions[key] = _warm_sessions.pop(key)  # the most recently used last
         return _warm_sessions[key]
 

@@ -21,19 +21,16 @@ class ReferenceOutputs:
     """The reference's replies to the trials of one session, kept for the next evaluation of the same
     problem, case and trial: candidates of one problem (a model's k samples, a folder and the references)
     are judged against the reference's answer without running it again. A trial's inputs follow from the
-    session's seeds, so a reply is the same whoever it is compared with. The least recently used go
-    first once the replies' tensors pass ``max_bytes``; none is kept that alone is larger than ``max_one`` (a
-    eighth of it unless given): a few large answers (an upstream case's exact answers, 128 MiB for each trial
-    of a 1024 x 1024 all-reduce at W = 4) would push out every small one, and candidates evaluated one after
-    another, each asking for more than fits, would then find none kept (the least recently used is always the
-    next one asked for)."""
+    session's seeds, so a reply is the same whoever it is compared with. Once the replies' tensors pass
+    ``max_bytes`` the largest go first, the least recently used of equal size first; none is kept that alone is
+    larger. Not the least recently used alone: candidates evaluated one after another that each ask for more than
+    fits (an upstream case's exact answers are 128 MiB a trial for a 1024 x 1024 all-reduce at W = 4) would then
+    find nothing kept, the small answers included, as the least recently used is always the next one asked for."""
 
     MAX_BYTES = 512 << 20
-    ONE_SHARE = 8  # none kept larger than max_bytes / ONE_SHARE, unless max_one says otherwise
 
-    def __init__(self, max_bytes: int = MAX_BYTES, max_one: int | None = None):
+    def __init__(self, max_bytes: int = MAX_BYTES):
         self.max_bytes = max_bytes
-        self.max_one = max_bytes // self.ONE_SHARE if max_one is None else min(max_one, max_bytes)
         self.num_bytes = 0
         self.hits = self.misses = 0
         self._replies: OrderedDict[tuple, tuple[list, int]] = OrderedDict()
@@ -49,13 +46,13 @@ class ReferenceOutputs:
 
     def put(self, key: tuple, replies: list) -> None:
         size = tensor_bytes([getattr(reply, "__dict__", reply) for reply in replies])  # typed replies, or exact answers
-        if size > self.max_one or key in self._replies:
+        if size > self.max_bytes or key in self._replies:
             return
         self._replies[key] = (replies, size)
         self.num_bytes += size
-        while self.num_bytes > self.max_bytes:
-            _, (_, dropped) = self._replies.popitem(last=False)
-            self.num_bytes -= dropped
+        while self.num_bytes > self.max_bytes:  # the largest, the least recently used of them (max keeps the first)
+            largest = max(self._replies, key=lambda kept: self._replies[kept][1])
+            self.num_bytes -= self._replies.pop(largest)[1]
 
 
 class Session:

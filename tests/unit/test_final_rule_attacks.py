@@ -68,7 +68,7 @@ def _gemm(dtype, rows=256, k=64, cols=64, scale=1.0, seed=1):
     return exact, sens, accumulator.to(dtype), accumulator
 
 
-# -- honest answers the rule fails ----------------------------------------------------------------------------------
+# -- honest answers (the three marked Closed failed before this round) ------------------------------------------
 
 
 def _mean_losses(seed: int, trials: int, terms: int = 4096):
@@ -189,7 +189,7 @@ def test_relu_after_split_k_with_bf16_partials_passes():
     assert found is None, (found, numbers["far_found"])
 
 
-# -- wrong answers the rule passes ------------------------------------------------------------------------------------
+# -- wrong answers (four still pass: the xfails) ------------------------------------------------------------------
 
 
 def _overflowing_fp16_reference():
