@@ -393,17 +393,20 @@ class Pool:
         subnormal = (magnitude > 0) & (magnitude < torch.finfo(coarse).tiny)
         if bool(subnormal.any()):
             self.subnormal["step"] = float(torch.finfo(coarse).tiny * torch.finfo(coarse).eps)
-        # the fit's honest noise: each element's scale, and the problem's long local sums where it declares them
-        fit_scale = (scale.square() + tolerance.accumulation**2).sqrt() if tolerance.accumulation else scale
-        self._pool(err[finite], ref_err[finite], ex[finite], rounding[finite], allowed_tolerance[finite],
-                   fit_scale[finite], wide_scale[finite], sens is not None, _clusterings(real_shape(expected), finite),
-                   subnormal[finite], structural[finite])
-        self.squares["accumulation"] += tolerance.accumulation**2 * int(finite.sum())
+        # the fit's honest noise: each element's scale, and in a tensor too small to measure its own noise (one
+        # cluster) the problem's declared long local sums too (elsewhere the cluster-robust errors measure it)
+        few = ex.numel() < MIN_CLUSTER_INDICES and tolerance.accumulation
+        fit_scale = (scale.square() + tolerance.accumulation**2).sqrt() if few else scale
+        # pooled: every judged element (where the reference overflowed, with its error taken as 0)
+        self._pool(err[judged], ref_err[judged], ex[judged], rounding[judged], allowed_tolerance[judged],
+                   fit_scale[judged], wide_scale[judged], sens is not None, _clusterings(real_shape(expected), judged),
+                   subnormal[judged], structural[judged])
+        self.squares["accumulation"] += tolerance.accumulation**2 * int(judged.sum())
         if declared:
             self.declared_bias = declared
         if exact is None and self.recipe and (dtype in CODE_DTYPES or _coarser(dtype, torch.float32) == dtype
                                               and dtype != torch.float32):
-            self.codes["judged"] += int(finite.sum())
+            self.codes["judged"] += int(judged.sum())
             self.codes["off"] += int((err != 0).sum())
         return None
 
@@ -450,7 +453,9 @@ class Pool:
             self.subnormal["squares"] += float(ex[subnormal].square().sum())
         if sensitive and err.numel():
             wide = wide_scale.clamp_min(1e-300)
-            self.far["judged"] += err.numel()
+            # an element zero whatever the inputs comes out exact when honest: counted if far, never in the share's
+            # denominator (a mostly zero output would let its live elements carry the whole tensor's share)
+            self.far["judged"] += int((~structural).sum()) if bool((~structural).any()) else err.numel()
             self.far["found"] += _beyond_median(err, rounding, wide, ~structural)
             self.far["reference"] += _beyond_median(ref_err, rounding, wide, ~structural)
 
