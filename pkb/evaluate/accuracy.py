@@ -37,7 +37,7 @@ the values it rounds: its errors are spread over every element, of either sign, 
    (``Tolerance.bias``, below: with its sign). NaN and
    infinity must sit where the reference's or the correctly rounded exact answer's do; where the reference overflowed
    and the exact answer is finite, a finite candidate is judged against the exact answer alone (``e_r`` taken as 0:
-   an fp32 kernel there is right, a value of its choosing is not). An input the reference leaves
+   an fp32 kernel there is right, a value of its choosing is not), and so it is in the pooled tests below. An input the reference leaves
    exactly as it was (its value is the exact answer's bit for bit) must come back bit for bit.
 2. The rest is pooled over every tensor of one output of one case (its ranks and trials; a replica once), so that an
    error too small to show in one tensor shows in all of them together. With ``z_i = e_i / s_i``:
@@ -58,10 +58,13 @@ the values it rounds: its errors are spread over every element, of either sign, 
      many degrees of freedom): the floor leaves room for them. The median is taken over the elements that are not zero
      whatever the inputs (``x`` and ``sigma`` at fp64's noise: a gradient's rows no token touched, ReLU's negative
      side), which an honest kernel gets exactly right and which would drag the median to zero and make ordinary
-     roundings elsewhere look far; they are still counted, so an error put there is as far as anywhere.
+     roundings elsewhere look far; an error put there counts as far as anywhere, and the share is of the other
+     elements (a mostly zero output's live elements may not carry the whole tensor's share).
    - **Bias and offset**: the weighted least-squares fit ``e_i ~ alpha + beta x_i`` (weights ``1 / s_i^2``, with the
-     problem's declared long-sum RMS added to ``s_i^2`` where it declares one: a scalar loss summed by a sequential
-     fp32 loop is one draw of that noise, not a bias) gives an
+     problem's declared long-sum RMS added to ``s_i^2`` in a tensor of fewer than ``MIN_CLUSTER_INDICES`` elements,
+     too few to measure its own noise: a scalar loss summed by a sequential fp32 loop is one draw of that noise, not
+     a bias; a larger tensor's noise is measured by the cluster-robust errors, and a declared sum wider than the
+     real one would hide a gain there) gives an
      additive offset ``alpha`` and a multiplicative bias ``beta``, each tested against its own statistical noise:
      ``|beta - [0, b]| <= BIAS_SIGMAS SE(beta) + max(FACTOR |beta_r|, FACTOR u_s, BIAS_FLOOR u^2)`` (``[0, b]`` the
      range to the problem's signed ``Tolerance.bias`` for the output: a term of that relative size that honest
