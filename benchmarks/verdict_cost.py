@@ -1,6 +1,7 @@
 """What one verdict costs, in cpu mode: the wall time of one evaluation of an honest candidate, and of its check
-phase (every case's trials run and judged, both verdicts), in a warm session. Prints measured numbers; asserts
-nothing but each evaluation's status.
+phase (every case's trials run and judged, both verdicts): the first in a session (its rank groups started, the
+reference's answers and exact answers computed), then the next ones, which find the reference's answers kept (a
+model's k samples of one problem). Prints measured numbers; asserts nothing but each evaluation's status.
 
 Two evaluations (issue 53 asked for them, before and after its accuracy rule):
 - ``allreduce``: the problem's own cases, an honest all-reduce that adds the ranks in the other order
@@ -31,7 +32,7 @@ import torch
 import pkb
 from pkb.evaluate.candidate import Candidate
 from pkb.evaluate.config import EvalConfig
-from pkb.evaluate.evaluator import evaluate
+from pkb.evaluate.evaluator import checked_cases, evaluate
 from pkb.evaluate.session import Session
 from pkb.options import Status
 from pkb.registry import get_problem
@@ -56,7 +57,7 @@ def phase(result, name: str) -> float:
 
 def measure(label: str, problem, candidate: Candidate, config: EvalConfig, trials: int, repeats: int) -> None:
     with Session(Mode.CPU, config.world_size) as session:
-        first = evaluate(problem, candidate, config, session)  # the groups start, the imports are warm
+        first = evaluate(problem, candidate, config, session)  # the groups start, the reference's answers are made
         if first.status is not Status.OK:
             raise SystemExit(f"{label}: {first.status.value}: {first.message}")
         walls, checks = [], []
@@ -66,9 +67,10 @@ def measure(label: str, problem, candidate: Candidate, config: EvalConfig, trial
                 raise SystemExit(f"{label}: {result.status.value}: {result.message}")
             walls.append(result.wall_s)
             checks.append(phase(result, "check"))
-    cases = ", ".join(case.name for case in problem.tests)
-    print(f"{label} (W={config.world_size}, {trials} trials, cases {cases}), {repeats} evaluations: "
-          f"wall median {statistics.median(walls):.2f} s (min {min(walls):.2f}, max {max(walls):.2f}); "
+    cases = ", ".join(case.name for case in checked_cases(problem, config))
+    print(f"{label} (W={config.world_size}, {trials} trials, cases {cases}): the first evaluation in the session "
+          f"{first.wall_s:.2f} s (check phase {phase(first, 'check'):.2f} s); then {repeats} more, the reference's "
+          f"answers kept: wall median {statistics.median(walls):.2f} s (min {min(walls):.2f}, max {max(walls):.2f}), "
           f"check phase median {statistics.median(checks):.2f} s")
 
 

@@ -143,7 +143,7 @@ def _eta(values: torch.Tensor, seed: int, ordinal: int) -> torch.Tensor:
 
 def sensitivity(exact: Any, moved_runs: Iterable[Any]) -> Any:
     """Per floating tensor of ``exact`` (plain data), the RMS over ``moved_runs`` (the same structure) of how far each
-    element moved, in fp64 (0 where the value is not finite); None for a tensor whose shape a perturbation changed (a
+    element moved, summed in fp64 and given in fp32 (0 where the value is not finite); None for a tensor whose shape a perturbation changed (a
     discrete choice flipped: its sensitivity is unbounded there) and for values that are not floating tensors, and
     None where there was no run. ``moved_runs`` may be a generator: each run is folded in and dropped before the next
     is made, so that a large case holds one perturbed answer at a time, not all of them."""
@@ -179,8 +179,8 @@ def _fold(exact: Any, run: Any, squares: Any) -> Any:
 
 
 def _finish(squares: Any, count: int) -> Any:
-    if isinstance(squares, torch.Tensor):
-        return (squares / count).sqrt()
+    if isinstance(squares, torch.Tensor):  # in fp32: an estimate from a few runs needs no more, and a kept answer
+        return (squares / count).sqrt().float()  # of a large case is a quarter smaller
     if isinstance(squares, list):
         return [_finish(item, count) for item in squares]
     if isinstance(squares, dict):
