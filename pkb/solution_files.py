@@ -125,11 +125,13 @@ def solution_files(directory: Path, notes: list[str] | None = None) -> dict[str,
 
 
 def set_name(solutions_dir: Path | None) -> str:
-    """The solution set of a ``--solutions`` folder: its name (``runs/gpt5-oneshot`` -> ``gpt5-oneshot``);
-    ``pkb shipped`` for pkb's own solutions (no folder given)."""
+    """The solution set of a ``--solutions`` folder: its name (``runs/gpt5-oneshot`` -> ``gpt5-oneshot``; a folder
+    named as one of pkb's own sets, upstream's ``reference/`` say, gets ``-files`` after it: its files are candidates,
+    not the references' self-check); ``pkb shipped`` for pkb's own solutions (no folder given)."""
     if solutions_dir is None:
         return SHIPPED_SET
-    return solutions_dir.resolve().name or str(solutions_dir)
+    name = solutions_dir.resolve().name or str(solutions_dir)
+    return f"{name}-files" if name in (REFERENCE_SET, SHIPPED_SET) else name
 
 
 def plan(problems: Iterable[Problem], solutions_dir: Path | None, include_reference: bool,
@@ -155,7 +157,7 @@ def light_self_checks(evaluations: list[Evaluation], config: EvalConfig, cases: 
     reference runs on the CPU, on its tests cases instead) and with ``trials`` trials, the upstream cases as
     deep (None: the run's)."""
     def lighter(evaluation: Evaluation) -> Evaluation:
-        if evaluation.solution_set != REFERENCE_SET:
+        if not evaluation.candidate.is_reference:  # a file is never lightened, whatever its set is named
             return evaluation
         own = config
         if cases:

@@ -157,3 +157,23 @@ def test_the_commands_take_an_experiment_and_refuse_a_name_pkb_cannot_file():
     from pkb.report.cli import parse_experiments
 
     assert parse_experiments(["a,b", "c", "a"]) == ("a", "b", "c") and parse_experiments(None) == ("default",)
+
+
+def test_a_folder_named_reference_is_a_set_of_candidates_not_the_self_check(tmp_path):
+    """Upstream's own folder is `reference/`: its files are judged as every candidate is (all cases, the run's trials),
+    and its set is not the references' self-check."""
+    from pkb.evaluate.config import EvalConfig
+    from pkb.registry import get_problem
+    from pkb.runtime.modes import Mode
+    from pkb.solution_files import light_self_checks, plan, set_name
+    from pkb.store.db import REFERENCE_SET
+
+    folder = tmp_path / "reference"
+    folder.mkdir()
+    (folder / "1_allreduce.py").write_text("def solution(tensor):\n    return tensor\n")
+    assert set_name(folder) == "reference-files" and set_name(tmp_path) == tmp_path.name
+    evaluations = plan([get_problem("allreduce")], folder, include_reference=True)
+    config = EvalConfig(world_size=2, mode=Mode.CPU, trials=3)
+    own, file = light_self_checks(evaluations, config, trials=1)
+    assert own.solution_set == REFERENCE_SET and own.config.trials == 1 and own.config.cases == "upstream"
+    assert file.solution_set == "reference-files" and file.config is None
