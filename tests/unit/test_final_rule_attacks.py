@@ -121,19 +121,26 @@ def test_a_scalar_loss_summed_in_fp64_or_by_kahan_passes():
         assert judge_one(reference[0], got, exact[0], sens[0], reduction_tolerance(F, 1, 3.0, 4096), F) is None
 
 
-def _ring(zero_rows: float, seed: int = 0, world: int = 4):
-    """A bf16 all-reduce at W = ``world`` of [256, 64] gradients whose rows are zero with probability ``zero_rows``
-    on every rank (an embedding's gradient: rows of tokens no rank saw); the reference sums in fp32 and rounds once,
-    the candidate is a ring in bf16 (a rounding after each addition: reduction_tolerance's own honest kernel)."""
+def _zero_row_ring(zero_rows: float, world: int = 4, seed: int = 0, rows: int = 256):
+    """A bf16 all-reduce at W = ``world`` of [rows, 64] gradients whose rows are zero with probability ``zero_rows``
+    on every rank (an embedding's gradient: rows of tokens no rank saw): the exact answer, its sensitivity, the
+    reference (fp32, rounded once), a ring in bf16 (a rounding after each addition: reduction_tolerance's own honest
+    kernel) and the tolerance (reduction_tolerance(bf16, W))."""
     gen = torch.Generator().manual_seed(seed)
-    live = torch.rand(256, 1, generator=gen) >= zero_rows
-    parts = tuple((torch.randn(256, 64, generator=gen) * live).to(B) for _ in range(world))
+    live = torch.rand(rows, 1, generator=gen) >= zero_rows
+    parts = tuple((torch.randn(rows, 64, generator=gen) * live).to(B) for _ in range(world))
     exact, sens = _exact_and_sensitivity(lambda *a: torch.stack(a).sum(0), parts, B)
     reference = torch.stack([p.float() for p in parts]).sum(0).to(B)
     ring = parts[0]
     for part in parts[1:]:
         ring = ring + part
-    return _judge(reference, ring, exact, sens, reduction_tolerance(B, world), B)
+    return exact, sens, reference, ring, reduction_tolerance(B, world)
+
+
+def _ring(zero_rows: float, seed: int = 0, world: int = 4):
+    """The honest ring of ``_zero_row_ring`` judged: (the verdict, the pooled numbers)."""
+    exact, sens, reference, ring, tolerance = _zero_row_ring(zero_rows, world, seed)
+    return _judge(reference, ring, exact, sens, tolerance, B)
 
 
 # Closed (a hole this round found, closed in the same change: the outlier test's median is now taken over the

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import pytest
 import torch
 
 from pkb.evaluate.accuracy import Pool, Where, bit_equal, judge_one
@@ -36,7 +35,7 @@ from pkb.problem import default_tolerance, reduction_tolerance
 from pkb.problems.tensor_parallel import _gemm, layernorm_backward
 
 from test_final_rule_attacks import (U, _exact_and_sensitivity, _gemm as gemm, _judge, _overflowing_fp16_reference,
-                                     _require)
+                                     _require, _zero_row_ring as zero_row_ring)
 
 torch.set_num_threads(1)
 
@@ -47,18 +46,8 @@ F, B, H = torch.float32, torch.bfloat16, torch.float16
 
 
 def _zero_row_ring(zero_rows: float, world: int = 4, seed: int = 0):
-    """A bf16 all-reduce at W = ``world`` of [1024, 64] gradients whose rows are zero with probability ``zero_rows``
-    on every rank (an embedding's gradient: rows of tokens no rank saw): the exact answer, its sensitivity, the
-    reference (fp32, rounded once), an honest bf16 ring and the tolerance (reduction_tolerance(bf16, W))."""
-    gen = torch.Generator().manual_seed(seed)
-    live = torch.rand(1024, 1, generator=gen) >= zero_rows
-    parts = tuple((torch.randn(1024, 64, generator=gen) * live).to(B) for _ in range(world))
-    exact, sens = _exact_and_sensitivity(lambda *a: torch.stack(a).sum(0), parts, B)
-    reference = torch.stack([p.float() for p in parts]).sum(0).to(B)
-    ring = parts[0]
-    for part in parts[1:]:
-        ring = ring + part
-    return exact, sens, reference, ring, reduction_tolerance(B, world)
+    """test_final_rule_attacks's zero-row ring on [1024, 64] gradients."""
+    return zero_row_ring(zero_rows, world, seed, rows=1024)
 
 
 def _corrupt_live(exact, share: float, roundings: float, seed: int = 9):
