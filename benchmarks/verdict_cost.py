@@ -24,7 +24,6 @@ import os
 import platform
 import statistics
 import subprocess
-import time
 from pathlib import Path
 
 import torch
@@ -35,6 +34,7 @@ from pkb.evaluate.config import EvalConfig
 from pkb.evaluate.evaluator import checked_cases, evaluate
 from pkb.evaluate.session import Session
 from pkb.options import Status
+from pkb.problem import Case
 from pkb.registry import get_problem
 from pkb.runtime.modes import Mode
 

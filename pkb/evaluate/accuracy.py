@@ -37,8 +37,8 @@ the values it rounds: its errors are spread over every element, of either sign, 
    (``Tolerance.bias``, below: with its sign). NaN and
    infinity must sit where the reference's or the correctly rounded exact answer's do; where the reference overflowed
    and the exact answer is finite, a finite candidate is judged against the exact answer alone (``e_r`` taken as 0:
-   an fp32 kernel there is right, a value of its choosing is not), and so it is in the pooled tests below. An input the reference leaves
-   exactly as it was (its value is the exact answer's bit for bit) must come back bit for bit.
+   an fp32 kernel there is right, a value of its choosing is not), and so it is in the pooled tests below. An input
+   the reference leaves exactly as it was (its value is the exact answer's bit for bit) must come back bit for bit.
 2. The rest is pooled over every tensor of one output of one case (its ranks and trials; a replica once), so that an
    error too small to show in one tensor shows in all of them together. With ``z_i = e_i / s_i``:
    - **RMS**: ``rms(e) <= max(RMS_FACTOR max(rms(e_r), rms(h') / sqrt 3), TOLERANCE_SHARE rms(T))``. An honest order
@@ -456,11 +456,13 @@ class Pool:
             self.subnormal["squares"] += float(ex[subnormal].square().sum())
         if sensitive and err.numel():
             wide = wide_scale.clamp_min(1e-300)
-            # an element zero whatever the inputs comes out exact when honest: counted if far, never in the share's
-            # denominator (a mostly zero output would let its live elements carry the whole tensor's share)
-            self.far["judged"] += int((~structural).sum()) if bool((~structural).any()) else err.numel()
-            self.far["found"] += _beyond_median(err, rounding, wide, ~structural)
-            self.far["reference"] += _beyond_median(ref_err, rounding, wide, ~structural)
+            # an element zero whatever the inputs comes out exact when honest: counted if far, never in the median or
+            # the share's denominator (a mostly zero output would let its live elements carry the whole tensor's
+            # share); where every element is, all of them
+            informative = ~structural if bool((~structural).any()) else torch.ones_like(structural)
+            self.far["judged"] += int(informative.sum())
+            self.far["found"] += _beyond_median(err, rounding, wide, informative)
+            self.far["reference"] += _beyond_median(ref_err, rounding, wide, informative)
 
     def rms(self, name: str) -> float:
         return math.sqrt(self.squares[name] / self.numel) if self.numel else 0.0
@@ -585,8 +587,7 @@ def _beyond_median(err: torch.Tensor, rounding: torch.Tensor, scale: torch.Tenso
     token touched, ReLU's negative side) errs by nothing when honest: it is counted, never part of the median, which
     it would drag to zero."""
     z = (err / scale).abs()
-    median_of = z[informative] if bool(informative.any()) else z
-    median = float(median_of.median()) if median_of.numel() else 0.0
+    median = float(z[informative].median()) if bool(informative.any()) else 0.0
     return int((z > FAR_FACTOR * torch.clamp(FAR_LEAST * rounding / scale, min=median)).sum())
 
 

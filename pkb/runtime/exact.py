@@ -143,8 +143,9 @@ def _eta(values: torch.Tensor, seed: int, ordinal: int) -> torch.Tensor:
 
 def sensitivity(exact: Any, moved_runs: Iterable[Any]) -> Any:
     """Per floating tensor of ``exact`` (plain data), the RMS over ``moved_runs`` (the same structure) of how far each
-    element moved, summed in fp64 and given in fp32 (0 where the value is not finite); None for a tensor whose shape a perturbation changed (a
-    discrete choice flipped: its sensitivity is unbounded there) and for values that are not floating tensors, and
+    element moved, summed in fp64 and given in fp32 (0 where the value is not finite); None for a tensor whose shape a
+    perturbation changed (a discrete choice flipped: its sensitivity is unbounded there) and for values that are not
+    floating tensors, and
     None where there was no run. ``moved_runs`` may be a generator: each run is folded in and dropped before the next
     is made, so that a large case holds one perturbed answer at a time, not all of them."""
     squares, count = None, 0

@@ -1,5 +1,5 @@
-"""The reference's replies a session keeps (``pkb.evaluate.session.ReferenceOutputs``): by key, the least
-recently used dropped first once their tensors pass the limit, none kept that alone is larger than its share."""
+"""The reference's replies a session keeps (``pkb.evaluate.session.ReferenceOutputs``): by key, the largest dropped
+first (the least recently used of equals) once their tensors pass the limit, none kept that alone is larger."""
 
 from __future__ import annotations
 

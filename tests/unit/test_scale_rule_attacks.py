@@ -10,8 +10,9 @@ passing through that (the ``# Closed`` tests), closed by taking ``m_i`` from the
 holds ``MIN_REFERENCE_ELEMENTS``, and by the signed range: they are ordinary tests now. One honest answer failing
 the far test on ``s'`` (more accurate than a lossy reference) is still open: ``xfail(strict=True,
 raises=AssertionError)``, its final assertion stating what the judge should do. A precondition that no longer holds
-raises ``RuntimeError`` and fails the test outright. ``_old_rule`` replays the element-wise bound and far test as they were before the change (``m_i = 0``, no
-declared bias) by patching the module's two helpers; the closed holes' preconditions check that it failed them.
+raises ``RuntimeError`` and fails the test outright. ``_old_rule`` replays the element-wise bound and far test as
+they were before the change (``m_i = 0``, no declared bias) by patching the module's two helpers; the closed holes'
+preconditions check that it failed them.
 """
 
 from __future__ import annotations
