@@ -448,7 +448,7 @@ class Pool:
         if self.against_exact:
             self.fit_reference.add(ex, ref_err, weights, clusterings)
         if bool(subnormal.any()):
-            alike = torch.where(subnormal, 1.0 / self.subnormal["step"] ** 2, 0.0)
+            alike = subnormal.double() / self.subnormal["step"] ** 2  # fp64: 1 / step^2 is 2^298 for fp32's step
             self.fit_subnormal.add(ex, err, alike, clusterings)
             if self.against_exact:
                 self.fit_subnormal_reference.add(ex, ref_err, alike, clusterings)
