@@ -79,6 +79,11 @@ DEVICE = FS_READ_FILE | FS_WRITE_FILE | FS_IOCTL_DEV
 
 # namespaces, mounts, capabilities
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWUSER = 0x00020000, 0x20000000, 0x40000000, 0x10000000
+CLONE_NEWIPC = 0x08000000
+# The mount namespace comes with an IPC namespace of its own: /dev/shm (POSIX shared memory) is the mount's, System V
+# shared memory, semaphores and message queues the IPC namespace's; without it a segment made with mode 0666 outlived
+# the evaluation and reached the next one (another uid) and another virtual node (a red-team probe, issue 56).
+PRIVATE_SHARED_MEMORY = CLONE_NEWNS | CLONE_NEWIPC
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_KEEPCAPS, PR_SET_NO_NEW_PRIVS = 1, 8, 38
 PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 24, 36, 47, 2
@@ -99,7 +104,7 @@ class SandboxError(OSError):
 def try_namespaces() -> list[int]:
     """In the probe's own process: the errno of unsharing each namespace (0: it worked)."""
     results = [0 if _libc.unshare(flag) == 0 else ctypes.get_errno()
-               for flag in (CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWNS)]
+               for flag in (CLONE_NEWPID, CLONE_NEWNET, PRIVATE_SHARED_MEMORY)]
     if results[2] == 0:
         results[2] = _try_mount_private_tmpfs()
     return results
@@ -141,7 +146,7 @@ def unshare_namespaces(plan: SandboxPlan) -> list[str]:
     """In the jail: new pid, network and mount namespaces where offered; their names."""
     done = []
     for name, flag in (("pid-namespace", CLONE_NEWPID), ("network-namespace", CLONE_NEWNET),
-                       ("mount-namespace", CLONE_NEWNS)):
+                       ("mount-namespace", PRIVATE_SHARED_MEMORY)):
         if name in plan.skip:
             continue
         if plan.namespaces.get(name, "no") is None and _libc.unshare(flag) == 0:
@@ -321,7 +326,11 @@ def _become(uid: int) -> None:
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     _check(_libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "keep capabilities across setuid")
+    parent = os.getppid()
     os.setresuid(uid, uid, uid)
+    die_with_parent()  # a change of uid clears the parent-death signal: the keeper outlived a SIGTERM'd pkb
+    if os.getppid() != parent:  # the parent died before the signal was set again
+        os._exit(1)
     header = struct.pack("Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
     keep = 1 << CAP_DAC_READ_SEARCH
     data = struct.pack("6I", keep, keep, keep, 0, 0, 0)  # effective, permitted, inheritable (two words)
@@ -364,7 +373,8 @@ def prepare_node(plan: SandboxPlan, node: int, namespaces: list[str], own_pids: 
     node protections it set up (``NODE_PROTECTIONS``); sandbox.node_status says the rest."""
     done = ["node-pid-namespace"] if own_pids else []
     os.makedirs(plan.scratch, exist_ok=True)
-    if "mount-namespace" in namespaces and "node-mount-namespace" not in plan.skip and _libc.unshare(CLONE_NEWNS) == 0:
+    if ("mount-namespace" in namespaces and "node-mount-namespace" not in plan.skip
+            and _libc.unshare(PRIVATE_SHARED_MEMORY) == 0):
         _mount_private(plan, proc=own_pids, whose="the node's")
         done.append("node-mount-namespace")
     if own_pids and "node-mount-namespace" in done:

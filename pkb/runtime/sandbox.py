@@ -54,7 +54,8 @@ PROTECTIONS = {
     "separate-uid": "a uid of its own per evaluation when pkb runs as root",
     "pid-namespace": "every process it starts dies with the evaluation",
     "network-namespace": "a loopback of its own; nothing else reachable",
-    "mount-namespace": "a private /proc and /dev/shm, a size-bounded scratch directory",
+    "mount-namespace": "a private /proc, /dev/shm and System V IPC (an IPC namespace), a size-bounded scratch "
+                       "directory",
     "rlimits": "process, file-size and core limits; the OOM killer picks candidates first",
 }
 
@@ -65,7 +66,8 @@ NODE_PROTECTIONS = {
     "node-uid": "each node its own uid: another node's processes, files and CUDA IPC handles are another user's",
     "node-pid-namespace": "each node its own pid namespace: another node's processes cannot be named (pidfd_open, "
                           "/proc, torch's pid-named fd channel)",
-    "node-mount-namespace": "each node its own /dev/shm, /proc and scratch tmpfs, invisible to the others",
+    "node-mount-namespace": "each node its own /dev/shm, System V IPC, /proc and scratch tmpfs, invisible to the "
+                            "others",
 }
 NODE_SKIPPABLE = ("node-uid", "node-pid-namespace", "node-mount-namespace")  # PKB_SANDBOX_SKIP may name these
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 CANDIDATES = Path(__file__).resolve().parents[1] / "candidates"
 ATTACKS = CANDIDATES / "node_attacks"
-HOST_CHANNELS = ("dev_shm_files", "tmp_files", "posix_shm", "abstract_socket", "pathname_socket", "pidfd_getfd",
-                 "proc_fd", "process_vm")  # the sandbox's node domains stop them
+HOST_CHANNELS = ("dev_shm_files", "tmp_files", "posix_shm", "sysv_shm", "abstract_socket", "pathname_socket",
+                 "pidfd_getfd", "proc_fd", "process_vm")  # the sandbox's node domains stop them
 FENCE_BYPASSES = ("fence_wrapped", "fence_cpp_rendezvous", "fence_workspace", "fence_empty_strided_p2p",
                   "fence_overload", "fence_unlisted_op")  # the fence names them: ``forbidden``
 CUDA_CHANNELS = ("cuda_ipc_legacy", "symm_mem_raw")  # need a GPU (``REQUIRES = ("cuda",)``)

@@ -194,8 +194,8 @@ def as_from_a_terminal() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
-def command_lines_below(pid: int) -> list[str]:
-    """The command lines of every process descended from ``pid`` (read from /proc)."""
+def pids_below(pid: int) -> set[int]:
+    """Every process descended from ``pid`` (read from /proc)."""
     parents: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -207,13 +207,45 @@ def command_lines_below(pid: int) -> list[str]:
     while found:
         found = {child for child, parent in parents.items() if parent in below} - below
         below |= found
+    return below - {pid}
+
+
+def command_lines_below(pid: int) -> list[str]:
+    """The command lines of every process descended from ``pid`` (read from /proc)."""
     lines = []
-    for child in below - {pid}:
+    for child in pids_below(pid):
         try:
             lines.append((Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode())
         except OSError:
             continue
     return lines
+
+
+def test_a_candidate_that_spins_dies_with_a_pkb_ended_by_sigterm(tmp_path):
+    """SIGTERM (what `timeout`, CI's cancel and systemd send) ends pkb at once; every process of the evaluation ends
+    with it. A rank's keeper changes to the candidate's uid, which clears the parent-death signal: it and the ranks
+    spinning below it outlived pkb (a new user's walk through the docs, issue 54), until the signal was set again
+    after the change."""
+    spins = tmp_path / "spins.py"
+    spins.write_text("def solution(tensor):\n    while True:\n        pass\n")
+    process = subprocess.Popen([sys.executable, "-m", "pkb", "eval", "1", str(spins), "--timeout", "300", "--mode",
+                                "cpu"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, below = time.monotonic() + 120, set()
+    while time.monotonic() < deadline and len(below) < 6:  # the zygote, the jail, the keeper, the ranks
+        time.sleep(0.5)
+        below = pids_below(process.pid)
+    assert len(below) >= 3, below
+    time.sleep(2.0)  # the candidate's ranks are spinning in solution()
+    below = pids_below(process.pid)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=60)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in below):
+        time.sleep(0.2)
+    left = [pid for pid in below if Path(f"/proc/{pid}").exists()]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{len(left)} of the evaluation's {len(below)} processes outlived pkb"
 
 
 def test_a_candidate_imports_from_the_graders_paths_not_from_a_folder_it_adds(tmp_path):

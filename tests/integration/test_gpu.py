@@ -98,17 +98,23 @@ def solution(tensor):
 """
 
 
-@pytest.mark.parametrize("gib, status", [(80, Status.SKIPPED), (400, Status.RUNTIME_ERROR)])
-def test_an_allocation_the_shared_gpu_cannot_give_is_skipped_not_the_candidates_failure(gib, status, sessions, tmp_path):
-    """80 GiB per rank fits a GPU of its own (each rank of the target machine has one) but not two ranks on one
-    shared GPU: skipped, with the figures. 400 GiB fits no GPU: the candidate's own runtime error (issue 47)."""
+@pytest.mark.parametrize("share, status", [(0.47, Status.SKIPPED), (5.0, Status.RUNTIME_ERROR)])
+def test_an_allocation_the_shared_gpu_cannot_give_is_skipped_not_the_candidates_failure(share, status, sessions,
+                                                                                         tmp_path):
+    """Each call keeps 0.47 of the GPU's memory a rank: two calls fit a GPU of its own (each rank of the target
+    machine has one), but the second call's allocation fails with the GPU the two ranks share at least 90 % full (the
+    parent reads the fill from the driver, never the rank's words): ``skipped``, recorded as the candidate's (counted
+    as not passed), with the figures. Five times the GPU's memory fits no GPU and fails on an empty one: the
+    candidate's own runtime error (issue 56: skipped only from facts the parent holds)."""
+    total = torch.cuda.mem_get_info()[1]
     hog = tmp_path / "1_allreduce_hog.py"
-    hog.write_text(HOG.replace("{gib}", str(gib)))
+    hog.write_text(HOG.replace("{gib}", repr(share * total / 2**30)))
     config = EvalConfig(world_size=2, mode=Mode.SHARED_GPU, trials=1, cases="tests")
     result = evaluate(all_problems()["allreduce"], Candidate.from_file(hog), config, sessions(2, Mode.SHARED_GPU))
     assert result.status is status, result.message
     if status is Status.SKIPPED:
-        assert "ran out of GPU memory in shared-gpu mode (it asked for" in result.message, result.message
+        assert "failed while the GPU the ranks share was full (GPU " in result.message, result.message
+        assert "counted as not passed" in result.message and result.details.skipped_by == "candidate", result.message
         assert "memory" in result.details.pkb_limits
 
 
@@ -146,7 +152,7 @@ def test_racy_alltoall_without_its_trailing_barrier_is_caught_while_timed(sessio
     control = evaluate(problem, Candidate.from_file(shipped), config, sessions(2, Mode.SHARED_GPU))
     assert control.status is Status.OK, control.message
     verdicts = [evaluate(problem, Candidate.from_file(racy), config, sessions(2, Mode.SHARED_GPU)) for _ in range(3)]
-    caught = [v.status is Status.MISMATCH and "while timed" in v.message for v in verdicts]
+    caught = [v.status is Status.MISMATCH and bool(re.search(r"while timed|timed repeat \d+", v.message)) for v in verdicts]
     print(f"racy all-to-all caught as mismatch while timed in {sum(caught)} of {len(verdicts)} evaluations")
     assert all(caught), [(v.status.value, v.message) for v in verdicts]
 

@@ -59,6 +59,11 @@ def marked(directory: str, label: str) -> str:
     return os.path.join(directory, f"{MARKER}-{label}")
 
 
+def sysv_key(label: str) -> int:
+    """A System V IPC key named by MARKER and ``label`` (what shmget takes: the machine's segments are found by it)."""
+    return int.from_bytes(f"{MARKER}-{label}".encode()[-4:], "little") & 0x7FFFFFFF
+
+
 def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
