@@ -274,8 +274,9 @@ class Ranks:
         jobs = [time_exact_job(case.name, config.dtype, config.nodes, self._slot_seeds(case, rank, slot), round_index,
                                entropy, repeat_entropy, slot, PERTURBATIONS, perturbation_seed)
                 for rank in range(config.world_size)]
-        replies = self.reference.request(jobs, self.config.compile_limit_s, ExactReply)
-        raise_reference_errors(replies, self.problem, f"the exact answer (fp64) to a timed call of case {case.name}")
+        replies = self._beside_the_candidate(
+            lambda: self.reference.request(jobs, self.config.compile_limit_s, ExactReply), jobs, ExactReply,
+            f"the exact answer (fp64) to a timed call of case {case.name}")
         return [Exact(reply.outputs, reply.inputs_after, reply.sensitivity, reply.unavailable) for reply in replies]
 
     def finish(self, reference: bool) -> tuple[list[FinishReply], float]:

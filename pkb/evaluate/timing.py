@@ -55,6 +55,7 @@ COPIES_BUDGET_BYTES = {Mode.CUDA: 4 << 30, Mode.SHARED_GPU: 1 << 30, Mode.CPU: 2
 NUM_PROJECTIONS = 8  # random projections of each output per slot and repeat
 PROJECTION_SLACK = 0.5  # a projection may differ from the reference's by this share of the output's norm
 FULL_PER_REPEAT = 2  # slots per repeat whose outputs are judged in full (by the accuracy rule, the exact answer)
+EMPTY_REPEATS = 3  # repeats of no call that measure what the parent's clock holds besides the calls (the shortest)
 # What an honest phase may take beyond the reference's own (``allowed``): a factor of the reference's median (or its
 # longest) and seconds on top. A refresh makes inputs (the problem's make_inputs); a check and the outputs run harness
 # code alone on outputs of the reference's shapes, so the candidate's take what the reference's take (docs/timing.md,
@@ -124,6 +125,9 @@ class GroupTiming:
     full: list = field(default_factory=list)  # per repeat, per rank: those slots' outputs
     outputs: list = field(default_factory=list)  # per rank: the last output of each slot
     threads_left_running: int = 0
+    # the parent's clock of an empty repeat of the reference's group (the job's round trip, the aligned start and the
+    # synchronize: about 1 ms on one H100), taken off every repeat of both groups, at most half of it
+    overhead_s: float = 0.0
 
     @property
     def median_s(self) -> float:
@@ -135,14 +139,17 @@ class GroupTiming:
 
     def per_call_s(self, allowance: "GroupTiming | None" = None) -> float:
         """The median repeat, or, if larger, all the time the group took divided by its timed calls: the repeats, and
-        every refresh, check and the outputs beyond what the same phase took ``allowance`` (the reference; itself
-        where None), and the end. Work deferred past a repeat lands in a later phase and still counts."""
+        every refresh, check, the outputs and the end beyond what the same phase took ``allowance`` (the reference;
+        itself where None). Work deferred past a repeat lands in a later phase and still counts. (The end counted
+        whole made a 1 GiB copy's two calls a repeat four times slower than they ran: its synchronize and message
+        were a third of the whole on one H100.)"""
         allowance = allowance or self
         refresh = allowed(allowance.refresh_s, *REFRESH_ALLOWANCE)
         check = allowed(allowance.check_s, *CHECK_ALLOWANCE)
         outputs = allowed([allowance.outputs_s], *CHECK_ALLOWANCE)
+        finish = allowed([allowance.finish_s], *CHECK_ALLOWANCE)
         deferred = (sum(max(0.0, s - refresh) for s in self.refresh_s) + sum(max(0.0, s - check) for s in self.check_s)
-                    + max(0.0, self.outputs_s - outputs) + self.finish_s)
+                    + max(0.0, self.outputs_s - outputs) + max(0.0, self.finish_s - finish))
         total = (sum(self.repeat_s) * self.num_calls + deferred) / (self.num_calls * len(self.repeat_s))
         return max(self.median_s, total)
 
@@ -153,7 +160,7 @@ class GroupTiming:
         return {"refresh": sum(max(0.0, s - refresh) for s in self.refresh_s),
                 "check": sum(max(0.0, s - check) for s in self.check_s),
                 "outputs": max(0.0, self.outputs_s - allowed([allowance.outputs_s], *CHECK_ALLOWANCE)),
-                "finish": self.finish_s}
+                "finish": max(0.0, self.finish_s - allowed([allowance.finish_s], *CHECK_ALLOWANCE))}
 
     @property
     def rank_clock_s(self) -> float:
@@ -191,7 +198,16 @@ def time_reference(session: Session, problem: Problem, case: Case, config: EvalC
 def _time_reference(ranks: Ranks, case: Case, attempt: int = 1) -> GroupTiming:
     prepared, _ = ranks.prepare(True, case, MAX_COPIES)
     draws = Draws(ranks.session, ranks.problem.name, case.name, attempt)
-    return _measure(ranks, True, num_calls(ranks.config, prepared), draws)
+    return _measure(ranks, True, num_calls(ranks.config, prepared), draws, _empty_repeat_s(ranks))
+
+
+def _empty_repeat_s(ranks: Ranks) -> float:
+    """The reference group's shortest of EMPTY_REPEATS repeats of no call, by the parent's clock: what the parent's
+    clock holds besides the calls. Where a case's inputs are large, the memory for input copies allows only a few calls
+    per repeat, and this was as long as the calls (a 1 GiB copy's two calls measured at 1.7 ms a call, 0.83 ms by the
+    ranks' own clocks and CUDA events, on one H100). Only the reference's (the candidate's group is ended while the
+    reference is timed): nothing in the candidate's processes can make it longer."""
+    return min(ranks.repeat(True, 0, 0)[1] for _ in range(EMPTY_REPEATS))
 
 
 def num_calls(config: EvalConfig, prepared: list) -> int:
@@ -206,15 +222,16 @@ def num_calls(config: EvalConfig, prepared: list) -> int:
     return int(max(2, min(protocol.max_iters, MAX_COPIES, budget, max(protocol.min_iters, wanted))))
 
 
-def _measure(ranks: Ranks, reference: bool, calls: int, draws: Draws) -> GroupTiming:
-    """One group's repeats (the reference's or the candidate's), each refreshed before and checked after."""
-    timing = GroupTiming(calls, draws)
+def _measure(ranks: Ranks, reference: bool, calls: int, draws: Draws, overhead_s: float) -> GroupTiming:
+    """One group's repeats (the reference's or the candidate's), each refreshed before and checked after; each
+    repeat's time less ``overhead_s`` (``_empty_repeat_s``: the reference's), at most half of it."""
+    timing = GroupTiming(calls, draws, overhead_s=overhead_s)
     ranks.copies(reference, calls)
     repeats = ranks.config.timing.num_repeats
     for round_index in range(repeats):
         timing.refresh_s.append(ranks.refresh(reference, round_index, draws.refresh(round_index))[1])
         replies, elapsed = ranks.repeat(reference, calls, draws.changes(round_index))
-        timing.repeat_s.append(elapsed / calls)
+        timing.repeat_s.append((elapsed - min(overhead_s, elapsed / 2)) / calls)
         timing.rank_clocks.append(max(reply.wall_s for reply in replies))
         events = [reply.event_s for reply in replies]
         timing.events.append(max(events) if None not in events else None)
@@ -262,7 +279,7 @@ def _time_candidate(ranks: Ranks, case: Case, expected: GroupTiming) -> CaseTimi
             expected = _time_reference(ranks, case, attempt)
             ranks.renew()
         ranks.prepare(False, case, MAX_COPIES)
-        got = _measure(ranks, False, expected.num_calls, expected.draws)
+        got = _measure(ranks, False, expected.num_calls, expected.draws, expected.overhead_s)
         candidate_s = got.per_call_s(expected)
         _judged(lambda: check_every_call(expected, got, case), case)
         _judged(lambda: check_timed_outputs(ranks, expected, got, case), case)

@@ -146,11 +146,12 @@ def cmd_transcripts(args) -> int:
     without RUN, the database's runs."""
     from pkb.console import UsageError
     from pkb.report import transcripts
-    from pkb.store.db import DEFAULT_DB, ResultStore, check_store
+    from pkb.store.db import DEFAULT_DB, ResultStore, check_store, unreadable_store
 
     db = args.db or DEFAULT_DB
-    if not Path(db).is_file():
-        raise UsageError(f"no results database at {db}: run `pkb generate` or `pkb agent` first, or point --db at one")
+    unreadable = unreadable_store(db, "`pkb generate` or `pkb agent`")
+    if unreadable:
+        raise UsageError(unreadable)
     check_store(db)
     with ResultStore(db) as store:
         known = transcripts.runs(store)

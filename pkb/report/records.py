@@ -45,7 +45,7 @@ from pathlib import Path
 from pkb.evaluate.result import EvalResult
 from pkb.options import DEFAULT_EXPERIMENT, Status, is_rl_experiment, traffic_kind
 from pkb.problem import DEFAULT_PRECISION
-from pkb.store.db import REFERENCE_SET, UNNAMED_SET, ResultStore, StoreError, generated_set
+from pkb.store.db import REFERENCE_SET, UNNAMED_SET, ResultStore, StoreError, generated_set, unreadable_store
 
 GROUP_KEYS = ("set", "model", "solution")
 PROTOCOLS = ("paper", "pkb")  # paper: correct on the upstream cases (upstream_ok); pkb: correct on every case
@@ -152,8 +152,9 @@ def load(path: str | Path, group_by: str = "set", row_filter: Filter = Filter(),
     if group_by not in GROUP_KEYS:
         raise ReportError(f"unknown group key {group_by!r}; use one of {', '.join(GROUP_KEYS)}")
     path = Path(path)
-    if not path.is_file():
-        raise ReportError(f"no results database at {path}: run `pkb run` first, or point --db at one")
+    unreadable = unreadable_store(path)
+    if unreadable:
+        raise ReportError(unreadable)
     if categories is None:
         categories = registry_categories()
     if upstream_cases is None:

@@ -42,6 +42,7 @@ from pkb.runtime.channel import tensor_bytes
 
 CPU_CACHE_BYTES = 32 << 20  # what to outgrow on a CPU, where no L2 size is reported per device
 CHANGE_SHARE = 8  # a call's inputs take 1/CHANGE_SHARE of their largest floating tensor from the donor
+IDLE_CHECK_S = 0.1  # a leftover thread that used no CPU over this long is blocked (waiting for work), not working
 MAX_DEPTH = 16  # nesting of lists, tuples and dicts an output may have
 
 # The harness's own clocks, synchronisation and torch entry points, bound before any candidate code is imported, so a
@@ -380,19 +381,36 @@ class TimedLoop:
         return [self.last_outputs[slot] for slot in slots]
 
     def finish(self, timeout_s: float = 60.0) -> dict:
-        """Synchronize, and wait for threads the candidate started: their work counts too."""
+        """Synchronize, and wait for threads the candidate started while they work: their work counts too. A thread
+        that uses no CPU for IDLE_CHECK_S is blocked (a helper waiting on a queue for jobs that never come): waiting
+        for it would charge an honest candidate the whole ``timeout_s`` (a red-team of issue 56 found one
+        ``tampered`` so); work it queued on the device is still waited for."""
         sync(self.device)
         leftover = [t for t in threading.enumerate() if t not in self.threads_before and t.is_alive()]
         deadline = _perf_counter() + timeout_s
         for thread in leftover:
-            thread.join(timeout=max(0.0, deadline - _perf_counter()))
+            used = _cpu_seconds(thread)
+            while thread.is_alive() and _perf_counter() < deadline:
+                thread.join(timeout=min(IDLE_CHECK_S, max(0.0, deadline - _perf_counter())))
+                now = _cpu_seconds(thread)
+                if thread.is_alive() and used is not None and now == used:
+                    break
+                used = now
         sync(self.device)
-        return {"threads_left_running": len(leftover)}
+        return {"threads_left_running": sum(thread.is_alive() for thread in leftover)}
 
     def outputs(self) -> list:
         """The last output of every slot: the last repeat's calls, each on its slot's values of that round."""
         sync(self.device)
         return list(self.last_outputs)
+
+
+def _cpu_seconds(thread: threading.Thread) -> float | None:
+    """The CPU time ``thread`` has used (None where the system cannot say, or it has ended)."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except (OSError, TypeError, AttributeError, OverflowError):
+        return None
 
 
 def _described(found: str | None, call: str) -> str | None:

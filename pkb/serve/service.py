@@ -18,6 +18,7 @@ evaluation stands, and its result once done (what ``GET /v1/evaluations/{id}`` a
 from __future__ import annotations
 
 import itertools
+import re
 import queue
 import shutil
 import tempfile
@@ -141,7 +142,10 @@ class EvaluationService:
             return Evaluation(problem, Candidate.reference_of(problem), request.solution_set, config,
                               experiment=experiment)
         folder = Path(tempfile.mkdtemp(dir=self._scratch.name))
-        path = folder / f"{problem.upstream_id or 0}_{problem.name}.py"
+        # the file as the client named it (`pkb eval --server` sends its stem): a crash, a hang or a syntax error then
+        # names the user's file and line, as a local evaluation does, not a copy named after the problem
+        named = re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", request.name) and not request.name.endswith(".")
+        path = folder / f"{request.name if named else f'{problem.upstream_id or 0}_{problem.name}'}.py"
         path.write_text(request.source, encoding="utf-8")
         candidate = Candidate.from_file(path, name=request.name)
         return Evaluation(problem, candidate, request.solution_set, config, experiment=experiment)

@@ -231,14 +231,24 @@ def run_key(problem: str, problem_version: int, solution_sha256: str, mode: str,
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
+def unreadable_store(path: str | Path, first: str = "`pkb run`") -> str | None:
+    """Why a command that reads results finds none at ``path`` (a directory, or nothing there: run ``first`` first),
+    in one sentence; None where a file is there."""
+    path = Path(path)
+    if path.is_dir():
+        return f"{path} is a directory: give the results database's file, e.g. --db {path / DEFAULT_DB}"
+    if not path.is_file():
+        return f"no results database at {path}: run {first} first, or point --db at one"
+    return None
+
+
 def check_store(path: str | Path) -> None:
     """StoreUnavailable, saying what to give instead, where ``path`` cannot hold pkb's results: a directory, a
     path under a file, a folder or file pkb cannot write, a file that is not SQLite, another program's SQLite
     database. Reads only the file's 100-byte header: writes nothing (a command checks its --db before any work)."""
     path = Path(path)
     if path.is_dir():
-        raise StoreUnavailable(f"{path} is a directory: give the results database's file, e.g. "
-                               f"--db {path / DEFAULT_DB}")
+        raise StoreUnavailable(unreadable_store(path))
     blocked = next((folder for folder in reversed(path.parents) if folder.exists() and not folder.is_dir()), None)
     if blocked is not None:
         raise StoreUnavailable(f"{blocked} is a file, so {path} cannot be made in it: give a --db in a folder")

@@ -98,6 +98,20 @@ def test_pkb_eval_server_gives_the_verdict_of_pkb_eval_without_torch(server, tmp
     assert result["solution"] == ("2_allgather" if candidate == "file" else "reference")
 
 
+@pytest.mark.parametrize("name, shown", [("mine_crashes", "mine_crashes.py"), ("../../etc/x", "2_allgather.py")])
+def test_a_crash_through_the_service_names_the_file_as_the_client_named_it(server, name, shown):
+    """A new user's walk (issue 54): through `pkb eval --server` a crash named a copy after the problem
+    (2_allgather.py), never the user's file; the service now writes the source under the request's name (`pkb eval
+    --server` sends the file's stem), where it is a plain file name."""
+    url, _ = server
+    source = CORRECT + "\n\ndef solution(tensor):\n    return tensor / 0 + undefined_name\n"
+    result = Client(url).evaluate(2, source, name=name, **LIGHT)
+    assert result["status"] == "runtime_error", result["message"]
+    where = (result["details"].get("traceback") or "") + result["message"]
+    assert f"{shown}\", line " in where or f"{shown}:" in where, where
+    assert ("mine_crashes" in where) is (shown == "mine_crashes.py"), where
+
+
 def test_a_full_queue_answers_busy_and_loses_nothing(server):
     url, _ = server
     client = Client(url, busy_timeout_s=0)

@@ -440,3 +440,73 @@ def test_a_reference_that_fails_beside_the_candidate_but_passes_alone_is_the_can
     sessions(2).reference_outputs = ReferenceOutputs()
     again = evaluate_source(tmp_path, sessions, "def solution(tensor):\n    return tensor.clone()\n")
     assert again.status is Status.HARNESS_ERROR, again.message
+
+
+def test_a_reference_whose_exact_answer_to_a_timed_call_fails_beside_the_candidate_is_run_alone(tmp_path, sessions,
+                                                                                                monkeypatch):
+    """The exact answer to a timed call is computed while the candidate's processes are alive (their timed outputs are
+    judged before they end): the same rule as the trials', which that path lacked (a red-team of issue 56: a failure
+    there was ``harness_error``, left out of n and evaluated again, so a candidate that holds a shared GPU's memory
+    after its last repeat never got a verdict). Passing alone, the failure is the candidate's doing."""
+    from pkb.runtime.group import RankGroup
+
+    real_request = RankGroup.request
+    failures_left = {"count": 1}
+
+    def starved(group, jobs, *args, **kwargs):
+        if group.role == "reference" and jobs and jobs[0].get("op") == "time_exact" and failures_left["count"]:
+            failures_left["count"] -= 1
+            return [RankFailure("runtime_error", "torch.OutOfMemoryError: CUDA out of memory (as if the candidate "
+                                                 "held it)") for _ in jobs]
+        return real_request(group, jobs, *args, **kwargs)
+
+    monkeypatch.setattr(RankGroup, "request", starved)
+    one_step_off = '''
+        import torch
+        import torch.distributed as dist
+
+        def solution(tensor):  # an honest sum whose first value is one step off (another order's rounding): not
+            out = tensor.clone()  # the reference's bit for bit, so its timed outputs are judged by the exact answer
+            dist.all_reduce(out)
+            flat = out.view(-1)
+            if flat.numel():
+                flat[:1].view(torch.int16 if out.element_size() == 2 else torch.int32).add_(1)
+            return out
+    '''
+    result = evaluate_source(tmp_path, sessions, one_step_off, perf=True)
+    assert failures_left["count"] == 0, "no exact answer to a timed call was asked for: the test tests nothing"
+    assert result.status is Status.RUNTIME_ERROR and "passed alone" in result.message, result.message
+    assert "timed call" in result.message, result.message
+
+
+def test_an_idle_helper_thread_is_not_waited_for_and_an_honest_file_with_one_is_timed_as_it_runs(tmp_path, sessions):
+    """An honest all-reduce with a helper thread that waits on a queue for jobs that never come (a common pattern,
+    using no CPU): the end of its timing waited the whole minute for the thread, charged it to the candidate and then
+    called the candidate ``tampered`` (its ranks' clock far below the parent's; a red-team of issue 56). A thread
+    that uses no CPU is blocked, not working: the end no longer waits for it."""
+    result = evaluate_source(tmp_path, sessions, '''
+        import queue
+        import threading
+
+        import torch
+        import torch.distributed as dist
+
+        _jobs = queue.Queue()
+        _helper = None
+
+        def _serve():
+            while True:
+                _jobs.get()()
+
+        def solution(tensor):
+            global _helper
+            if _helper is None:
+                _helper = threading.Thread(target=_serve, daemon=True, name="helper")
+                _helper.start()
+            out = tensor.clone()
+            dist.all_reduce(out)
+            return out
+    ''', perf=True)
+    assert result.status is Status.OK, result.message
+    assert result.wall_s < 60.0, result.wall_s
+    assert all(0.2 < timing.speedup < 5.0 for timing in result.timings), [t.speedup for t in result.timings]

@@ -106,6 +106,14 @@ def test_a_directory_given_as_the_candidate_is_said_to_be_one(capsys, tmp_path):
     assert code == 2 and f"{tmp_path} is a directory: give one .py file" in err and "not found" not in err
 
 
+@pytest.mark.parametrize("command", [["report"], ["transcripts"], ["report", "--html", "x.html"]])
+def test_a_directory_given_as_the_database_to_read_is_said_to_be_one(capsys, tmp_path, command):
+    """A new user's walk (issue 54): `pkb report --db DIR` said there was no database at DIR although DIR held one;
+    every command that reads results now says what `pkb run` says: it is a directory, give the file in it."""
+    code, _, err = run(capsys, *command, "--db", str(tmp_path))
+    assert code == 2 and f"{tmp_path} is a directory: give the results database's file, e.g. --db {tmp_path}/" in err, err
+
+
 # -- unknown flags and problems (issue 54.3; that no torch is imported: tests/integration/test_cli.py) ----------
 
 
