@@ -395,6 +395,10 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
+        wrong = re.match(r"argument command: invalid choice: '([^']*)'", message)
+        if wrong and self.subcommands is not None:  # a mistyped subcommand: the closest, as for a flag
+            close = difflib.get_close_matches(wrong.group(1), list(self.subcommands.choices), n=1, cutoff=0.6)
+            message += f"; did you mean {close[0]}?" if close else ""
         raise _ParseError(f"{message} (`{self.prog} --help` lists what it takes)", self.prog)
 
     def add_subparsers(self, **kwargs):

@@ -159,7 +159,8 @@ def _state_the_rules(result: EvalResult, upstream_unchecked: str | None) -> None
     upstream = "not checked" if upstream_unchecked else "passed" if result.upstream_ok else "failed"
     result.details.rules = {"pkb": "passed" if result.ok else "failed", "upstream": upstream}
     if upstream == "passed":
-        theirs = f"ok by the paper's (upstream's inputs and rule: {UPSTREAM_RULE}, {paper.get('trials')} trials)"
+        trials = paper.get("trials")
+        theirs = f"ok by the paper's (upstream's inputs and rule: {UPSTREAM_RULE}, {trials} trial{'s' * (trials != 1)})"
     elif upstream == "failed" and paper.get("failed"):
         failed = paper["failed"]
         same = failed["status"] == result.status.value and failed["reason"] in result.message

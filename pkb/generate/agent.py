@@ -19,7 +19,8 @@ from typing import Callable
 from pkb.generate.prompt import Prompt, feedback
 from pkb.generate.upstream_prompt import prompt_for
 from pkb.generate.providers import CallContext, Message, Provider, ProviderError
-from pkb.generate.sampler import UNANSWERED, GenStatus, RunSettings, VerdictQueue, generation_row, write_code
+from pkb.generate.sampler import (UNANSWERED, GenStatus, RunSettings, VerdictQueue, generation_row, prompt_world_size,
+                                  write_code)
 from pkb.problem import Problem
 from pkb.store.db import generated_set
 
@@ -86,8 +87,8 @@ def run_agent(problem: Problem, provider: Provider, settings: AgentSettings, sto
               on_step: Callable[[AgentStep], None] = lambda step: None, executor=None) -> AgentOutcome:
     """Refine ``problem``'s solution for up to ``settings.num_steps`` steps (resuming a stored run); each
     step's file is evaluated on ``executor`` (pkb.executor; default: this machine) before the next step."""
-    prompt = prompt_for(problem, settings.backend, profile, settings.world_size, settings.prompt, settings.upstream_dir,
-                        precision=settings.precision)
+    prompt = prompt_for(problem, settings.backend, profile, prompt_world_size(problem, settings, eval_config),
+                        settings.prompt, settings.upstream_dir, precision=settings.precision)
     verdicts = VerdictQueue(store, eval_config, executor, settings.experiment)
     steps: list[AgentStep] = []
     stopped_by = ""

@@ -111,6 +111,19 @@ def default_run_name(model: ModelSpec, backend: str, mode: str | None, temperatu
     return re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(parts)).strip("-")
 
 
+def judged_world_size(problem: Problem, config) -> int:
+    """The world size ``problem`` is judged at under ``config``: the run's, where the problem runs at it, else the
+    problem's smallest."""
+    return config.world_size if config.world_size in problem.world_sizes else min(problem.world_sizes)
+
+
+def prompt_world_size(problem: Problem, settings: RunSettings, eval_config) -> int | None:
+    """The world size ``problem``'s prompt describes: the settings', else the one its answers are judged at (a new
+    user's walk, issue 54: `--world-size 2` judged on 2 ranks what a prompt for the profile's 8 had asked for), else
+    None (the profile's GPUs: pkb.generate.prompt.build_prompt)."""
+    return settings.world_size or (judged_world_size(problem, eval_config) if eval_config is not None else None)
+
+
 def generate(problems: list[Problem], provider: Provider, settings: GenerateSettings, store, profile,
              eval_config=None, on_result: Callable[[SampleResult], None] = lambda result: None,
              executor=None) -> list[SampleResult]:
@@ -131,8 +144,8 @@ def generate(problems: list[Problem], provider: Provider, settings: GenerateSett
     try:
         calls = []
         for problem in problems:
-            prompt = prompt_for(problem, settings.backend, profile, settings.world_size, settings.prompt,
-                                settings.upstream_dir, precision=settings.precision)
+            prompt = prompt_for(problem, settings.backend, profile, prompt_world_size(problem, settings, eval_config),
+                                settings.prompt, settings.upstream_dir, precision=settings.precision)
             for sample in range(settings.num_samples):
                 row = _latest_row(store, settings.run, problem, sample)
                 if row is not None and row["status"] == GenStatus.GENERATED and verdicts is not None:
@@ -290,8 +303,7 @@ class VerdictQueue:
         from pkb.evaluate.candidate import Candidate
         from pkb.executor import Evaluation
 
-        config = self.config if self.config.world_size in problem.world_sizes else replace(
-            self.config, world_size=min(problem.world_sizes))
+        config = replace(self.config, world_size=judged_world_size(problem, self.config))
         self.loop.submit(Evaluation(problem, Candidate.from_file(path, name=name), solution_set, config, tag=done,
                                     experiment=self.experiment))
 

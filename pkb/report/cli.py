@@ -88,6 +88,9 @@ def cmd_report(args) -> int:
         loaded = records.load(db, args.group_by, row_filter, registry)
     except records.ReportError as exc:
         raise UsageError(str(exc)) from None
+    unknown = [name for name in experiments if name not in loaded.held] if args.experiment and loaded.held else []
+    if unknown:  # a name the user gave that nothing was stored under: a typo, said as one
+        raise UsageError(f"no results in experiment {unknown[0]!r}: this database holds {', '.join(loaded.held)}")
     notes = loaded.notes
     if selection is None:
         selection, outside = suite_selection({r.problem: r.category for r in loaded.rows})

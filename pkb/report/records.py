@@ -143,6 +143,7 @@ class Loaded:
     rows: tuple[Record, ...]  # every row the filter keeps, in id order (csv / parquet exports)
     group_by: str  # set, model or solution
     notes: tuple[str, ...]  # what the reader should know (fallbacks, unlinked generations)
+    held: tuple[str, ...] = ()  # every experiment the database holds results of, the latest first
 
 
 def load(path: str | Path, group_by: str = "set", row_filter: Filter = Filter(),
@@ -178,7 +179,8 @@ def load(path: str | Path, group_by: str = "set", row_filter: Filter = Filter(),
             for record in _records(result_id, result, generations.get(result_id, []), group_by, categories,
                                    paper_status(result, upstream_cases.get(result.problem), recorded),
                                    upstream_cases.get(result.problem) == frozenset(), row_filter.compares_experiments)]
-    return Loaded(records=one_per_sample(rows), rows=tuple(rows), group_by=group_by, notes=tuple(notes))
+    return Loaded(records=one_per_sample(rows), rows=tuple(rows), group_by=group_by, notes=tuple(notes),
+                  held=tuple(held))
 
 
 def experiments_note(shown: tuple[str, ...] | None, held: dict[str, int]) -> list[str]:

@@ -391,6 +391,11 @@ def test_replay_runs_generate_and_agent_end_to_end_offline(capsys, tmp_path, mon
     rows = [g for g in generations(db) if g["kind"] == "agent"]
     assert [(g["step"], g["status"], g["model"]) for g in rows] == [(0, "mismatch", f"replay:{answers}"),
                                                                     (1, "ok", f"replay:{answers}")]
+    # the prompt describes the world size its answers are judged at (it said the profile's 8 at --world-size 2)
+    judged = EVAL[EVAL.index("--world-size") + 1]
+    said = re.compile(rf"imported once on each of the\s+{judged}\s+ranks")
+    assert said.search(rows[0]["prompt"]), rows[0]["prompt"][:600]
+    assert all(said.search(g["prompt"]) for g in generations(db) if g["kind"] != "agent")
     assert_the_agent_run_is_its_experiment_and_its_transcript_reads_back(capsys, db, rows, tmp_path)
 
 

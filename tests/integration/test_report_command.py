@@ -104,6 +104,9 @@ def test_report_shows_one_experiment_compares_several_and_leaves_service_and_rl_
     assert [(row["experiment"], row["solution"]) for row in rows] == [("rl", "allreduce/1/0")]
     wrong = pkb("report", "--db", str(db), "--experiment", "a,,b")
     assert wrong.returncode == 2 and "--experiment: an experiment needs a name" in wrong.stderr
+    typo = pkb("report", "--db", str(db), "--experiment", "sweeep")  # a new user's walk: this exited 0, empty
+    assert typo.returncode == 2 and "no results in experiment 'sweeep': this database holds sweep, rl, served, " \
+        "default" in typo.stderr, typo.stderr
 
 
 def test_report_counts_speed_from_gpu_timings_only_and_shows_cpu_timings_apart_when_asked(tmp_path):

@@ -132,6 +132,14 @@ def test_an_unknown_flag_suggests_the_closest_flag_of_its_subcommand_and_its_own
     assert f"; did you mean {flag}? (`pkb {argv[0]} --help` lists what it takes)" in err
 
 
+def test_a_mistyped_subcommand_suggests_the_closest_one(capsys):
+    """A new user's walk (issue 54): `pkb evl` listed the 14 subcommands without a guess."""
+    code, _, err = run(capsys, "evl", "1", "x.py")
+    assert code == 2 and "did you mean eval?" in err and "`pkb --help`" in err, err
+    code, _, err = run(capsys, "zzzz")
+    assert code == 2 and "did you mean" not in err, err
+
+
 def test_an_empty_server_url_is_a_usage_error_not_a_local_evaluation(capsys):
     code, out, err = run(capsys, "eval", "1", "x.py", "--server", "")
     assert code == 2 and out == "" and "--server is empty: give the URL `pkb serve` prints" in err
