@@ -183,10 +183,15 @@ def print_verdict(result) -> None:
     print(f"{result.problem} / {result.solution}: {result.status.value}  ({result.mode}, {ranks}, {result.wall_s:.1f} s)")
     print(f"  {result.message}")
     if result.details.traceback or result.details.error:
-        text = user_traceback(result.details.traceback or result.details.error, result.details.solution_path)
-        print("  " + text.strip().replace("\n", "\n  "))
+        lines = user_traceback(result.details.traceback or result.details.error,
+                               result.details.solution_path).strip().splitlines()
+        if lines and lines[0].strip() and lines[0].strip() in result.message:  # said already (a syntax error's place)
+            lines = lines[1:]
+        if lines:
+            print("  " + "\n  ".join(lines))
     if result.details.log_tail:
-        tail = shorten(result.details.log_tail.strip(), LOG_TAIL_CHARS, keep="end", one_line=False)
+        tail = user_traceback(result.details.log_tail.strip(), result.details.solution_path)
+        tail = shorten(tail, LOG_TAIL_CHARS, keep="end", one_line=False)
         print("  rank output (tail):\n    " + tail.replace("\n", "\n    "))
     for timing in result.timings:
         print(f"  {timing.case}: reference {timing.reference_s * 1e6:.1f} us, candidate {timing.candidate_s * 1e6:.1f} us,"
@@ -204,11 +209,19 @@ def user_traceback(text: str, solution_path: str | None) -> str:
     rank imported (in its scratch folder) named by the author's file (``solution_path``, shown relative to the
     working directory where it is inside it). A traceback that never reaches code outside pkb is kept whole."""
     own = str(Path(__file__).resolve().parent) + os.sep
-    blocks = re.split(r"(?m)^(?=Traceback \(most recent call last\):)", text)
+    blocks = re.split(r"(?m)^(?=Traceback \(most recent call last\):|(?:Current t|T)hread 0x[0-9a-f]+ )", text)
     shown = []
     for block in blocks:
         lines = block.splitlines()
         frames = [(i, match) for i, match in ((i, _FRAME.match(line)) for i, line in enumerate(lines)) if match]
+        if "(most recent call first):" in block:  # a hung rank's stack (faulthandler): pkb's frames come after
+            below = [i for i, match in frames if match.group(2).startswith(own) or match.group(2) == "<string>"]
+            if below and len(below) < len(frames):
+                count = f"{len(below)} frame{'s' * (len(below) > 1)}"
+                note = f"{frames[0][1].group(1)}({count} of pkb's own code below left out)"
+                lines = [line for i, line in enumerate(lines) if i not in set(below)] + [note]
+            shown.append("\n".join(lines))
+            continue
         first_user = next((n for n, (_, match) in enumerate(frames) if not match.group(2).startswith(own)), None)
         if first_user:
             start, indent = frames[0][0], frames[0][1].group(1)

@@ -172,6 +172,14 @@ def _exception_line(error: str) -> str:
     return lines[-1][:200] if lines else "no error given"
 
 
+# What a rank was doing, in the user's words (a timeout says which step did not finish)
+JOB_WORDS = {"load": "loading the candidate", "run": "a call of solution()", "time_prepare": "the timing's warm-up",
+             "time_copies": "the timing's first calls", "time_refresh": "a refresh of the timed inputs",
+             "time_repeat": "a timed repeat", "time_check": "the check of a timed repeat",
+             "time_finish": "the end of the timing", "time_outputs": "sending the timed outputs",
+             "time_exact": "the exact answer to a timed call"}
+
+
 class RankGroup:
     """W worker processes in one process group; ``role`` is 'reference' or 'candidate'.
 
@@ -323,7 +331,8 @@ class RankGroup:
         all; a hang starts no such process. ``max_reply_bytes``: a larger reply is the sender's failure (a rank that
         tried to exhaust the parent's memory), RankCrashed."""
         try:
-            raw = self._collect(timeout, what=f"job {self._pending_op!r}", compile_limit=compile_limit,
+            raw = self._collect(timeout, what=JOB_WORDS.get(self._pending_op, f"job {self._pending_op!r}"),
+                                compile_limit=compile_limit,
                                 max_reply_bytes=max_reply_bytes)
         except BaseException:  # replies left unread (an interrupt mid-wait): the group cannot be used again
             self.kill()

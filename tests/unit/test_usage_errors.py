@@ -294,6 +294,34 @@ def test_a_crash_shows_the_users_file_and_line_first(tmp_path, monkeypatch):
     assert user_traceback(inside_pkb, None) == inside_pkb  # never reaches the candidate: kept whole
 
 
+def test_a_hung_ranks_stack_shows_the_users_frames_and_counts_pkbs(tmp_path, monkeypatch):
+    """A new user's walk (issue 54): a hang's rank output was faulthandler's whole dump, the scratch copy's path and
+    13 frames of pkb after the user's line; now the user's file as they named it, and a count of pkb's frames."""
+    monkeypatch.chdir(tmp_path)
+    scratch = "/tmp/pkb-scratch-x/pkb-candidate/rank0/hang.py"
+    dump = (f'Current thread 0x00007f10186b2b80 (most recent call first):\n  File "{scratch}", line 2 in solution\n'
+            f'  File "{PACKAGE}/runtime/guards.py", line 425 in run\n  File "{PACKAGE}/runtime/worker.py", line 148 in '
+            'call\n  File "<string>", line 1 in <module>')
+    shown = user_traceback(dump, str(tmp_path / "hang.py")).splitlines()
+    assert shown == ["Current thread 0x00007f10186b2b80 (most recent call first):",
+                     '  File "hang.py", line 2 in solution', "  (3 frames of pkb's own code below left out)"], shown
+
+
+def test_a_syntax_errors_place_is_said_once(capsys):
+    """A new user's walk (issue 54): the place of a syntax error was printed in the message and again as the first line
+    of the error below it."""
+    from pkb.cli import print_verdict
+    from pkb.evaluate.result import Details, EvalResult
+
+    place = "/tmp/st/mine.py:3:21: expected ':'"
+    result = EvalResult(problem="allreduce", problem_version=1, solution="mine", solution_sha256="0" * 64,
+                        status=Status.COMPILE_ERROR, message=f"fails pkb's rule. pkb's: syntax error: {place}",
+                        world_size=2, mode="cpu", details=Details(error=f"{place}\n    def solution(tensor)\n"))
+    print_verdict(result)
+    out = capsys.readouterr().out
+    assert out.count(place) == 1 and "    def solution(tensor)" in out, out
+
+
 def results_of(*rows):
     from pkb.evaluate.result import EvalResult
 
