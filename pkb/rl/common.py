@@ -5,6 +5,7 @@ the next message of a multi-turn conversation. The standard library and pkb's to
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from types import SimpleNamespace
@@ -56,7 +57,10 @@ def choose_problems(summaries: list[dict], problems: list[str] | None, categorie
         raise ValueError(f"unknown categories {unknown}; the suite's: {', '.join(known_categories)}")
     unknown = [p for p in problems or [] if p not in by_name]
     if unknown:
-        raise ValueError(f"unknown problems {unknown}; give slugs or numbers: {', '.join(s['name'] for s in summaries)}")
+        close = [match for name in unknown for match in difflib.get_close_matches(name, list(by_name), n=1)]
+        guess = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown problems {unknown}{guess} (give slugs or numbers: "
+                         f"{', '.join(s['name'] for s in summaries)})")
     runs = [s for s in summaries if world_size in s["world_sizes"] and dtype in s["precisions"]]
     if problems:
         named = [by_name[p] for p in problems]

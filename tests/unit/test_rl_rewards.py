@@ -89,3 +89,15 @@ def test_an_answer_without_a_file_asks_nothing():
     service = ScriptedService("ok")
     verdict = judge(service, "allreduce", "I would rather not.", name="x")
     assert verdict["status"] == "no_code" and service.names == [] and rewards(verdict) == dict.fromkeys(REWARDS, 0.0)
+
+
+def test_an_unknown_problem_name_in_an_rl_task_gets_the_closest_names():
+    """A new user's walk (issue 54): `-T problems=allgathr` listed all 95 names with no guess."""
+    from pkb.rl.common import choose_problems
+
+    summaries = [{"name": name, "number": number, "category": "collectives", "world_sizes": [2, 4],
+                  "precisions": ["bf16"]} for number, name in ((1, "allreduce"), (2, "allgather"), (3, "broadcast"))]
+    with pytest.raises(ValueError, match=r"unknown problems \['allgathr'\]; did you mean allgather\?"):
+        choose_problems(summaries, ["allgathr"], None, 2, "bf16")
+    assert [s["name"] for s in choose_problems(summaries, ["2", "allreduce"], None, 2, "bf16")] == ["allgather",
+                                                                                                     "allreduce"]
