@@ -15,6 +15,7 @@ numbers single commands take (``--parallel``, ``--samples``, ``--port``, ...) ar
 
 from __future__ import annotations
 
+import difflib
 import enum
 import math
 from dataclasses import dataclass, fields
@@ -328,6 +329,8 @@ def request_options(**options: Any) -> dict[str, Any]:
         elif name in SERVED_OPTIONS:
             OPTIONS[name].check(value)
         else:
-            raise ValueError(f"unknown option {name!r}; a request takes {', '.join(SERVED_OPTIONS)}, name, "
-                             "solution_set, experiment")
+            takes = [*SERVED_OPTIONS, "name", "solution_set", "experiment"]
+            close = difflib.get_close_matches(name, takes, n=1, cutoff=0.6)
+            raise ValueError(f"unknown option {name!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                             + f" (a request takes {', '.join(takes)})")
     return chosen

@@ -323,7 +323,7 @@ def _problem_section(report: Report, problem: str) -> str:
     rows = "".join(
         f'<tr><td>{_e(r.group)}</td><td><a href="#result-{r.key}">{_e(r.result.solution)}</a></td>'
         f"<td>{_status(r.status)}</td><td class=num>{_speedup_cell(r)}</td>"
-        f"<td class=num>{percent(r.result.roofline_fraction)}</td>"
+        f"<td class=num>{_off_gpu_marked(r, percent(r.result.roofline_fraction))}</td>"
         f"<td class=num>{'-' if r.result.busbw_gbps is None else f'{r.result.busbw_gbps:.1f} GB/s'}</td>"
         f"<td>{_e(r.result.mode)}</td><td class=num>{r.result.world_size}</td>"
         f"<td>{_shortened(r.result.message, CELL_CHARS, f'#result-{r.key}')}</td></tr>"
@@ -335,10 +335,16 @@ def _problem_section(report: Report, problem: str) -> str:
 
 def _speedup_cell(record: Record) -> str:
     """A result's speedup, marked where it was not timed on GPUs (``0.84x (cpu)``: not GPU performance)."""
+    return _off_gpu_marked(record, times(record.result.speedup))
+
+
+def _off_gpu_marked(record: Record, text: str) -> str:
+    """``text`` (a number from the result's timing: its speedup, its share of the roofline), marked with the mode
+    where it was not timed on GPUs (``24.0% (cpu)``: not GPU performance)."""
     if record.result.speedup is None or gpu_speedup(record) is not None:
-        return _e(times(record.result.speedup))
-    return (f'{_e(times(record.result.speedup))} <span class="note" title="not GPU performance">'
-            f"({_e(record.result.mode)})</span>")
+        return _e(text)
+    return f'{_e(text)} <span class="note" title="not GPU performance">({_e(record.result.mode)})</span>'
+
 
 
 def _shortened(text: str, limit: int, whole_at: str | None = None) -> str:

@@ -81,7 +81,9 @@ def headline_footnote(report: Report) -> str:
     """What the headline's numbers count, said once, e.g. ``pass@1 and fast_1 (paper / pkb) count the 87 selected
     problems, the paper's denominator: ...``."""
     experiments = f"experiment {', '.join(report.experiments)}: " if report.experiments else ""
-    return (f"{experiments}pass@1 and fast_1 (paper / pkb) count the {len(report.problems)} selected problems, the "
+    count = len(report.problems)
+    selected = f"the {count} selected problems" if count != 1 else "the 1 selected problem"
+    return (f"{experiments}pass@1 and fast_1 (paper / pkb) count {selected}, the "
             "paper's denominator:\none without a result as failed, one left out (its every sample skipped by the run, "
             "or pkb's own failure) not at all.\npaper: upstream's inputs and rule; pkb: every case pkb checks; speed "
             "(fast_1, geomean, roofline): GPU timings in cuda mode only.")
@@ -92,7 +94,8 @@ def headline_notes(report: Report) -> list[str]:
     notes = []
     for group, m in report.paper.items():
         if m.num_unknown:
-            notes.append(f"{group}: {m.num_unknown} sample(s) without an upstream verdict (their run left the "
+            samples = f"{m.num_unknown} sample{'s' * (m.num_unknown != 1)}"
+            notes.append(f"{group}: {samples} without an upstream verdict (their run left the "
                          "upstream cases out, or they predate it) are left out of the paper's protocol")
     notes += candidate_skip_notes(report)
     notes += sandbox_notes(report).values()

@@ -62,3 +62,20 @@ def test_a_partial_set_is_plotted_over_the_categories_it_ran_and_told_how_to_rep
     assert "categories without a result are left out of the plots and tables" in page
     table = page[page.index('<section id="categories"'):page.index('<section id="strict"')]
     assert "<td>collectives</td>" in table and "<td>data_parallel</td>" not in table
+
+
+def test_a_cpu_timed_results_roofline_share_is_marked_as_its_speedup_is(tmp_path):
+    """A new user's walk (issue 54): the problems table marked a cpu-timed speedup `(cpu)` but showed its share of the
+    roofline bare, as if it were a GPU's."""
+    import re
+
+    from helpers.reports import make_result
+    from pkb.options import Status
+
+    rows = [make_result("allreduce", "mine/allreduce", Status.OK, 1.5, 0.24, upstream_ok=True, mode="cpu"),
+            make_result("allgather", "mine/allgather", Status.OK, 2.0, 0.5, upstream_ok=True, mode="cuda")]
+    page = report_html.render(build(write_db(tmp_path / "cpu.sqlite", rows)))
+    marked = '<span class="note" title="not GPU performance">(cpu)</span>'
+    assert re.search(r"<td class=num>24\.0% " + re.escape(marked) + "</td>", page)
+    assert re.search(r"<td class=num>1\.50x " + re.escape(marked) + "</td>", page)
+    assert "<td class=num>50.0%</td>" in page and "<td class=num>2.00x</td>" in page

@@ -132,6 +132,15 @@ def test_an_unknown_flag_suggests_the_closest_flag_of_its_subcommand_and_its_own
     assert f"; did you mean {flag}? (`pkb {argv[0]} --help` lists what it takes)" in err
 
 
+def test_a_mistyped_option_of_a_request_to_the_service_gets_the_closest_one():
+    """A new user's walk (issue 54): `Client.evaluate(..., world_sise=2)` named no option, where the command line
+    would have."""
+    from pkb.options import request_options
+
+    with pytest.raises(ValueError, match=r"unknown option 'world_sise'; did you mean 'world_size'\?"):
+        request_options(world_sise=2)
+
+
 def test_a_mistyped_subcommand_suggests_the_closest_one(capsys):
     """A new user's walk (issue 54): `pkb evl` listed the 14 subcommands without a guess."""
     code, _, err = run(capsys, "evl", "1", "x.py")
