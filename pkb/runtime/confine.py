@@ -56,6 +56,7 @@ import ctypes
 import errno
 import os
 import platform
+import re
 import resource
 import struct
 import sys
@@ -85,6 +86,8 @@ CLONE_NEWIPC = 0x08000000
 # the evaluation and reached the next one (another uid) and another virtual node (a red-team probe, issue 56).
 PRIVATE_SHARED_MEMORY = CLONE_NEWNS | CLONE_NEWIPC
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+MS_RDONLY, MS_REMOUNT, MS_NOATIME, MS_BIND = 1, 32, 1 << 10, 1 << 12
+_KEPT_MOUNT_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
 PR_SET_PDEATHSIG, PR_SET_KEEPCAPS, PR_SET_NO_NEW_PRIVS = 1, 8, 38
 PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 24, 36, 47, 2
 CAP_DAC_READ_SEARCH = 2
@@ -171,6 +174,7 @@ def _mount_private(plan: SandboxPlan, proc: bool, whose: str) -> None:
     """In a new mount namespace: its mounts private, ``plan.scratch`` a size-bounded tmpfs of ``plan.uid``'s, a
     /dev/shm of its own and, with ``proc``, a /proc of this process's pid namespace."""
     _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), f"make {whose} mounts private")
+    _without_access_times()
     owner = f",uid={plan.uid},gid={plan.uid}" if plan.root else ""
     _check(_libc.mount(b"tmpfs", plan.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
                        f"size={plan.scratch_bytes},mode=0700{owner}".encode()), f"mount {whose} scratch tmpfs")
@@ -178,6 +182,24 @@ def _mount_private(plan: SandboxPlan, proc: bool, whose: str) -> None:
                        f"size={plan.shm_bytes},mode=1777".encode()), f"mount {whose} /dev/shm")
     if proc:
         _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), f"mount {whose} /proc")
+
+
+def _without_access_times() -> None:
+    """Every mount of this (new) mount namespace ``noatime``, its other flags kept: reading a file then leaves no mark
+    another evaluation can see (with ``relatime``, a read sets the access time of a file last read over a day ago,
+    which a later evaluation under another uid read back as bits: a red-team of issue 56). The machine's own mounts
+    keep theirs. A mount that refuses is left as it is."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), fields[4])
+        kept = sum(flag for name, flag in _KEPT_MOUNT_FLAGS.items() if name in fields[5].split(","))
+        _libc.mount(None, point.encode(), None, MS_REMOUNT | MS_BIND | MS_NOATIME | kept, None)
 
 
 def scratch_dirs(scratch: str) -> dict[str, str]:

@@ -31,6 +31,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import os
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -43,6 +45,8 @@ from pkb.runtime.channel import tensor_bytes
 CPU_CACHE_BYTES = 32 << 20  # what to outgrow on a CPU, where no L2 size is reported per device
 CHANGE_SHARE = 8  # a call's inputs take 1/CHANGE_SHARE of their largest floating tensor from the donor
 IDLE_CHECK_S = 0.1  # a leftover thread that used no CPU over this long is blocked (waiting for work), not working
+SEALED_SLOTS = 8  # slots whose outputs are sealed at the end of each repeat (``_seal``): drawn then, at random
+SEALED_VALUES = 16  # values of each tensor of a sealed output, at places drawn then
 MAX_DEPTH = 16  # nesting of lists, tuples and dicts an output may have
 
 # The harness's own clocks, synchronisation and torch entry points, bound before any candidate code is imported, so a
@@ -56,6 +60,8 @@ _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 _function_modes = torch._C._len_torch_function_stack
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _no_torch_function = torch._C.DisableTorchFunction
+_urandom = os.urandom
+_getprofile, _gettrace = sys.getprofile, sys.gettrace
 _PLAIN_LEAVES = (type(None), bool, int, float, complex, str, torch.dtype, torch.device)
 _CONTAINER_METHODS = {list: ("__iter__", "__len__", "__getitem__"), tuple: ("__iter__", "__len__", "__getitem__"),
                       dict: ("__iter__", "__len__", "__getitem__", "items", "keys", "values")}
@@ -248,6 +254,8 @@ class TimedLoop:
         self.round = -1  # the refresh round the slots hold (-1: the values they were made with)
         self.graph = None
         self.modes = (_function_modes(), _dispatch_modes())
+        self.hooks = _hooks()  # Python's profile, trace and monitoring hooks before any call of the loop
+        self.sealed: list = []  # (slot, path, places, values) of outputs sealed at the end of the last repeat
         self.refused: str | None = None  # the first output refused outside a repeat (warm-up, first touches)
         self.threads_before = set(threading.enumerate())
         self._add_copies(1)
@@ -362,13 +370,28 @@ class TimedLoop:
         wall = (_perf_counter() - began) / max(num_calls, 1)
         if refused:
             raise OutputRefused(refused)
+        self.sealed = _seal(self.last_outputs, self.device)
         event = start.elapsed_time(end) / 1e3 / max(num_calls, 1) if self.device.type == "cuda" else None
         return {"wall_s": wall, "event_s": event}
+
+    def _unchanged_since_the_repeat(self) -> None:
+        """OutputRefused where an output sealed at the end of the repeat has changed since, or a Python profile, trace
+        or monitoring hook has been set since the loop began: the call's work was done after the parent's clock had
+        stopped (a red-team of issue 56 ran every timed all-reduce at once from a profile hook the harness's check
+        set off, within the check's allowance: 7.7x an honest file's speedup)."""
+        if _hooks() != self.hooks:
+            raise OutputRefused("a Python profile, trace or monitoring hook was set during the timed calls: it runs "
+                                "code while the harness checks the outputs, after the parent's clock has stopped")
+        changed = _changed(self.sealed, self.last_outputs)
+        if changed is not None:
+            raise OutputRefused(f"the output of input copy {changed} changed after its timed repeat had ended: its "
+                                "work was done after the parent's clock had stopped")
 
     def check(self, seed: int, num_projections: int) -> list:
         """Per slot, the summaries of its last output (``summarise``) under projections drawn from ``seed``, with
         torch functions' overrides off (no candidate code runs in them)."""
         sync(self.device)
+        self._unchanged_since_the_repeat()
         if _dispatch_modes() != self.modes[1]:
             raise OutputRefused("a torch dispatch mode was active when the outputs were checked")
         with _no_torch_function():
@@ -378,6 +401,7 @@ class TimedLoop:
     def outputs_of(self, slots: list[int]) -> list:
         """The last outputs of ``slots`` (the parent's choice, after the repeat), for the parent to judge in full."""
         sync(self.device)
+        self._unchanged_since_the_repeat()
         return [self.last_outputs[slot] for slot in slots]
 
     def finish(self, timeout_s: float = 60.0) -> dict:
@@ -403,6 +427,61 @@ class TimedLoop:
         """The last output of every slot: the last repeat's calls, each on its slot's values of that round."""
         sync(self.device)
         return list(self.last_outputs)
+
+
+def _hooks() -> tuple:
+    """Python's profile and trace hooks of this thread, and the tools registered with sys.monitoring (3.12 on)."""
+    monitoring = getattr(sys, "monitoring", None)
+    tools = tuple(monitoring.get_tool(tool) for tool in range(6)) if monitoring is not None else ()
+    return _getprofile(), _gettrace(), tools
+
+
+def _random_below(bound: int, count: int) -> list[int]:
+    """``count`` numbers in [0, bound), from the system's randomness (nothing in the process determines them)."""
+    raw = _urandom(8 * count)
+    return [int.from_bytes(raw[8 * i:8 * i + 8], "little") % bound for i in range(count)]
+
+
+def _seal(outputs: list, device: torch.device) -> list:
+    """A seal of the outputs a repeat has just computed: for SEALED_SLOTS slots, and SEALED_VALUES places of each
+    tensor of their outputs, drawn now from the system's randomness (after the last call has returned: no call can
+    know them), the values there. Work on an output done after this (a hook, a thread, a stream the candidate left
+    running past the synchronize) changes what ``_changed`` finds at a place a call could not know."""
+    keys = _random_below(2**62, len(outputs))
+    slots = sorted(sorted(range(len(outputs)), key=keys.__getitem__)[:SEALED_SLOTS])  # without repeats
+    sealed = []
+    for slot in slots:
+        for path, tensor in enumerate(_tensors(outputs[slot])):
+            if (tensor.numel() == 0 or tensor.layout is not torch.strided or tensor.is_quantized
+                    or tensor.device.type == "meta"):  # none the loop times as it should (quantized: indexing crashes)
+                continue
+            places = tuple(torch.tensor(_random_below(size, SEALED_VALUES), device=tensor.device)
+                           for size in tensor.shape)
+            try:
+                sealed.append((slot, path, places, _values_at(tensor, places)))
+            except (RuntimeError, TypeError, NotImplementedError):  # a layout or dtype torch cannot index: unsealed
+                continue
+    sync(device)
+    return sealed
+
+
+def _values_at(tensor: torch.Tensor, places: tuple) -> torch.Tensor:
+    """The values of ``tensor`` at ``places`` (one index tensor per dimension; none for a 0-d tensor), as raw bytes."""
+    with _no_torch_function():
+        values = (tensor.detach()[places] if places else tensor.detach().reshape(1)).contiguous()
+        return values.view(torch.uint8).clone() if values.dtype != torch.bool else values.clone()
+
+
+def _changed(sealed: list, outputs: list) -> int | None:
+    """The first slot of ``sealed`` (``_seal``'s) whose output (in ``outputs``) no longer holds the sealed values."""
+    for slot, path, places, values in sealed:
+        tensors = _tensors(outputs[slot])
+        try:
+            if path >= len(tensors) or not torch.equal(_values_at(tensors[path], places), values):
+                return slot
+        except (RuntimeError, TypeError, NotImplementedError):  # indexed at the seal, not now: it is not the same
+            return slot
+    return None
 
 
 def _cpu_seconds(thread: threading.Thread) -> float | None:

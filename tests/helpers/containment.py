@@ -5,6 +5,7 @@ hold against the folder's files."""
 from __future__ import annotations
 
 import ctypes
+import zlib
 from pathlib import Path
 
 ATTACKS = Path(__file__).resolve().parents[1] / "candidates" / "attacks"
@@ -72,12 +73,19 @@ def shm_plant_contained(report, result, arena) -> None:
     assert "plant" in report["done"], f"/dev/shm was not writable: {report['failed']}"  # shared memory must work
     assert not Path(f"/dev/shm/{arena.marker}-shm").exists(), "the candidate's /dev/shm is the machine's"
     assert "sysv_plant" in report["done"], f"System V shared memory did not work: {report['failed']}"
-    key = int.from_bytes(f"{arena.marker}-sysv".encode()[-4:], "little") & 0x7FFFFFFF  # _prelude.py's sysv_key
+    assert not remove_sysv_segment(arena.marker), \
+        "the candidate's System V shared memory is the machine's (no IPC namespace of its own)"
+
+
+def remove_sysv_segment(marker: str) -> bool:
+    """Remove the System V segment shm_plant.py makes for ``marker`` from this machine's IPC namespace (the key of
+    _prelude.py's ``sysv_key``); whether there was one."""
+    key = zlib.crc32(f"{marker}-sysv".encode()) & 0x7FFFFFFF
     libc = ctypes.CDLL(None, use_errno=True)
     segment = libc.shmget(key, 0, 0)
     if segment >= 0:
         libc.shmctl(segment, 0, None)  # IPC_RMID: leave the machine as it was
-    assert segment < 0, "the candidate's System V shared memory is the machine's (no IPC namespace of its own)"
+    return segment >= 0
 
 
 CONTAINED = {

@@ -46,7 +46,8 @@ from pkb.evaluate.session import Session
 from pkb.options import Status
 from pkb.registry import get_problem
 from pkb.runtime.modes import Mode
-from helpers.containment import ATTACK_ORDER, ATTACKS, CONTAINED, nothing_done, shm_plant_contained
+from helpers.containment import (ATTACK_ORDER, ATTACKS, CONTAINED, nothing_done, remove_sysv_segment,
+                                 shm_plant_contained)
 from helpers.sources import HONEST_ALLREDUCE
 
 PKB_PACKAGE = Path(pkb.__file__).resolve().parent
@@ -265,6 +266,7 @@ class Arena:
     def clean_up(self) -> None:
         """Kill whatever an attack left running and remove its files outside the arena."""
         kill_marked_processes(self.marker)
+        remove_sysv_segment(self.marker)
         for directory in (Path("/tmp"), Path("/dev/shm")):
             for path in directory.glob(f"{self.marker}*"):
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -544,7 +546,7 @@ def test_dev_shm_is_shared_without_the_sandbox(unsandboxed, tmp_path):
     try:
         evaluate_attack(unsandboxed, arena, "shm_plant", "off")
         peeked = attack_report(evaluate_attack(unsandboxed, arena, "shm_peek", "off"))
-        assert "peek" in peeked["done"], peeked
+        assert "peek" in peeked["done"] and "sysv_peek" in peeked["done"], peeked
     finally:
         arena.clean_up()
 

@@ -9,7 +9,9 @@ recorded as the candidate's: counted as not passed), or is timed as it really ra
 
 from __future__ import annotations
 
+import ast
 import re
+import sys
 import textwrap
 
 import pytest
@@ -31,6 +33,7 @@ from pkb.runtime.group import RankCrashed
 from pkb.runtime.messages import RankFailure, RunReply, decode
 from pkb.runtime.modes import Mode
 
+ROOT = Path(__file__).resolve().parents[2]
 NOT_THE_CANDIDATES = (Status.SKIPPED, Status.HARNESS_ERROR, Status.INFRA_ERROR, Status.OK)
 
 # Finds the rank's reply channel (a local of pkb.runtime.worker.worker_main, reachable through the stack's frames)
@@ -510,3 +513,97 @@ def test_an_idle_helper_thread_is_not_waited_for_and_an_honest_file_with_one_is_
     assert result.status is Status.OK, result.message
     assert result.wall_s < 60.0, result.wall_s
     assert all(0.2 < timing.speedup < 5.0 for timing in result.timings), [t.speedup for t in result.timings]
+
+
+DEFERS_THE_TIMED_WORK = '''
+    import sys
+    import threading
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    _pending = []
+    _installed = []
+
+    def _drain():
+        if not _pending:
+            return
+        outs = list(_pending)
+        del _pending[:]
+        flat = torch.cat([o.reshape(-1) for o in outs])
+        dist.all_reduce(flat)  # every timed call's all-reduce at once, after the repeat
+        at = 0
+        for o in outs:
+            o.view(-1).copy_(flat[at:at + o.numel()])
+            at += o.numel()
+
+    def _profile(frame, event, arg):
+        if event == "call" and _pending and frame.f_code.co_name in ("summarise", "check", "outputs_of", "_call"):
+            _drain()
+
+    def _later():
+        while True:
+            time.sleep(0.002)
+            if _pending:
+                time.sleep(0.003)  # the repeat's reply has gone: the parent's clock has stopped
+                _drain()
+
+    def _in_timed_repeat():
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_name == "repeat" and frame.f_code.co_filename.endswith("timed_loop.py"):
+                return True
+            frame = frame.f_back
+        return False
+
+    def solution(tensor):
+        if not _installed:
+            if ROUTE == "hook":
+                sys.setprofile(_profile)
+            else:
+                threading.Thread(target=_later, daemon=True).start()
+            _installed.append(1)
+        out = tensor.clone()
+        if _in_timed_repeat():
+            _pending.append(out)  # returned before its all-reduce is done
+        else:
+            _drain()
+            dist.all_reduce(out)
+        return out
+'''
+
+
+@pytest.mark.parametrize("route", ["hook", "thread"])
+def test_work_done_after_a_timed_repeat_has_ended_is_tampering(route, tmp_path, sessions):
+    """A red-team of issue 56 (helper, third round): each timed call returned its input's clone and a profile hook, set
+    off when the harness began checking the repeat's outputs, ran every call's all-reduce at once (a thread after the
+    repeat's reply does the same): correct outputs by the time they were read, the work after the parent's clock had
+    stopped and within the check's allowance, 7.7x an honest file's speedup (cpu). Each repeat's outputs are now
+    sealed at its end, at places drawn then, and a hook set during the calls is refused: ``tampered``."""
+    source = textwrap.dedent(DEFERS_THE_TIMED_WORK).replace("ROUTE", repr(route))
+    result = evaluate_source(tmp_path, sessions, source, perf=True)
+    if route == "thread" and result.status is Status.MISMATCH:  # the thread lost its race with the check: it read the
+        assert "timed repeat" in result.message, result.message  # outputs before they were done, a failure as well
+        return
+    assert result.status is Status.TAMPERED, (result.status, result.message, [t.speedup for t in result.timings])
+    assert "after its timed repeat had ended" in result.message or "hook was set" in result.message, result.message
+
+
+def test_reading_a_file_leaves_no_access_time_for_another_evaluation(tmp_path, sessions):
+    """A red-team of issue 56 (third round): with `relatime`, reading a file last read over a day ago sets its access
+    time, which a later evaluation under another uid read back (one bit a file: evaluation 1 read chosen files of
+    zoneinfo, evaluation 2 saw which). Under the mount namespace every mount of the sandbox is `noatime`."""
+    result = evaluate_source(tmp_path, sessions, '''
+        def solution(tensor):
+            seen = [line.split()[4:6] for line in open("/proc/self/mountinfo").read().splitlines()]
+            raise RuntimeError("MOUNTS " + repr(seen))
+    ''', cases="tests")
+    if "mount-namespace" not in (result.details.sandbox or {}).get("enforced", []):
+        pytest.skip("no mount namespace here (pkb is not root)")
+    said = next(line for line in result.details.error.splitlines() if "MOUNTS " in line)
+    mounts = dict(ast.literal_eval(said[said.index("MOUNTS ") + 7:]))
+    assert "noatime" in mounts["/"].split(","), mounts["/"]
+    # the mounts a candidate reads from (where Python and pkb live): no read of theirs leaves a mark
+    read_from = [point for point in mounts if any(Path(where).is_relative_to(point) for where in (sys.prefix, ROOT))]
+    assert read_from and all("noatime" in mounts[point].split(",") for point in read_from), mounts
