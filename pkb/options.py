@@ -132,7 +132,8 @@ class Option:
         if self.kind is float and not math.isfinite(value):
             return f"must be a finite number, got {value!r}"
         if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
-            return f"must be {self.bounds}, got {value!r}"
+            shown = f"{value:g}" if isinstance(value, float) else repr(value)  # 0, not 0.0, for `--timeout 0`
+            return f"must be {self.bounds}, got {shown}"
         return None
 
     @property
