@@ -45,6 +45,8 @@ from pkb.runtime.channel import tensor_bytes
 CPU_CACHE_BYTES = 32 << 20  # what to outgrow on a CPU, where no L2 size is reported per device
 CHANGE_SHARE = 8  # a call's inputs take 1/CHANGE_SHARE of their largest floating tensor from the donor
 IDLE_CHECK_S = 0.1  # a leftover thread that used no CPU over this long is blocked (waiting for work), not working
+HOOK_SET = ("a Python profile, trace or monitoring hook was set during the timed calls: it runs the candidate's code "
+            "while the harness seals and checks the outputs")
 SEALED_SLOTS = 8  # slots whose outputs are sealed at the end of each repeat (``_seal``): drawn then, at random
 SEALED_VALUES = 16  # values of each tensor of a sealed output, at places drawn then
 MAX_DEPTH = 16  # nesting of lists, tuples and dicts an output may have
@@ -107,10 +109,13 @@ def change_block(shape: tuple, entropy: int, call: int) -> tuple[int, int, int] 
 
 def donor_pair(inputs: tuple, donor_inputs: tuple):
     """(the tensor of ``inputs`` the change writes, its counterpart in ``donor_inputs``): the largest floating tensor
-    (the first of them), matched by position among the tensors of each; None where there is none or the donor's
-    differs in shape or dtype."""
+    (the first of them) that holds data, not structure, matched by position among the tensors of each; None where
+    there is none or the donor's differs in shape or dtype. A floating tensor of zeros and ones alone is a mask (an
+    expert mask, a one-hot routing) that other inputs agree with (moe_pre_all2all's split sizes): rows of another
+    input set's mask made inputs no reference takes, and every timing of such a problem was pkb's failure."""
     mine, theirs = _tensors(inputs), _tensors(donor_inputs)
-    floating = [index for index, tensor in enumerate(mine) if tensor.is_floating_point() and tensor.numel()]
+    floating = [index for index, tensor in enumerate(mine)
+                if tensor.is_floating_point() and tensor.numel() and not _zeros_and_ones(tensor)]
     if not floating or len(mine) != len(theirs):
         return None
     index = max(floating, key=lambda i: (mine[i].numel(), -i))
@@ -118,6 +123,13 @@ def donor_pair(inputs: tuple, donor_inputs: tuple):
     if donor.shape != target.shape or donor.dtype != target.dtype or donor.device != target.device:
         return None
     return target.data, donor.data  # .data: a parameter's values, written outside autograd
+
+
+def _zeros_and_ones(tensor: torch.Tensor) -> bool:
+    """Whether every value of ``tensor`` (a floating one) is 0 or 1."""
+    with _no_torch_function():
+        values = tensor.detach()
+        return bool(((values == 0) | (values == 1)).all())
 
 
 def change_views(pair, entropy: int, call: int):
@@ -344,6 +356,7 @@ class TimedLoop:
         alike by both groups); one that is not plain data raises OutputRefused once every rank has made all its
         calls."""
         slots, modes, refused = len(self.copies), self.modes, None
+        profile, trace = self.hooks[0], self.hooks[1]
         # each call's change, as views ready to copy (worked out before the clock starts: one copy per call is timed)
         changes = [change_views(self.donors[call % slots], entropy, call) if self.graph is None else None
                    for call in range(num_calls)]
@@ -364,12 +377,16 @@ class TimedLoop:
                     self.last_outputs[call % slots] = output
                     if type(output) is not _Tensor or (_function_modes(), _dispatch_modes()) != modes:
                         refused = refused or _described(refusal(output, modes), f"timed call {call}")
+                    if _getprofile() is not profile or _gettrace() is not trace:  # two C calls: a hook set now
+                        refused = refused or HOOK_SET + f" (timed call {call})"  # would watch the seal's draws
             if self.device.type == "cuda":
                 end.record()
             sync(self.device)
         wall = (_perf_counter() - began) / max(num_calls, 1)
         if refused:
             raise OutputRefused(refused)
+        if _hooks() != self.hooks:  # a monitoring tool, or a hook another thread set for this one
+            raise OutputRefused(HOOK_SET)
         self.sealed = _seal(self.last_outputs, self.device)
         event = start.elapsed_time(end) / 1e3 / max(num_calls, 1) if self.device.type == "cuda" else None
         return {"wall_s": wall, "event_s": event}
@@ -380,8 +397,7 @@ class TimedLoop:
         stopped (a red-team of issue 56 ran every timed all-reduce at once from a profile hook the harness's check
         set off, within the check's allowance: 7.7x an honest file's speedup)."""
         if _hooks() != self.hooks:
-            raise OutputRefused("a Python profile, trace or monitoring hook was set during the timed calls: it runs "
-                                "code while the harness checks the outputs, after the parent's clock has stopped")
+            raise OutputRefused(HOOK_SET)
         changed = _changed(self.sealed, self.last_outputs)
         if changed is not None:
             raise OutputRefused(f"the output of input copy {changed} changed after its timed repeat had ended: its "
@@ -430,9 +446,15 @@ class TimedLoop:
 
 
 def _hooks() -> tuple:
-    """Python's profile and trace hooks of this thread, and the tools registered with sys.monitoring (3.12 on)."""
+    """Python's profile and trace hooks of this thread, and sys.monitoring's tools (3.12 on): each registered one's
+    name, the events it watches everywhere, and those it watches in the harness's own code (the seal's and the
+    loop's: a tool registered before the loop could turn on events there later)."""
     monitoring = getattr(sys, "monitoring", None)
-    tools = tuple(monitoring.get_tool(tool) for tool in range(6)) if monitoring is not None else ()
+    if monitoring is None:
+        return _getprofile(), _gettrace(), ()
+    tools = tuple((tool, monitoring.get_tool(tool), monitoring.get_events(tool),
+                   tuple(monitoring.get_local_events(tool, code) for code in _HARNESS_CODE))
+                  for tool in range(6) if monitoring.get_tool(tool) is not None)
     return _getprofile(), _gettrace(), tools
 
 
@@ -559,3 +581,10 @@ def _tensor_summary(tensor: torch.Tensor, seed: int, num_projections: int) -> li
         signs = torch.randint(0, 2, flat.shape, generator=generator, device=flat.device) * 2 - 1
         summary.append(int((signs * values).sum()))
     return summary
+
+
+# The code objects of the seal and the loop, whose sys.monitoring events ``_hooks`` reads (bound at import: nothing of
+# the candidate's has run).
+_HARNESS_CODE = tuple(function.__code__ for function in (
+    _seal, _changed, _random_below, _values_at, _hooks, TimedLoop.repeat, TimedLoop.check, TimedLoop.outputs_of,
+    TimedLoop._unchanged_since_the_repeat))

@@ -264,3 +264,19 @@ def test_an_honest_candidate_passes_with_every_case_timed(tmp_path, sessions):
     assert result.status is Status.OK, result.message
     assert len(result.timings) == len(result.cases) and all(t.calls_per_repeat >= 2 for t in result.timings)
     assert all(0 < t.speedup < float("inf") for t in result.timings)
+
+
+def test_the_change_before_each_call_writes_data_never_a_mask_other_inputs_agree_with(sessions):
+    """moe_pre_all2all's inputs: hidden states (bf16) and an expert mask (fp32, one-hot) its split sizes agree with.
+    The change took rows of the largest floating tensor, the mask, from another input set: the reference failed on
+    the changed inputs ("Split sizes doesn't match") and every timing of the problem was pkb's failure
+    (``harness_error``; found running upstream's files with --perf). A tensor of zeros and ones is left alone."""
+    mask = torch.nn.functional.one_hot(torch.arange(60) % 3, 3).float()  # the larger tensor
+    hidden = torch.randn(4, 5, dtype=torch.bfloat16)
+    pair = donor_pair((hidden, mask, 3), (torch.randn(4, 5, dtype=torch.bfloat16), mask.flip(0), 3))
+    assert pair is not None and pair[0].dtype == torch.bfloat16
+    assert donor_pair((mask,), (mask.flip(0),)) is None  # nothing but a mask: nothing changes
+    problem = get_problem("moe_pre_all2all")
+    result = evaluate(problem, Candidate.reference_of(problem), EvalConfig(world_size=2, mode=Mode.CPU, trials=1,
+                                                                            perf=True, cases="tests"), sessions(2))
+    assert result.status is Status.OK, result.message
