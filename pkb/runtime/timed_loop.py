@@ -112,10 +112,11 @@ def donor_pair(inputs: tuple, donor_inputs: tuple):
     (the first of them) that holds data, not structure, matched by position among the tensors of each; None where
     there is none or the donor's differs in shape or dtype. A floating tensor of zeros and ones alone is a mask (an
     expert mask, a one-hot routing) that other inputs agree with (moe_pre_all2all's split sizes): rows of another
-    input set's mask made inputs no reference takes, and every timing of such a problem was pkb's failure."""
+    input set's mask made inputs no reference takes, and every timing of such a problem was pkb's failure; a sparse
+    tensor (torchharmonics' convolution) has no rows to take, and narrowing it failed the same way."""
     mine, theirs = _tensors(inputs), _tensors(donor_inputs)
-    floating = [index for index, tensor in enumerate(mine)
-                if tensor.is_floating_point() and tensor.numel() and not _zeros_and_ones(tensor)]
+    floating = [index for index, tensor in enumerate(mine) if tensor.is_floating_point() and tensor.numel()
+                and tensor.layout is torch.strided and not _zeros_and_ones(tensor)]  # a sparse one has no rows
     if not floating or len(mine) != len(theirs):
         return None
     index = max(floating, key=lambda i: (mine[i].numel(), -i))

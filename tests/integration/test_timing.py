@@ -276,6 +276,8 @@ def test_the_change_before_each_call_writes_data_never_a_mask_other_inputs_agree
     pair = donor_pair((hidden, mask, 3), (torch.randn(4, 5, dtype=torch.bfloat16), mask.flip(0), 3))
     assert pair is not None and pair[0].dtype == torch.bfloat16
     assert donor_pair((mask,), (mask.flip(0),)) is None  # nothing but a mask: nothing changes
+    sparse = torch.randn(80, 3).to_sparse()  # torchharmonics' convolution: no rows to narrow (pkb's failure too)
+    assert donor_pair((sparse, hidden), (sparse, torch.randn(4, 5, dtype=torch.bfloat16)))[0].dtype == torch.bfloat16
     problem = get_problem("moe_pre_all2all")
     result = evaluate(problem, Candidate.reference_of(problem), EvalConfig(world_size=2, mode=Mode.CPU, trials=1,
                                                                             perf=True, cases="tests"), sessions(2))
