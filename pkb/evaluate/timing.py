@@ -284,7 +284,7 @@ def _time_candidate(ranks: Ranks, case: Case, expected: GroupTiming) -> CaseTimi
         _judged(lambda: check_every_call(expected, got, case), case)
         _judged(lambda: check_timed_outputs(ranks, expected, got, case), case)
         try:
-            _check_rank_clock(got, candidate_s, case, expected)
+            _check_rank_clock(got, got.median_s, case, expected)
             break
         except Verdict:
             if attempt == 3:
@@ -318,7 +318,11 @@ def _judged(check, case: Case) -> None:
 
 
 def _check_rank_clock(got: GroupTiming, parent: float, case: Case, reference: GroupTiming) -> None:
-    """A rank clock that reports far less time than the parent saw pass has been tampered with.
+    """A rank clock that reports far less time than the parent saw pass has been tampered with: ``parent`` is the
+    parent's clock of the same repeats the rank's clock measured (their median, per call), never the phases after them
+    (work a thread or stream carries past a repeat counts in the candidate's time, and is no lie of its clock: an
+    honest file's 20 ms a call on a thread was called tampered on a loaded machine once each repeat was timed less the
+    reference's empty repeat, which took the slack the reference's round trip had given).
 
     The parent's clock also holds a message round trip, a barrier and a synchronize per repeat
     (well under a millisecond on an idle machine): a claim under half the parent's time with over
@@ -327,7 +331,7 @@ def _check_rank_clock(got: GroupTiming, parent: float, case: Case, reference: Gr
     gap counts only where it is well beyond the one the reference showed, measured the same way.
     """
     claimed = got.rank_clock_s
-    reference_gap = reference.per_call_s() / reference.rank_clock_s if reference.rank_clock_s > 0 else 1.0
+    reference_gap = reference.median_s / reference.rank_clock_s if reference.rank_clock_s > 0 else 1.0
     if claimed * max(2.0, 2.0 * reference_gap) < parent and (parent - claimed) * got.num_calls > 0.05:
         raise Verdict(Status.TAMPERED, f"timing case {case.name}: the ranks' own clock reported {claimed * 1e6:.1f} us "
                                        f"per call while the parent observed {parent * 1e6:.1f} us",

@@ -901,8 +901,8 @@ def _watched(modules: dict[str, Any]) -> dict[str, Any]:
         watched[f"TimedLoop.{name}"] = getattr(timing.TimedLoop, name)
     for name in ("sync", "aligned_start", "largest_over_ranks", "summarise", "_summaries", "_tensor_summary", "refusal",
                  "_described", "change_views", "_function_modes", "_dispatch_modes", "_no_torch_function", "_Tensor",
-                 "_Parameter", "_seal", "_changed", "_hooks", "_random_below", "_values_at", "_urandom", "_getprofile",
-                 "_gettrace"):
+                 "_Parameter", "_seal", "_changed", "_hooks", "_random_below", "_values_at", "_urandom", "_sleep",
+                 "_getprofile", "_gettrace"):
         watched[f"timing.{name}"] = getattr(timing, name)
     # the recorder: its methods, where its labels go, and whether it records at all
     for name in ("recording", "record", "_note", "go_live", "begin_call", "window", "_compare", "_run_excused",

@@ -63,6 +63,7 @@ _function_modes = torch._C._len_torch_function_stack
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _no_torch_function = torch._C.DisableTorchFunction
 _urandom = os.urandom
+_sleep = time.sleep
 _getprofile, _gettrace = sys.getprofile, sys.gettrace
 _PLAIN_LEAVES = (type(None), bool, int, float, complex, str, torch.dtype, torch.device)
 _CONTAINER_METHODS = {list: ("__iter__", "__len__", "__getitem__"), tuple: ("__iter__", "__len__", "__getitem__"),
@@ -422,21 +423,22 @@ class TimedLoop:
         return [self.last_outputs[slot] for slot in slots]
 
     def finish(self, timeout_s: float = 60.0) -> dict:
-        """Synchronize, and wait for threads the candidate started while they work: their work counts too. A thread
-        that uses no CPU for IDLE_CHECK_S is blocked (a helper waiting on a queue for jobs that never come): waiting
-        for it would charge an honest candidate the whole ``timeout_s`` (a red-team of issue 56 found one
-        ``tampered`` so); work it queued on the device is still waited for."""
+        """Synchronize, and wait for threads the candidate started while they work: their work counts too. Threads
+        that together use no CPU for IDLE_CHECK_S are blocked (a helper waiting on a queue for jobs that never come):
+        waiting for them would charge an honest candidate the whole ``timeout_s`` (a red-team of issue 56 found one
+        ``tampered`` so); work they queued on the device is still waited for."""
         sync(self.device)
-        leftover = [t for t in threading.enumerate() if t not in self.threads_before and t.is_alive()]
-        deadline = _perf_counter() + timeout_s
-        for thread in leftover:
-            used = _cpu_seconds(thread)
-            while thread.is_alive() and _perf_counter() < deadline:
-                thread.join(timeout=min(IDLE_CHECK_S, max(0.0, deadline - _perf_counter())))
-                now = _cpu_seconds(thread)
-                if thread.is_alive() and used is not None and now == used:
-                    break
-                used = now
+        deadline, leftover = _perf_counter() + timeout_s, []
+        while _perf_counter() < deadline:
+            leftover = [t for t in threading.enumerate() if t not in self.threads_before and t.is_alive()]
+            if not leftover:
+                break
+            before = [_cpu_seconds(thread) for thread in leftover]
+            _sleep(min(IDLE_CHECK_S, max(0.0, deadline - _perf_counter())))
+            after = [_cpu_seconds(thread) for thread in leftover]
+            if all(now is not None and now == then for now, then in zip(after, before)):
+                break  # none of them used the CPU (one that waits for the interpreter while others work does not
+                # either: hence all of them together; a red-team's threads, each its 20 ms, looked blocked one by one)
         sync(self.device)
         return {"threads_left_running": sum(thread.is_alive() for thread in leftover)}
 
