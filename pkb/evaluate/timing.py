@@ -143,13 +143,7 @@ class GroupTiming:
         itself where None). Work deferred past a repeat lands in a later phase and still counts. (The end counted
         whole made a 1 GiB copy's two calls a repeat four times slower than they ran: its synchronize and message
         were a third of the whole on one H100.)"""
-        allowance = allowance or self
-        refresh = allowed(allowance.refresh_s, *REFRESH_ALLOWANCE)
-        check = allowed(allowance.check_s, *CHECK_ALLOWANCE)
-        outputs = allowed([allowance.outputs_s], *CHECK_ALLOWANCE)
-        finish = allowed([allowance.finish_s], *CHECK_ALLOWANCE)
-        deferred = (sum(max(0.0, s - refresh) for s in self.refresh_s) + sum(max(0.0, s - check) for s in self.check_s)
-                    + max(0.0, self.outputs_s - outputs) + max(0.0, self.finish_s - finish))
+        deferred = sum(self.deferred_s(allowance or self).values())
         total = (sum(self.repeat_s) * self.num_calls + deferred) / (self.num_calls * len(self.repeat_s))
         return max(self.median_s, total)
 

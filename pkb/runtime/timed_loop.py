@@ -44,7 +44,7 @@ from pkb.runtime.channel import tensor_bytes
 
 CPU_CACHE_BYTES = 32 << 20  # what to outgrow on a CPU, where no L2 size is reported per device
 CHANGE_SHARE = 8  # a call's inputs take 1/CHANGE_SHARE of their largest floating tensor from the donor
-IDLE_CHECK_S = 0.1  # a leftover thread that used no CPU over this long is blocked (waiting for work), not working
+IDLE_CHECK_S = 0.1  # leftover threads that together used no CPU over this long are blocked (waiting), not working
 HOOK_SET = ("a Python profile, trace or monitoring hook was set during the timed calls: it runs the candidate's code "
             "while the harness seals and checks the outputs")
 SEALED_SLOTS = 8  # slots whose outputs are sealed at the end of each repeat (``_seal``): drawn then, at random
